@@ -1,0 +1,163 @@
+"""The `impl=` rule shared by every op in `strata_jax.pallas`, and the helpers the kernels share.
+
+`impl` values (each op's `api.py` takes them):
+
+* ``"auto"`` (the default): the Pallas kernel when JAX's default backend is a GPU *and* the kernel can serve the
+  call's shapes/dtypes; otherwise the plain-jnp reference. When a kernel cannot serve a call on a GPU, the reason is
+  printed once per (op, reason) to stderr and the reference runs instead.
+* ``"reference"``: the plain-jnp reference (what the model uses on CPU; also the numerical spec of the op).
+* ``"kernel"``: the Pallas kernel compiled for the GPU (Triton lowering). Raises `UnsupportedError` when the
+  kernel cannot serve the shapes, or when the default backend is not a GPU.
+* ``"interpret"``: the same Pallas kernel run by Pallas' interpreter (any backend; slow; what CI uses on CPU).
+
+The environment variable ``STRATA_PALLAS_IMPL`` (one of the four values) overrides ``"auto"`` (never an explicit
+choice): e.g. ``STRATA_PALLAS_IMPL=interpret`` runs every op's kernel in interpret mode on CPU.
+
+Poisoning (for tests): inside ``with poison_outputs():`` every kernel call pre-fills its outputs with NaN (floats) /
+the dtype's minimum (integers) through an aliased input buffer, so an element the kernel never writes shows up.
+Pallas' interpreter already does this for freshly allocated outputs; the context also covers compiled GPU runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from strata_jax.errors import UnsupportedError
+
+IMPLS = ("auto", "reference", "kernel", "interpret")
+
+_printed: set[tuple[str, str]] = set()
+_lock = threading.Lock()
+_poison = threading.local()
+
+
+def print_once(op: str, message: str) -> None:
+    """Print ``strata_jax.pallas.<op>: <message>`` to stderr the first time this (op, message) pair is seen."""
+    key = (op, message)
+    with _lock:
+        if key in _printed:
+            return
+        _printed.add(key)
+    print(f"strata_jax.pallas.{op}: {message}", file=sys.stderr, flush=True)
+
+
+def on_gpu() -> bool:
+    """True when JAX's default backend is a GPU (CUDA or ROCm)."""
+    return jax.default_backend() in ("gpu", "cuda", "rocm")
+
+
+def resolve(op: str, impl: str, why_not: Callable[[], str | None]) -> str:
+    """Pick the path for one call: returns ``"reference"``, ``"kernel"`` or ``"interpret"``.
+
+    Args:
+      op: the op's name, for messages (e.g. ``"gdn.gdn_window"``).
+      impl: the caller's choice, one of `IMPLS`.
+      why_not: returns ``None`` when the kernel can serve this call, else a one-line reason (e.g. ``"Dk=96 is not a
+        power of two"``). Only called when the kernel is a candidate.
+
+    Raises:
+      UnsupportedError: unknown ``impl``; ``"kernel"`` on a non-GPU backend or for shapes the kernel cannot serve;
+        ``"interpret"`` for shapes the kernel cannot serve.
+    """
+    if impl not in IMPLS:
+        raise UnsupportedError(f"{op}: impl={impl!r} is not one of {IMPLS}")
+    if impl == "auto":
+        env = os.environ.get("STRATA_PALLAS_IMPL", "auto")
+        if env not in IMPLS:
+            raise UnsupportedError(f"STRATA_PALLAS_IMPL={env!r} is not one of {IMPLS}")
+        impl = env
+    if impl == "reference":
+        return "reference"
+    if impl == "auto":
+        if not on_gpu():
+            return "reference"
+        reason = why_not()
+        if reason is not None:
+            print_once(op, f"the Pallas kernel cannot serve this call ({reason}); using the plain-jnp reference")
+            return "reference"
+        return "kernel"
+    reason = why_not()
+    if reason is not None:
+        raise UnsupportedError(f"{op}: the Pallas kernel cannot serve this call: {reason}")
+    if impl == "kernel" and not on_gpu():
+        raise UnsupportedError(
+            f"{op}: impl='kernel' needs a GPU backend (default backend is {jax.default_backend()!r}); "
+            "use impl='interpret' to run the kernel on this backend")
+    return impl
+
+
+@contextlib.contextmanager
+def poison_outputs(enabled: bool = True):
+    """Within this context, kernel outputs start as NaN / dtype-min, so unwritten elements are detectable."""
+    old = getattr(_poison, "on", False)
+    _poison.on = enabled
+    try:
+        yield
+    finally:
+        _poison.on = old
+
+
+def poisoning() -> bool:
+    return getattr(_poison, "on", False)
+
+
+def poison_value(dtype) -> jax.Array:
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.array(jnp.nan, dtype)
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jnp.array(jnp.iinfo(dtype).min, dtype)
+    return jnp.zeros((), dtype)
+
+
+def triton_params(num_warps: int = 4, num_stages: int = 1):
+    """Compiler parameters that select the Triton lowering of `pl.pallas_call` on GPU (jax 0.10 / 0.11)."""
+    from jax.experimental.pallas import triton as plt
+
+    return plt.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def pallas_call(kernel, *, out_shape: Sequence[jax.ShapeDtypeStruct], grid, in_specs, out_specs, interpret: bool,
+                num_warps: int = 4, num_stages: int = 1, name: str | None = None):
+    """`pl.pallas_call` with the Triton compiler params, and output poisoning when `poisoning()` is on.
+
+    Returns a function of the inputs that returns a tuple of outputs (one per ``out_shape``). Poisoning adds one
+    aliased input per output, filled with `poison_value`, with the output's BlockSpec; the kernel never sees it.
+    """
+    from jax.experimental import pallas as pl
+
+    out_shape = tuple(out_shape)
+    out_specs = tuple(out_specs)
+    n_out = len(out_shape)
+    compiler_params = None if interpret else triton_params(num_warps, num_stages)
+    if not poisoning():
+        call = pl.pallas_call(kernel, out_shape=out_shape, grid=grid, in_specs=list(in_specs),
+                              out_specs=out_specs, interpret=interpret, compiler_params=compiler_params, name=name)
+        return lambda *args: tuple(call(*args))
+    n_in = len(in_specs)
+
+    def wrapped(*refs):
+        ins = refs[:n_in]
+        outs = refs[n_in + n_out:]
+        kernel(*ins, *outs)
+
+    call = pl.pallas_call(wrapped, out_shape=out_shape, grid=grid, in_specs=list(in_specs) + list(out_specs),
+                          out_specs=out_specs, interpret=interpret, compiler_params=compiler_params, name=name,
+                          input_output_aliases={n_in + i: i for i in range(n_out)})
+
+    def run(*args):
+        poison = [jnp.full(s.shape, poison_value(s.dtype), s.dtype) for s in out_shape]
+        return tuple(call(*args, *poison))
+
+    return run
+
+
+def is_pow2(n: int) -> bool:
+    return n > 0 and (n & (n - 1)) == 0

@@ -1,0 +1,141 @@
+"""Public API of the gated delta rule ops: `gdn_window`, `gdn_commit`, `gdn_chunked`.
+
+Sources: "Gated Delta Networks: Improving Mamba2 with Delta Rule" (Yang, Kautz, Hatamizadeh, 2024); HF transformers
+``modeling_qwen3_next.torch_recurrent_gated_delta_rule`` / ``torch_chunk_gated_delta_rule``; spec MODEL.md §1.3
+(the GDN mixer), SERVING.md §3.1 (verify window, T <= 8) and §3.2 (commit replays the accepted rows).
+
+Conventions for all three ops (one state per (segment b, v-head h)):
+  * ``S0`` [B, H, Dk, Dv] float32: the recurrent state before the first row. Never written by these ops.
+  * ``q``, ``k`` [B, T, H, Dk] float32/bfloat16/float16: already L2-normalised, ``q`` already scaled by Dk**-0.5,
+    and already expanded from the key heads to the H value heads by the caller (whatever head grouping the model
+    uses). ``v`` [B, T, H, Dv], same dtypes.
+  * ``g`` [B, T, H] float32: the log decay (<= 0 in the model; the step multiplies S by exp(g)).
+  * ``beta`` [B, T, H] float32: the delta-rule write strength (sigmoid output, in (0, 1) in the model).
+  * Per step: ``S = exp(g) S; delta = beta (v - S^T k); S = S + k delta^T; o = S^T q``. All arithmetic in float32.
+  * The B segments are independent (batch slots / sequences).
+
+``impl`` is one of "auto" | "reference" | "kernel" | "interpret" (see `strata_jax.pallas.dispatch`).
+
+Errors: `strata_jax.errors.UnsupportedError` for inconsistent shapes, T > 8 in the window/commit ops, an unknown
+impl, or impl="kernel"/"interpret" for shapes the kernel cannot serve (Dk, Dv must be powers of two >= 16).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from strata_jax.errors import UnsupportedError
+from strata_jax.pallas import dispatch
+from strata_jax.pallas.gdn import kernel as _k
+from strata_jax.pallas.gdn import reference as _ref
+
+T_MAX = _ref.T_MAX
+
+
+def _check(S0, q, k, v, g, beta, *, t_max=None, op):
+    B, T, H, Dk = k.shape
+    Dv = v.shape[-1]
+    if S0.shape != (B, H, Dk, Dv):
+        raise UnsupportedError(f"{op}: S0 has shape {S0.shape}, expected {(B, H, Dk, Dv)} from k {k.shape} / v {v.shape}")
+    if q is not None and q.shape != k.shape:
+        raise UnsupportedError(f"{op}: q has shape {q.shape}, k has {k.shape}")
+    if v.shape[:3] != (B, T, H):
+        raise UnsupportedError(f"{op}: v has shape {v.shape}, expected {(B, T, H, '*')}")
+    for name, a in (("g", g), ("beta", beta)):
+        if a.shape != (B, T, H):
+            raise UnsupportedError(f"{op}: {name} has shape {a.shape}, expected {(B, T, H)}")
+    if t_max is not None and not 1 <= T <= t_max:
+        raise UnsupportedError(f"{op}: T={T} rows; the verify-window ops take 1 <= T <= {t_max}")
+    return B, T, H, Dk, Dv
+
+
+def _opaque_n(B, T):
+    """n = T for every segment, as data XLA cannot fold (interpret mode inlines the kernel into XLA, which would
+    otherwise specialise the loop for the constant trip count, and round differently for different T)."""
+    return lax.optimization_barrier(jnp.full((B,), T, jnp.int32))
+
+
+def _why_not(k, v, *arrays):
+    return lambda: _k.why_not(k.shape[-1], v.shape[-1], [a.dtype for a in arrays])
+
+
+@functools.partial(jax.jit, static_argnames=("path", "poison"))
+def _window(S0, q, k, v, g, beta, *, path, poison):
+    if path == "reference":
+        return _ref.gdn_window(S0, q, k, v, g, beta)
+    B, T = q.shape[:2]
+    # Padded to T_MAX rows so every T runs the very same compiled kernel (the trip count is data).
+    q, k, v, g, beta = (_ref._pad_t(a) for a in (q, k, v, g, beta))
+    with dispatch.poison_outputs(poison):
+        (o,) = _k.gdn_scan(_opaque_n(B, T), S0, q, k, v, g, beta, want_o=True, want_S=False,
+                           interpret=path == "interpret")
+    return o[:, :T]
+
+
+def gdn_window(S0, q, k, v, g, beta, *, impl: str = "auto"):
+    """Outputs of a verify window of T <= 8 rows, reading (never writing) the state.
+
+    Args: S0 [B,H,Dk,Dv] f32; q, k [B,T,H,Dk]; v [B,T,H,Dv]; g, beta [B,T,H] f32 (see the module docstring).
+    Returns: o [B,T,H,Dv] float32, o[:, t] = S_{t+1}^T q_t where S_{t+1} is the state after rows 0..t.
+    Exactness: o[:, t] is bit-identical to ``gdn_window(gdn_commit(S0, ..., n_keep=t), row t alone)`` and does not
+    depend on rows > t (for each impl separately).
+    """
+    _check(S0, q, k, v, g, beta, t_max=T_MAX, op="gdn.gdn_window")
+    path = dispatch.resolve("gdn.gdn_window", impl, _why_not(k, v, q, k, v))
+    return _window(S0, q, k, v, g, beta, path=path, poison=dispatch.poisoning())
+
+
+@functools.partial(jax.jit, static_argnames=("path", "poison"))
+def _commit(S0, k, v, g, beta, n_keep, *, path, poison):
+    T = k.shape[1]
+    n_keep = jnp.clip(n_keep.astype(jnp.int32), 0, T)
+    if path == "reference":
+        return _ref.gdn_commit(S0, k, v, g, beta, n_keep)
+    k, v, g, beta = (_ref._pad_t(a) for a in (k, v, g, beta))
+    with dispatch.poison_outputs(poison):
+        (S,) = _k.gdn_scan(lax.optimization_barrier(n_keep), S0, k, k, v, g, beta, want_o=False, want_S=True, interpret=path == "interpret")
+    return S
+
+
+def gdn_commit(S0, k, v, g, beta, n_keep, *, impl: str = "auto"):
+    """The state after each segment's first ``n_keep[b]`` rows of a window (SERVING.md §3.2 commit).
+
+    Args: S0 [B,H,Dk,Dv] f32; k [B,T,H,Dk]; v [B,T,H,Dv]; g, beta [B,T,H] f32; n_keep [B] int32 with
+      0 <= n_keep[b] <= T (values outside are clipped; n_keep = 0 returns S0[b] unchanged). T <= 8.
+    Returns: S [B,H,Dk,Dv] float32 (a new array; S0 is not modified).
+    Exactness: equals n_keep[b] successive one-row commits bit for bit, and the state the window held after the
+    same rows.
+    """
+    _check(S0, None, k, v, g, beta, t_max=T_MAX, op="gdn.gdn_commit")
+    if n_keep.shape != (k.shape[0],):
+        raise UnsupportedError(f"gdn.gdn_commit: n_keep has shape {n_keep.shape}, expected {(k.shape[0],)}")
+    path = dispatch.resolve("gdn.gdn_commit", impl, _why_not(k, v, k, v))
+    return _commit(S0, k, v, g, beta, n_keep, path=path, poison=dispatch.poisoning())
+
+
+@functools.partial(jax.jit, static_argnames=("path", "poison"))
+def _chunked(S0, q, k, v, g, beta, *, path, poison):
+    if path == "reference":
+        return _ref.gdn_chunked(S0, q, k, v, g, beta)
+    B, T = q.shape[:2]
+    with dispatch.poison_outputs(poison):
+        o, S = _k.gdn_scan(_opaque_n(B, T), S0, q, k, v, g, beta, want_o=True, want_S=True,
+                           interpret=path == "interpret")
+    return o, S
+
+
+def gdn_chunked(S0, q, k, v, g, beta, *, impl: str = "auto"):
+    """Prefill: all T rows (any T >= 1) of each segment, returning the outputs and the final state.
+
+    Args: as `gdn_window`, any T.
+    Returns: (o [B,T,H,Dv] float32, S_T [B,H,Dk,Dv] float32).
+    The reference is the chunked WY algorithm (chunk 64, after HF ``torch_chunk_gated_delta_rule``); the kernel is
+    the step recurrence run in one pass. Both agree with a float64 recurrence to ~1e-5 relative, not bit for bit.
+    """
+    _check(S0, q, k, v, g, beta, op="gdn.gdn_chunked")
+    path = dispatch.resolve("gdn.gdn_chunked", impl, _why_not(k, v, q, k, v))
+    return _chunked(S0, q, k, v, g, beta, path=path, poison=dispatch.poisoning())

@@ -1,0 +1,134 @@
+"""Gated delta rule: reference and kernel (interpret mode) against a float64 recurrence, plus the exactness
+contract of the verify window (row t of a T-row window == the row alone on the committed state, bit for bit)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from strata_jax.errors import UnsupportedError
+from strata_jax.pallas import dispatch
+from strata_jax.pallas.gdn import gdn_chunked, gdn_commit, gdn_window
+
+from pallas_testlib import IMPLS, assert_bits_equal, assert_close_rel
+
+B, H, DK, DV = 2, 2, 16, 32
+
+
+def make(rng, T, B=B, H=H, Dk=DK, Dv=DV, dtype=np.float32):
+    def l2(x):
+        return x / np.sqrt(np.sum(x * x, -1, keepdims=True) + 1e-6)
+    S0 = rng.standard_normal((B, H, Dk, Dv)).astype(np.float32) * 0.5
+    q = (l2(rng.standard_normal((B, T, H, Dk))) * Dk ** -0.5).astype(dtype)
+    k = l2(rng.standard_normal((B, T, H, Dk))).astype(dtype)
+    v = rng.standard_normal((B, T, H, Dv)).astype(dtype)
+    g = -np.log1p(np.exp(rng.standard_normal((B, T, H)))).astype(np.float32)  # -softplus: log decay < 0
+    beta = (1 / (1 + np.exp(-rng.standard_normal((B, T, H))))).astype(np.float32)
+    return [jnp.asarray(a) for a in (S0, q, k, v, g, beta)]
+
+
+def recurrence64(S0, q, k, v, g, beta):
+    S = np.asarray(S0, np.float64).copy()
+    q, k, v, g, beta = (np.asarray(jnp.asarray(a, jnp.float32), np.float64) for a in (q, k, v, g, beta))
+    T = q.shape[1]
+    o = np.zeros(v.shape, np.float64)
+    states = [S.copy()]
+    for t in range(T):
+        S = S * np.exp(g[:, t])[..., None, None]
+        kv = np.einsum("bhkv,bhk->bhv", S, k[:, t])
+        delta = beta[:, t][..., None] * (v[:, t] - kv)
+        S = S + k[:, t][..., :, None] * delta[..., None, :]
+        o[:, t] = np.einsum("bhkv,bhk->bhv", S, q[:, t])
+        states.append(S.copy())
+    return o, states
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_window_and_commit_accuracy(impl, rng):
+    S0, q, k, v, g, beta = make(rng, 8)
+    o64, S64 = recurrence64(S0, q, k, v, g, beta)
+    with dispatch.poison_outputs():
+        o = gdn_window(S0, q, k, v, g, beta, impl=impl)
+        n_keep = jnp.asarray([8, 5], jnp.int32)
+        S = gdn_commit(S0, k, v, g, beta, n_keep, impl=impl)
+    assert o.dtype == jnp.float32 and o.shape == (B, 8, H, DV)
+    assert_close_rel(o, o64, 1e-5, "window o")
+    assert_close_rel(S[0], S64[8][0], 1e-5, "commit S (n_keep=8)")
+    assert_close_rel(S[1], S64[5][1], 1e-5, "commit S (n_keep=5)")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_window_bf16_operands(impl, rng):
+    S0, q, k, v, g, beta = make(rng, 4, dtype=jnp.bfloat16)
+    o64, _ = recurrence64(S0, q, k, v, g, beta)
+    o = gdn_window(S0, q, k, v, g, beta, impl=impl)
+    assert_close_rel(o, o64, 1e-2, "bf16 window")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_window_rows_exact(impl, rng):
+    """o[:, t] == window(commit(S0, n_keep=t), row t alone), bit for bit; and rows > t do not matter."""
+    T = 8
+    S0, q, k, v, g, beta = make(rng, T)
+    o = np.asarray(gdn_window(S0, q, k, v, g, beta, impl=impl))
+    assert np.all(np.isfinite(o))
+    for t in range(T):
+        St = gdn_commit(S0, k, v, g, beta, jnp.full((B,), t, jnp.int32), impl=impl)
+        sl = slice(t, t + 1)
+        o1 = gdn_window(St, q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], impl=impl)
+        assert_bits_equal(o1[:, 0], o[:, t], f"row {t} alone vs in window")
+    # A T'-row window on the same prefix gives the same rows; junk in later rows changes nothing.
+    _, q2, k2, v2, g2, b2 = make(rng, T)
+    for Tp in (1, 3, 5):
+        mix = lambda a, b: jnp.concatenate([a[:, :Tp], b[:, Tp:]], axis=1)
+        om = gdn_window(S0, mix(q, q2), mix(k, k2), mix(v, v2), mix(g, g2), mix(beta, b2), impl=impl)
+        assert_bits_equal(np.asarray(om)[:, :Tp], o[:, :Tp], f"prefix {Tp} with other later rows")
+        op = gdn_window(S0, q[:, :Tp], k[:, :Tp], v[:, :Tp], g[:, :Tp], beta[:, :Tp], impl=impl)
+        assert_bits_equal(op, o[:, :Tp], f"T={Tp} window vs T=8 prefix")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_commit_equals_successive_single_commits(impl, rng):
+    T = 8
+    S0, q, k, v, g, beta = make(rng, T)
+    S = S0
+    n = jnp.ones((B,), jnp.int32)
+    for t in range(T + 1):
+        Sc = gdn_commit(S0, k, v, g, beta, jnp.full((B,), t, jnp.int32), impl=impl)
+        assert_bits_equal(Sc, S, f"commit n_keep={t} vs {t} single-row commits")
+        if t < T:
+            sl = slice(t, t + 1)
+            S = gdn_commit(S, k[:, sl], v[:, sl], g[:, sl], beta[:, sl], n, impl=impl)
+    # per-segment n_keep, S0 is returned unchanged for n_keep=0
+    Sm = gdn_commit(S0, k, v, g, beta, jnp.asarray([0, 3], jnp.int32), impl=impl)
+    assert_bits_equal(Sm[0], S0[0], "n_keep=0")
+    S3 = gdn_commit(S0, k, v, g, beta, jnp.full((B,), 3, jnp.int32), impl=impl)
+    assert_bits_equal(Sm[1], S3[1], "segments independent")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_chunked_prefill(impl, rng):
+    T = 70  # crosses the 64-row chunk boundary of the reference
+    S0, q, k, v, g, beta = make(rng, T, B=1)
+    o64, S64 = recurrence64(S0, q, k, v, g, beta)
+    with dispatch.poison_outputs():
+        o, S = gdn_chunked(S0, q, k, v, g, beta, impl=impl)
+    assert o.shape == (1, T, H, DV) and S.shape == S0.shape
+    assert_close_rel(o, o64, 1e-5, "chunked o")
+    assert_close_rel(S, S64[-1], 1e-5, "chunked S_T")
+
+
+def test_errors_and_auto(rng):
+    S0, q, k, v, g, beta = make(rng, 9)
+    with pytest.raises(UnsupportedError):
+        gdn_window(S0, q, k, v, g, beta)
+    S0, q, k, v, g, beta = make(rng, 2, Dk=12, Dv=16)
+    with pytest.raises(UnsupportedError):
+        gdn_window(S0, q, k, v, g, beta, impl="interpret")  # Dk=12: not a power of two
+    with pytest.raises(UnsupportedError):
+        gdn_window(S0, q, k, v, g, beta, impl="bogus")
+    o = gdn_window(S0, q, k, v, g, beta)  # auto on CPU: the reference
+    assert o.shape == (B, 2, H, 16)
+    if jax.default_backend() == "cpu":
+        with pytest.raises(UnsupportedError):
+            gdn_window(*make(rng, 2), impl="kernel")
