@@ -1,0 +1,151 @@
+"""Typed model configurations, built from GGUF metadata.
+
+One `ModelConfig` describes every family the engine runs. `config_from_gguf` reads the ``{arch}.*`` keys written
+by llama.cpp's converter (gguf-py ``Keys``); facts a family's files do not state are set here, each with its source:
+
+- gemma3: every 6th layer is global (``(i + 1) % 6 == 0``), the others slide over 512 cells; local RoPE base 10000
+  (HF ``Gemma3TextConfig``: ``sliding_window_pattern = 6``, ``rope_local_base_freq = 10000``; llama.cpp
+  ``LLM_ARCH_GEMMA3``). Token embeddings are scaled by sqrt(hidden); the GGUF norm weights already include +1.
+- llama: the converter permutes Q/K rows so that RoPE rotates adjacent pairs ("normal"/interleaved RoPE in ggml).
+- qwen2: NeoX (half-split) RoPE, Q/K/V biases.
+
+Hybrid families (qwen35moe, qwen3next, qwen4exp) extend this config in `strata_jax.models` (their keys are read
+there, next to the code that uses them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from strata_jax.errors import StrataError, UnsupportedError
+
+DENSE_ARCHS = ("llama", "qwen2", "gemma3")
+HYBRID_ARCHS = ("qwen35moe", "qwen3next", "qwen4exp")
+SUPPORTED_ARCHS = DENSE_ARCHS + HYBRID_ARCHS
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Geometry and numerics of a dense transformer (the fields every family shares).
+
+    Attributes:
+      arch: GGUF ``general.architecture``.
+      n_layer: transformer blocks (trunk only).
+      n_embd: hidden size.
+      n_head / n_head_kv / head_dim: attention heads, KV heads (GQA), per-head width.
+      n_ff: MLP width.
+      vocab_size: rows of the embedding / head.
+      rms_eps: RMSNorm epsilon.
+      rope_theta: RoPE base of global layers; ``rope_theta_local`` of sliding-window layers.
+      rope_dim: rotated dims per head (partial RoPE when < head_dim).
+      rope_neox: True for half-split (NeoX) pairing, False for adjacent pairs.
+      context_length: trained context.
+      sliding_window: window of local layers (cells), or 0.
+      layer_local: per layer, True if it uses the sliding window.
+      tied_head: the head reuses ``token_embd``.
+      attn_bias: Q/K/V projections have biases.
+      qk_norm: per-head RMSNorm on q and k (gemma3).
+      post_norms: gemma3's extra norms after attention and after the MLP.
+      mlp_act: ``silu`` (SwiGLU) or ``gelu_tanh`` (GeGLU).
+      embed_scale: multiplier of the token embedding (sqrt(n_embd) for gemma3, else 1).
+      attn_scale: softmax scale (1/sqrt(head_dim) unless the family says otherwise).
+      bos_id / eos_id: from the tokenizer metadata (-1 if absent).
+    """
+
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    vocab_size: int
+    rms_eps: float
+    rope_theta: float
+    rope_dim: int
+    rope_neox: bool
+    context_length: int
+    sliding_window: int = 0
+    layer_local: tuple[bool, ...] = ()
+    rope_theta_local: float = 10000.0
+    tied_head: bool = False
+    attn_bias: bool = False
+    qk_norm: bool = False
+    post_norms: bool = False
+    mlp_act: str = "silu"
+    embed_scale: float = 1.0
+    attn_scale: float = 0.0
+    bos_id: int = -1
+    eos_id: int = -1
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+
+
+def _req(md: dict, key: str, path: str):
+    if key not in md:
+        raise StrataError(f"{path}: GGUF metadata lacks {key!r}")
+    return md[key]
+
+
+def config_from_gguf(g) -> ModelConfig:
+    """Build the `ModelConfig` of an open `GGUFFile`.
+
+    Raises:
+      UnsupportedError: an architecture outside `SUPPORTED_ARCHS`.
+      StrataError: a required key is missing.
+    """
+    md, arch, path = g.metadata, g.architecture, g.path
+    if arch not in SUPPORTED_ARCHS:
+        raise UnsupportedError(f"{path}: unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
+    if arch in HYBRID_ARCHS:
+        from strata_jax.models import hybrid_config_from_gguf  # the hybrid families read their own keys
+
+        return hybrid_config_from_gguf(g)
+    p = arch + "."
+    n_embd = int(_req(md, p + "embedding_length", path))
+    n_head = int(_req(md, p + "attention.head_count", path))
+    n_head_kv = int(md.get(p + "attention.head_count_kv", n_head))
+    head_dim = int(md.get(p + "attention.key_length", n_embd // n_head))
+    n_layer = int(_req(md, p + "block_count", path))
+    tokens = md.get("tokenizer.ggml.tokens")
+    vocab = int(md.get(p + "vocab_size", len(tokens) if tokens is not None else 0))
+    if vocab == 0 and g.has("token_embd.weight"):
+        vocab = g.info("token_embd.weight").shape[0]
+    kw = dict(
+        arch=arch,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim=head_dim,
+        n_ff=int(_req(md, p + "feed_forward_length", path)),
+        vocab_size=vocab,
+        rms_eps=float(md.get(p + "attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(md.get(p + "rope.freq_base", 10000.0)),
+        rope_dim=int(md.get(p + "rope.dimension_count", head_dim)),
+        rope_neox=arch != "llama",
+        context_length=int(md.get(p + "context_length", 4096)),
+        tied_head=not g.has("output.weight"),
+        attn_bias=g.has("blk.0.attn_q.bias"),
+        attn_scale=1.0 / math.sqrt(head_dim),
+        bos_id=int(md.get("tokenizer.ggml.bos_token_id", -1)),
+        eos_id=int(md.get("tokenizer.ggml.eos_token_id", -1)),
+    )
+    if arch == "gemma3":
+        window = int(md.get(p + "attention.sliding_window", 512))
+        kw.update(
+            sliding_window=window,
+            # HF Gemma3TextConfig: sliding_window_pattern 6 -> layer i is global iff (i + 1) % 6 == 0.
+            layer_local=tuple((i + 1) % 6 != 0 for i in range(n_layer)),
+            rope_theta_local=10000.0,  # HF Gemma3TextConfig.rope_local_base_freq
+            qk_norm=True,
+            post_norms=True,
+            mlp_act="gelu_tanh",
+            embed_scale=math.sqrt(n_embd),
+            # HF Gemma3: query_pre_attn_scalar = 256 for the 270M model = head_dim.
+            attn_scale=float(md.get(p + "attention.scale", 1.0 / math.sqrt(head_dim))),
+        )
+    else:
+        kw["layer_local"] = (False,) * n_layer
+    return ModelConfig(**kw)

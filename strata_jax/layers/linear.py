@@ -1,0 +1,115 @@
+"""Linear maps and embeddings whose weights stay in their GGUF block format on the device.
+
+A weight ``[n_out, n_in]`` is held as the file's bytes (uint8 ``[n_out, row_bytes]``) for block formats, or as its
+float dtype for F32/F16/BF16; it is dequantized inside the matmul (`strata_jax.pallas.quant_matmul.qmatmul`). Nothing
+holds a full float copy of the model.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from gguf.constants import GGMLQuantizationType as Q
+
+from strata_jax.gguf import blocks
+from strata_jax.pallas.quant_matmul import qmatmul
+
+_FLOAT_DTYPES = {Q.F32: np.float32, Q.F16: np.float16}
+
+
+def load_raw(g, name: str, device=None):
+    """A tensor's data as stored, placed on ``device`` (no dequantization).
+
+    Returns:
+      (array, qtype, shape): uint8 [rows..., row_bytes] for block formats, float32/float16/bfloat16 [shape] for
+      float formats.
+
+    Raises:
+      StrataError: missing tensor; UnsupportedError: a block format the engine cannot read.
+    """
+    info = g.info(name)
+    blocks.check_supported(info.qtype, name)
+    raw = g.tensor_bytes(name)
+    if info.qtype in _FLOAT_DTYPES:
+        arr = raw.view(_FLOAT_DTYPES[info.qtype]).reshape(info.shape)
+    elif info.qtype == Q.BF16:
+        arr = jnp.asarray(raw.view(np.uint16).reshape(info.shape)).view(jnp.bfloat16)
+        return jax.device_put(arr, device), info.qtype, info.shape
+    else:
+        arr = raw
+    return jax.device_put(np.ascontiguousarray(arr), device), info.qtype, info.shape
+
+
+def load_f32(g, name: str, device=None) -> jax.Array:
+    """A (small) tensor dequantized to float32 on ``device``: norms, biases, scalars."""
+    arr, qtype, shape = load_raw(g, name, device)
+    if arr.dtype == jnp.uint8:
+        n_cols = shape[-1]
+        arr = blocks.dequantize(arr, qtype, n_cols)
+    return jnp.asarray(arr, jnp.float32).reshape(shape)
+
+
+class QLinear(nnx.Module):
+    """``y = x @ W.T (+ b)`` with W kept in its block format.
+
+    Attributes:
+      w: the weight as stored (see module docstring).
+      qtype: its ggml block format.
+      n_out, n_in: the logical shape of W.
+      b: optional float32 bias [n_out].
+    """
+
+    def __init__(self, w, qtype, n_out: int, n_in: int, b=None):
+        self.w = w if isinstance(w, nnx.Param) else nnx.Param(w)  # a Param may be shared (tied head)
+        self.qtype = qtype
+        self.n_out = int(n_out)
+        self.n_in = int(n_in)
+        self.b = nnx.Param(b) if b is not None else None
+
+    @classmethod
+    def from_gguf(cls, g, name: str, device=None, bias: str | None = None) -> "QLinear":
+        w, qtype, shape = load_raw(g, name, device)
+        b = load_f32(g, bias, device) if bias and g.has(bias) else None
+        return cls(w, qtype, shape[0], shape[1], b)
+
+    def __call__(self, x: jax.Array, exact_rows: bool = True) -> jax.Array:
+        """Args: x float [..., n_in]; exact_rows: compute each row with arithmetic independent of the row count
+        (verify windows) rather than one large matmul (prefill). Returns float32 [..., n_out]."""
+        lead = x.shape[:-1]
+        y = qmatmul(x.reshape(-1, self.n_in), self.w[...], self.qtype, self.n_out, self.n_in, exact_rows=exact_rows)
+        y = y.reshape(*lead, self.n_out)
+        if self.b is not None:
+            y = y + self.b[...]
+        return y
+
+
+class Embedding(nnx.Module):
+    """Token embedding rows gathered from the stored table and dequantized per row.
+
+    Attributes:
+      w: [vocab, row_bytes] uint8 (or float [vocab, D]); qtype; dim D.
+    """
+
+    def __init__(self, w, qtype, vocab: int, dim: int, scale: float = 1.0):
+        self.w = nnx.Param(w)
+        self.qtype = qtype
+        self.vocab = int(vocab)
+        self.dim = int(dim)
+        self.scale = float(scale)
+
+    @classmethod
+    def from_gguf(cls, g, name: str, device=None, scale: float = 1.0) -> "Embedding":
+        w, qtype, shape = load_raw(g, name, device)
+        return cls(w, qtype, shape[0], shape[1], scale)
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        """ids int32 [...] -> float32 [..., D] (times ``scale``)."""
+        rows = jnp.take(self.w[...], jnp.clip(ids, 0, self.vocab - 1), axis=0)
+        e = blocks.dequantize(rows, self.qtype, self.dim)
+        return e * self.scale if self.scale != 1.0 else e
+
+    def as_linear(self) -> QLinear:
+        """The tied output head: the same stored table used as ``[vocab, D]`` weights."""
+        return QLinear(self.w, self.qtype, self.vocab, self.dim)

@@ -1,0 +1,39 @@
+"""RMSNorm variants.
+
+Source: Zhang & Sennrich 2019 (RMSNorm); HF transformers ``LlamaRMSNorm`` / ``Qwen3NextRMSNorm``. GGUF files store
+the effective scale (llama.cpp's converter folds the +1 of zero-centred norms into the weight), so every norm here
+is ``x * rsqrt(mean(x^2) + eps) * w`` computed in float32.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def rms_norm(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:
+    """RMSNorm over the last axis.
+
+    Args:
+      x: [..., D] float32.
+      w: [D] float32 scale (already including any +1), or None for no scale.
+      eps: added to the mean square.
+
+    Returns:
+      [..., D] float32.
+    """
+    x = x.astype(jnp.float32)
+    y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+    return y if w is None else y * w
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm with a stored float32 weight [D] (see `rms_norm`)."""
+
+    def __init__(self, w, eps: float):
+        self.w = nnx.Param(jnp.asarray(w, jnp.float32))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return rms_norm(x, self.w[...], self.eps)

@@ -1,0 +1,141 @@
+"""Dense decoder families: llama (SmolLM2), qwen2 (Qwen2.5-Coder), gemma3 (Gemma 3, sliding window).
+
+Sources: HF transformers ``modeling_llama.py``, ``modeling_qwen2.py``, ``modeling_gemma3.py``; llama.cpp's graphs
+``src/models/{llama,qwen2,gemma3}.cpp`` for the GGUF tensor names (``blk.N.attn_q``, ``ffn_gate``, ...).
+
+Block (pre-norm): ``h += [post_attn_norm](attn(attn_norm(h)))``; ``h += [post_ffw_norm](mlp(ffn_norm(h)))``, the
+bracketed norms only for gemma3, whose q/k also get a per-head RMSNorm. The MLP is SwiGLU (``down(silu(gate x) *
+up x)``) or GeGLU with tanh-GELU (gemma3).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from strata_jax.config import ModelConfig
+from strata_jax.layers.attention import attend_prefill, attend_window
+from strata_jax.layers.linear import Embedding, QLinear, load_f32
+from strata_jax.layers.norms import RMSNorm
+from strata_jax.layers.rope import apply_rope
+from strata_jax.state import Rows, write_cells
+
+
+def mlp_act(name: str):
+    return jax.nn.silu if name == "silu" else (lambda x: jax.nn.gelu(x, approximate=True))
+
+
+def head_logits(head, norm, h, rows: Rows, mode: str, which: str):
+    """Logits of the last stage: every row (``which="all"``), or only each segment's last valid row
+    (``which="last"``, [B, 1, V]) so that a long prefill chunk does not build [T, V] logits."""
+    if which == "last":
+        idx = jnp.clip(rows.n_valid - 1, 0, h.shape[1] - 1)
+        h = jnp.take_along_axis(h, idx[:, None, None], axis=1)
+    return head(norm(h), mode == "window")
+
+
+class DenseBlock(nnx.Module):
+    """One transformer block (see module docstring). State: this layer's K/V cache."""
+
+    def __init__(self, g, cfg: ModelConfig, i: int, device=None):
+        p = f"blk.{i}."
+        self.cfg = cfg
+        self.local = bool(cfg.layer_local[i]) if cfg.layer_local else False
+        self.attn_norm = RMSNorm(load_f32(g, p + "attn_norm.weight", device), cfg.rms_eps)
+        self.wq = QLinear.from_gguf(g, p + "attn_q.weight", device, p + "attn_q.bias")
+        self.wk = QLinear.from_gguf(g, p + "attn_k.weight", device, p + "attn_k.bias")
+        self.wv = QLinear.from_gguf(g, p + "attn_v.weight", device, p + "attn_v.bias")
+        self.wo = QLinear.from_gguf(g, p + "attn_output.weight", device)
+        self.q_norm = RMSNorm(load_f32(g, p + "attn_q_norm.weight", device), cfg.rms_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(load_f32(g, p + "attn_k_norm.weight", device), cfg.rms_eps) if cfg.qk_norm else None
+        self.post_attn_norm = (RMSNorm(load_f32(g, p + "post_attention_norm.weight", device), cfg.rms_eps)
+                               if cfg.post_norms else None)
+        self.ffn_norm = RMSNorm(load_f32(g, p + "ffn_norm.weight", device), cfg.rms_eps)
+        self.gate = QLinear.from_gguf(g, p + "ffn_gate.weight", device)
+        self.up = QLinear.from_gguf(g, p + "ffn_up.weight", device)
+        self.down = QLinear.from_gguf(g, p + "ffn_down.weight", device)
+        self.post_ffw_norm = (RMSNorm(load_f32(g, p + "post_ffw_norm.weight", device), cfg.rms_eps)
+                              if cfg.post_norms else None)
+
+    def __call__(self, h, kv, rows: Rows, mode: str, max_context: int):
+        cfg = self.cfg
+        B, T, _ = h.shape
+        exact = mode == "window"
+        a = self.attn_norm(h)
+        q = self.wq(a, exact).reshape(B, T, cfg.n_head, cfg.head_dim)
+        k = self.wk(a, exact).reshape(B, T, cfg.n_head_kv, cfg.head_dim)
+        v = self.wv(a, exact).reshape(B, T, cfg.n_head_kv, cfg.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        pos = rows.positions(T)
+        theta = cfg.rope_theta_local if self.local else cfg.rope_theta
+        q = apply_rope(q, pos, cfg.rope_dim, theta, cfg.rope_neox)
+        k = apply_rope(k, pos, cfg.rope_dim, theta, cfg.rope_neox)
+        kc, vc = kv
+        kc = write_cells(kc, rows, k, max_context)
+        vc = write_cells(vc, rows, v, max_context)
+        attend = attend_window if mode == "window" else attend_prefill
+        o = attend(q, kc, vc, rows, scale=cfg.attn_scale, max_context=max_context,
+                   window=cfg.sliding_window if self.local else 0)
+        o = self.wo(o.reshape(B, T, cfg.n_head * cfg.head_dim), exact)
+        if self.post_attn_norm is not None:
+            o = self.post_attn_norm(o)
+        h = h + o
+        m = self.ffn_norm(h)
+        y = self.down(mlp_act(cfg.mlp_act)(self.gate(m, exact)) * self.up(m, exact), exact)
+        if self.post_ffw_norm is not None:
+            y = self.post_ffw_norm(y)
+        return h + y, (kc, vc)
+
+
+class DenseStage(nnx.Module):
+    """Layers ``[start, stop)`` of a dense model, with the embedding if ``start == 0`` and the final norm + head if
+    ``stop == n_layer``: what one device runs in a layer split (the whole model when unsplit).
+
+    Stage protocol (shared by every family, see `strata_jax.pipeline.stages`):
+      ``init_state(n_slots, max_context, kv_dtype)``; ``__call__(state, x, rows, mode, max_context) -> (out, state,
+      pending)`` where ``x`` is int32 token ids [B, T] on the first stage or the handed-off hidden rows [B, T, D],
+      ``mode`` is ``"window"`` (verify window: recurrent state untouched) or ``"prefill"`` (all valid rows
+      committed), and ``out`` is ``{"hidden": [B, T, D]}`` plus ``"logits"`` [B, T, V] float32 on the last stage
+      (``logits="last"``: [B, 1, V], each segment's last valid row);
+      ``commit(state, pending, rows, keep) -> state``.
+    """
+
+    def __init__(self, g, cfg: ModelConfig, start: int, stop: int, device=None):
+        self.cfg = cfg
+        self.start, self.stop = start, stop
+        self.first, self.last = start == 0, stop == cfg.n_layer
+        self.embed = (Embedding.from_gguf(g, "token_embd.weight", device, cfg.embed_scale)
+                      if self.first or (self.last and cfg.tied_head) else None)
+        self.blocks = nnx.List([DenseBlock(g, cfg, i, device) for i in range(start, stop)])
+        if self.last:
+            self.out_norm = RMSNorm(load_f32(g, "output_norm.weight", device), cfg.rms_eps)
+            if cfg.tied_head:
+                self.head = self.embed.as_linear()
+            else:
+                self.head = QLinear.from_gguf(g, "output.weight", device)
+
+    def init_state(self, n_slots: int, max_context: int, kv_dtype=jnp.float32, device=None):
+        cfg = self.cfg
+        shape = (n_slots, max_context + 1, cfg.n_head_kv, cfg.head_dim)
+
+        def z():
+            return jax.device_put(jnp.zeros(shape, kv_dtype), device)
+
+        return {"kv": [(z(), z()) for _ in range(self.stop - self.start)]}
+
+    def __call__(self, state, x, rows: Rows, mode: str, max_context: int, logits: str = "all"):
+        h = self.embed(x) if self.first else x.astype(jnp.float32)
+        kvs = []
+        for blk, kv in zip(self.blocks, state["kv"]):
+            h, kv = blk(h, kv, rows, mode, max_context)
+            kvs.append(kv)
+        out = {"hidden": h}
+        if self.last:
+            out["logits"] = head_logits(self.head, self.out_norm, h, rows, mode, logits)
+        return out, {"kv": kvs}, None
+
+    def commit(self, state, pending, rows: Rows, keep):
+        """Dense layers hold no recurrent state: K/V were written by the window; nothing to advance."""
+        return state

@@ -1,0 +1,148 @@
+"""Stages of a layer split: which layers each device runs, their weights and state placed there, and the jitted
+calls that run one stage.
+
+``--layer_split K1,K2,...`` gives the first layer of each later stage (SERVING.md §3.4): ``12,24,36`` on 48 layers is
+four stages of 12. The first stage owns the embedding, the last the final norm, the head and the sampler. Hidden rows
+are handed from stage to stage with `jax.device_put` (a small [B, T, D] array per window).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from strata_jax.errors import StrataError
+from strata_jax.sampling import RowSampling, pick_tokens
+from strata_jax.state import Rows
+
+
+def parse_layer_split(spec: str | None, n_layer: int, n_devices: int) -> list[tuple[int, int]]:
+    """Layer ranges per stage from ``--layer_split``.
+
+    Args:
+      spec: ``"K1,K2,..."`` (first layer of each later stage), or None/"" for one stage.
+      n_layer: trunk layers.
+      n_devices: devices available.
+
+    Returns:
+      [(start, stop), ...], one per stage.
+
+    Raises:
+      StrataError: boundaries not strictly increasing inside (0, n_layer), or more stages than devices.
+    """
+    if not spec:
+        return [(0, n_layer)]
+    try:
+        cuts = [int(s) for s in str(spec).split(",") if s.strip()]
+    except ValueError:
+        raise StrataError(f"--layer_split {spec!r}: expected comma-separated layer numbers, e.g. 12,24,36") from None
+    bounds = [0] + cuts + [n_layer]
+    for a, b in zip(bounds, bounds[1:]):
+        if not a < b:
+            raise StrataError(f"--layer_split {spec!r}: boundaries must increase strictly inside 1..{n_layer - 1} "
+                              f"(the model has {n_layer} layers)")
+    n_stages = len(bounds) - 1
+    if n_stages > n_devices:
+        raise StrataError(f"--layer_split {spec!r} needs {n_stages} devices, only {n_devices} available "
+                          f"(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count={n_stages} gives more)")
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+@dataclasses.dataclass
+class Stage:
+    """One stage: its layer range, device, and the split Flax module (graphdef + params)."""
+
+    index: int
+    start: int
+    stop: int
+    device: Any
+    graphdef: Any
+    params: Any
+    module: Any
+    first: bool
+    last: bool
+
+
+def make_stage(module, index: int, device) -> Stage:
+    graphdef, params = nnx.split(module)
+    return Stage(index, module.start, module.stop, device, graphdef, params, module, module.first, module.last)
+
+
+def acceptance(tokens: jax.Array, picks: jax.Array, n_valid: jax.Array) -> jax.Array:
+    """Keep counts of a verify window by exact match (SERVING.md §3.1).
+
+    Args:
+      tokens: int32 [B, T] the window's input tokens (row 0 the last accepted token, then the proposals).
+      picks: int32 [B, T] the target's pick after each row.
+      n_valid: int32 [B] real rows per segment.
+
+    Returns:
+      int32 [B]: ``1 + number of leading t with tokens[t + 1] == picks[t]`` among the valid rows.
+    """
+    T = tokens.shape[1]
+    if T == 1:
+        return jnp.ones(tokens.shape[:1], jnp.int32)
+    t = jnp.arange(T - 1)[None, :]
+    match = (tokens[:, 1:] == picks[:, :-1]) & (t + 1 < n_valid[:, None])
+    return 1 + jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
+
+
+def build_stage_fn(stage: Stage, kind: str, max_context: int, logits: str = "all"):
+    """The jitted function of one stage for one kind of call.
+
+    kinds:
+      ``window``: a verify window; state's recurrent parts untouched; returns pending for commit.
+      ``step``: a window whose every valid row is kept (plain decode), commit fused in.
+      ``prefill``: a prompt chunk, committed.
+
+    The function's signature is ``fn(params, state, x, rows, tokens, sampling) -> (out, state, pending)``: ``x`` is
+    the token ids [B, T] on the first stage or the hidden rows [B, T, D] later; on the last stage ``out`` holds
+    ``picks`` [B, T] (sampled on the device), ``n_keep`` [B] (acceptance against ``tokens``) and, when asked,
+    ``logits``; otherwise ``out["hidden"]`` is what the next stage takes. ``state`` is donated.
+    """
+    graphdef = stage.graphdef
+    mode = "prefill" if kind == "prefill" else "window"
+
+    def fn(params, state, x, rows: Rows, tokens, sampling: RowSampling):
+        m = nnx.merge(graphdef, params)
+        out, state, pending = m(state, x, rows, mode, max_context, logits)
+        if kind in ("step", "prefill"):
+            state = m.commit(state, pending, rows, rows.n_valid) if pending is not None else state
+            pending = None
+        res = {}
+        if stage.last:
+            lg = out["logits"]
+            B, T, V = lg.shape
+            if logits == "last":
+                pos = (rows.pos0 + jnp.maximum(rows.n_valid - 1, 0))[:, None]
+            else:
+                pos = rows.positions(T)
+            samp = jax.tree.map(lambda a: jnp.repeat(a, T), sampling)
+            picks = pick_tokens(lg.reshape(B * T, V), samp, pos.reshape(-1)).reshape(B, T)
+            res["picks"] = picks
+            res["n_keep"] = acceptance(tokens, picks, rows.n_valid) if logits == "all" else jnp.ones((B,), jnp.int32)
+            res["logits"] = lg
+            res["hidden"] = out["hidden"]
+            for k in out:
+                if k not in ("logits", "hidden"):
+                    res[k] = out[k]
+        else:
+            res["hidden"] = out["hidden"]
+        return res, state, pending
+
+    return jax.jit(fn, donate_argnums=(1,))
+
+
+def build_commit_fn(stage: Stage):
+    """``commit(params, state, pending, rows, keep) -> state``: advance each segment's slot by ``keep[b]`` rows."""
+    graphdef = stage.graphdef
+
+    def fn(params, state, pending, rows: Rows, keep):
+        m = nnx.merge(graphdef, params)
+        return m.commit(state, pending, rows, keep)
+
+    return jax.jit(fn, donate_argnums=(1,))

@@ -1,0 +1,97 @@
+"""Token picks on the device: greedy, or sampled with a draw keyed by (seed, position).
+
+Chain (llama.cpp's order, SERVING.md §5): top_k -> top_p -> min_p -> temperature -> inverse-CDF pick. top_k is
+limited to 1..64 (0, or more than 64, means 64), as Strata's sampler does; top_p and min_p act on the
+temperature-1 probabilities of the kept candidates; min_p keeps tokens with p >= min_p * p_max. Greedy when
+temperature <= 0 (argmax, ties to the lower id).
+
+The uniform of the draw is ``jax.random.uniform(fold_in(key(seed), counter))`` with ``counter`` the absolute
+position of the row's *input* token (the token at position n+1 is drawn with counter n). A seed therefore gives the
+same tokens whatever the window size, acceptance or batch packing, given identical logits; a draft is accepted only
+if it equals the sampled token (exact-match verification, not rejection sampling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+TOP_K_MAX = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """One request's sampler settings (host side).
+
+    Attributes: temperature (<= 0: greedy), top_k (1..64; 0 = 64), top_p (1.0 = off), min_p (0 = off), seed.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@struct.dataclass
+class RowSampling:
+    """Sampler settings per row, as device arrays (float32/int32/uint32 [R])."""
+
+    temperature: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
+    min_p: jax.Array
+    seed: jax.Array
+
+    @staticmethod
+    def make(params: list[SamplingParams]) -> "RowSampling":
+        return RowSampling(
+            jnp.asarray(np.array([p.temperature for p in params], np.float32)),
+            jnp.asarray(np.array([p.top_k for p in params], np.int32)),
+            jnp.asarray(np.array([p.top_p for p in params], np.float32)),
+            jnp.asarray(np.array([p.min_p for p in params], np.float32)),
+            jnp.asarray(np.array([p.seed & 0xFFFFFFFF for p in params], np.uint32)),
+        )
+
+
+def _pick_row(logits, temperature, top_k, top_p, min_p, seed, counter):
+    greedy = jnp.argmax(logits).astype(jnp.int32)
+    vals, idx = jax.lax.top_k(logits, TOP_K_MAX)
+    k = jnp.where((top_k <= 0) | (top_k > TOP_K_MAX), TOP_K_MAX, top_k)
+    n = jnp.arange(TOP_K_MAX)
+    keep = n < k
+    p = jax.nn.softmax(jnp.where(keep, vals, -jnp.inf))
+    keep = keep & ((jnp.cumsum(p) - p) < top_p)
+    keep = keep & (p >= min_p * p[0])
+    keep = keep.at[0].set(True)
+    t = jnp.maximum(temperature, 1e-6)
+    q = jax.nn.softmax(jnp.where(keep, vals / t, -jnp.inf))
+    key = jax.random.fold_in(jax.random.key(seed), counter)
+    u = jax.random.uniform(key, (), jnp.float32)
+    c = jnp.cumsum(q)
+    choice = jnp.minimum(jnp.sum(c < u * c[-1]), jnp.sum(keep) - 1)
+    sampled = idx[choice].astype(jnp.int32)
+    return jnp.where(temperature <= 0.0, greedy, sampled)
+
+
+def pick_tokens(logits: jax.Array, sampling: RowSampling, counters: jax.Array) -> jax.Array:
+    """Pick one token per row.
+
+    Args:
+      logits: float32 [R, V].
+      sampling: per-row settings (arrays [R]).
+      counters: int32 [R], the absolute position of each row's input token.
+
+    Returns:
+      int32 [R] token ids.
+    """
+    return jax.vmap(_pick_row)(logits.astype(jnp.float32), sampling.temperature, sampling.top_k, sampling.top_p,
+                               sampling.min_p, sampling.seed, counters.astype(jnp.uint32))

@@ -1,0 +1,83 @@
+"""Per-sequence state and the row layout of a window.
+
+A *window* is a rectangle of rows ``[B, T]``: B segments, each the rows of one slot at consecutive positions
+``pos0[b] .. pos0[b] + T - 1`` (the slot's last accepted token, then its proposals). Only the first ``n_valid[b]``
+rows of a segment are real; the rest pad the rectangle. The solo path is ``B = 1``; serial batch windows are one
+segment per slot; a pipelined group's window is one segment per slot of the group.
+
+Every state array has a leading slot axis ``[n_slots, ...]``: a segment reads and writes only its slot's entries.
+A window writes K/V cells (rejected rows' cells are overwritten before any query can read them) and leaves
+recurrent state untouched; ``commit(keep)`` then advances each slot by exactly its kept rows (SERVING.md §3.2).
+
+The K/V cache keeps one spare cell at index ``max_context``: padded rows and rows past the context end write there,
+and no query ever attends it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+
+@struct.dataclass
+class Rows:
+    """Where the rows of a window (or a prefill chunk) live.
+
+    Attributes:
+      slot: int32 [B], the slot each segment reads and writes.
+      pos0: int32 [B], absolute position of each segment's first row.
+      n_valid: int32 [B], real rows per segment (1..T); the others are padding.
+    """
+
+    slot: jax.Array
+    pos0: jax.Array
+    n_valid: jax.Array
+
+    @property
+    def B(self) -> int:
+        return self.slot.shape[0]
+
+    def positions(self, T: int) -> jax.Array:
+        """int32 [B, T] absolute positions."""
+        return self.pos0[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+
+    def valid(self, T: int) -> jax.Array:
+        """bool [B, T]: the row is real."""
+        return jnp.arange(T, dtype=jnp.int32)[None, :] < self.n_valid[:, None]
+
+    @staticmethod
+    def make(slot, pos0, n_valid) -> "Rows":
+        return Rows(jnp.asarray(np.asarray(slot, np.int32)), jnp.asarray(np.asarray(pos0, np.int32)),
+                    jnp.asarray(np.asarray(n_valid, np.int32)))
+
+
+def write_cells(cache: jax.Array, rows: Rows, values: jax.Array, max_context: int) -> jax.Array:
+    """Write one value per row into a per-slot cell cache.
+
+    Args:
+      cache: [n_slots, max_context + 1, ...].
+      rows: the window layout.
+      values: [B, T, ...] (same trailing shape as the cache cells).
+      max_context: cells per slot (the spare cell is index ``max_context``).
+
+    Returns:
+      The updated cache. Padded rows and positions >= max_context go to the spare cell.
+    """
+    B, T = values.shape[:2]
+    pos = rows.positions(T)
+    ok = rows.valid(T) & (pos < max_context) & (pos >= 0)
+    cell = jnp.where(ok, pos, max_context)
+    slot = jnp.broadcast_to(rows.slot[:, None], (B, T))
+    return cache.at[slot, cell].set(values.astype(cache.dtype))
+
+
+def tree_bytes(tree) -> int:
+    """Total bytes of the arrays in a pytree (shape-dtype structs count too)."""
+    return int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
+
+
+def slot_bytes(state_shapes, n_slots: int) -> int:
+    """Bytes of state one slot costs, given the shapes of a state made for ``n_slots`` slots."""
+    return tree_bytes(state_shapes) // max(n_slots, 1)
