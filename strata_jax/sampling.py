@@ -64,9 +64,10 @@ class RowSampling:
 
 def _pick_row(logits, temperature, top_k, top_p, min_p, seed, counter):
     greedy = jnp.argmax(logits).astype(jnp.int32)
-    vals, idx = jax.lax.top_k(logits, TOP_K_MAX)
-    k = jnp.where((top_k <= 0) | (top_k > TOP_K_MAX), TOP_K_MAX, top_k)
-    n = jnp.arange(TOP_K_MAX)
+    kmax = min(TOP_K_MAX, logits.shape[-1])
+    vals, idx = jax.lax.top_k(logits, kmax)
+    k = jnp.where((top_k <= 0) | (top_k > kmax), kmax, top_k)
+    n = jnp.arange(kmax)
     keep = n < k
     p = jax.nn.softmax(jnp.where(keep, vals, -jnp.inf))
     keep = keep & ((jnp.cumsum(p) - p) < top_p)

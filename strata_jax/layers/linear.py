@@ -74,11 +74,11 @@ class QLinear(nnx.Module):
         b = load_f32(g, bias, device) if bias and g.has(bias) else None
         return cls(w, qtype, shape[0], shape[1], b)
 
-    def __call__(self, x: jax.Array, exact_rows: bool = True) -> jax.Array:
-        """Args: x float [..., n_in]; exact_rows: compute each row with arithmetic independent of the row count
-        (verify windows) rather than one large matmul (prefill). Returns float32 [..., n_out]."""
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x float [..., n_in] -> float32 [..., n_out]. Each row's arithmetic is independent of the other rows and of
+        the row count (`qmatmul`'s contract), which makes verify windows and batch rows exact."""
         lead = x.shape[:-1]
-        y = qmatmul(x.reshape(-1, self.n_in), self.w[...], self.qtype, self.n_out, self.n_in, exact_rows=exact_rows)
+        y = qmatmul(x.reshape(-1, self.n_in), self.w[...], self.qtype, self.n_out, self.n_in)
         y = y.reshape(*lead, self.n_out)
         if self.b is not None:
             y = y + self.b[...]

@@ -32,7 +32,7 @@ def head_logits(head, norm, h, rows: Rows, mode: str, which: str):
     if which == "last":
         idx = jnp.clip(rows.n_valid - 1, 0, h.shape[1] - 1)
         h = jnp.take_along_axis(h, idx[:, None, None], axis=1)
-    return head(norm(h), mode == "window")
+    return head(norm(h))
 
 
 class DenseBlock(nnx.Module):
@@ -61,11 +61,10 @@ class DenseBlock(nnx.Module):
     def __call__(self, h, kv, rows: Rows, mode: str, max_context: int):
         cfg = self.cfg
         B, T, _ = h.shape
-        exact = mode == "window"
         a = self.attn_norm(h)
-        q = self.wq(a, exact).reshape(B, T, cfg.n_head, cfg.head_dim)
-        k = self.wk(a, exact).reshape(B, T, cfg.n_head_kv, cfg.head_dim)
-        v = self.wv(a, exact).reshape(B, T, cfg.n_head_kv, cfg.head_dim)
+        q = self.wq(a).reshape(B, T, cfg.n_head, cfg.head_dim)
+        k = self.wk(a).reshape(B, T, cfg.n_head_kv, cfg.head_dim)
+        v = self.wv(a).reshape(B, T, cfg.n_head_kv, cfg.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         pos = rows.positions(T)
@@ -78,12 +77,12 @@ class DenseBlock(nnx.Module):
         attend = attend_window if mode == "window" else attend_prefill
         o = attend(q, kc, vc, rows, scale=cfg.attn_scale, max_context=max_context,
                    window=cfg.sliding_window if self.local else 0)
-        o = self.wo(o.reshape(B, T, cfg.n_head * cfg.head_dim), exact)
+        o = self.wo(o.reshape(B, T, cfg.n_head * cfg.head_dim))
         if self.post_attn_norm is not None:
             o = self.post_attn_norm(o)
         h = h + o
         m = self.ffn_norm(h)
-        y = self.down(mlp_act(cfg.mlp_act)(self.gate(m, exact)) * self.up(m, exact), exact)
+        y = self.down(mlp_act(cfg.mlp_act)(self.gate(m)) * self.up(m))
         if self.post_ffw_norm is not None:
             y = self.post_ffw_norm(y)
         return h + y, (kc, vc)

