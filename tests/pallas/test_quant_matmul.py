@@ -1,0 +1,109 @@
+"""qmatmul: reference and kernel (interpret mode) against float64, row independence (M = 1..8, 16, 24), the
+in-kernel block decoders against strata_jax.gguf.blocks, errors and the auto rule."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as Q
+
+from strata_jax.errors import UnsupportedError
+from strata_jax.gguf.blocks import dequantize
+from strata_jax.pallas import dispatch
+from strata_jax.pallas.quant_matmul import qmatmul
+from strata_jax.pallas.quant_matmul.formats import FORMATS, decode_rows_jnp
+
+from pallas_testlib import IMPLS, assert_bits_equal, random_weight
+
+N_OUT = 20   # not a multiple of the kernel's 16-row tile: the last tile is partial
+K_IN = 512
+
+
+def f64_bound(x, w):
+    """(x @ w.T in float64, |x| @ |w|.T): the elementwise error scale of a float32 dot product."""
+    x = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+    w = np.asarray(w, np.float64)
+    return x @ w.T, np.abs(x) @ np.abs(w).T
+
+
+def check_rel(got, want, scale, rtol, what):
+    got = np.asarray(got, np.float64)
+    assert np.all(np.isfinite(got)), f"{what}: non-finite output (unwritten / poisoned element?)"
+    rel = np.max(np.abs(got - want) / scale)
+    assert rel <= rtol, f"{what}: max error / (|x|@|w|) = {rel:.3g} > {rtol}"
+
+
+@pytest.mark.parametrize("qtype", [Q.Q5_1, Q.Q3_K, Q.Q6_K], ids=lambda q: q.name)  # the rest: via accuracy
+def test_kernel_decoders_match_blocks(qtype, rng):
+    raw = random_weight(rng, qtype, 5, 512)
+    got = jax.jit(decode_rows_jnp, static_argnums=(1, 2))(jnp.asarray(raw), qtype, 512)
+    assert_bits_equal(got, np.asarray(dequantize(raw, qtype, 512)), f"{qtype.name} decode")
+
+
+KERNEL_TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F32, Q.F16, Q.BF16]
+
+
+# the reference is blocks.dequantize (tested in tests/test_blocks.py) + one dot: a few formats suffice for it
+CASES = [("interpret", q) for q in KERNEL_TYPES] + [("reference", q) for q in (Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.F16)]
+
+
+@pytest.mark.parametrize("impl,qtype", CASES, ids=lambda a: getattr(a, "name", a))
+def test_qmatmul_accuracy_f32(impl, qtype, rng):
+    w_raw = random_weight(rng, qtype, N_OUT, K_IN)
+    x = rng.standard_normal((3, K_IN)).astype(np.float32)
+    with dispatch.poison_outputs():
+        y = qmatmul(jnp.asarray(x), jnp.asarray(w_raw), qtype, N_OUT, K_IN, impl=impl)
+    assert y.dtype == jnp.float32 and y.shape == (3, N_OUT)
+    want, scale = f64_bound(x, np.asarray(dequantize(w_raw, qtype, K_IN)))
+    check_rel(y, want, scale, 1e-5, f"{impl} {qtype.name}")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_qmatmul_bf16_operands(impl, rng):
+    w32 = rng.standard_normal((N_OUT, K_IN)).astype(np.float32) * 0.1
+    x32 = rng.standard_normal((4, K_IN)).astype(np.float32)
+    y = qmatmul(jnp.asarray(x32, jnp.bfloat16), jnp.asarray(w32, jnp.bfloat16), Q.BF16, N_OUT, K_IN, impl=impl)
+    want, scale = f64_bound(x32, w32)  # float64 of the unrounded operands
+    check_rel(y, want, scale, 1e-2, f"{impl} bf16")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_rows_independent(impl, rng):
+    """Row m of an M-row call == the row alone (M = 1), bit for bit, whatever the other rows hold."""
+    qtype = Q.Q4_K
+    w = jnp.asarray(random_weight(rng, qtype, N_OUT, K_IN))
+    ms = [1, 2, 3, 4, 5, 6, 7, 8, 16, 24]
+    X = jnp.asarray(rng.standard_normal((max(ms), K_IN)).astype(np.float32))
+    if impl == "interpret":
+        ms = [3, 8]  # each M compiles its own interpreted kernel: keep CI short
+    alone = np.stack([np.asarray(qmatmul(X[i:i + 1], w, qtype, N_OUT, K_IN, impl=impl))[0]
+                      for i in range(max(ms))])
+    for M in ms:
+        Y = qmatmul(X[:M], w, qtype, N_OUT, K_IN, impl=impl)
+        assert_bits_equal(Y, alone[:M], f"M={M} vs rows alone")
+    # other rows' contents do not matter
+    X2 = X.at[1:].set(jnp.asarray(rng.standard_normal((X.shape[0] - 1, K_IN)).astype(np.float32)) * 100)
+    Y2 = qmatmul(X2[:ms[-1]], w, qtype, N_OUT, K_IN, impl=impl)
+    assert_bits_equal(Y2[0], alone[0], "row 0 with other neighbours")
+
+
+def test_errors_and_auto(rng):
+    w = jnp.asarray(random_weight(rng, Q.Q8_0, N_OUT, K_IN))
+    x = jnp.asarray(rng.standard_normal((2, K_IN)).astype(np.float32))
+    with pytest.raises(UnsupportedError):
+        qmatmul(x[:, :256], w, Q.Q8_0, N_OUT, K_IN)
+    with pytest.raises(UnsupportedError):
+        qmatmul(x, w[:, :-2], Q.Q8_0, N_OUT, K_IN)
+    with pytest.raises(UnsupportedError):
+        qmatmul(x, w, Q.Q8_0, N_OUT, K_IN, impl="nope")
+    x9 = jnp.asarray(rng.standard_normal((9, K_IN)).astype(np.float32))
+    with pytest.raises(UnsupportedError):
+        qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN, impl="interpret")  # the kernel serves 1..8 rows
+    assert qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN).shape == (9, N_OUT)  # auto: the reference
+    iq = jnp.asarray(random_weight(rng, Q.IQ4_NL, N_OUT, K_IN))
+    with pytest.raises(UnsupportedError):
+        qmatmul(x, iq, Q.IQ4_NL, N_OUT, K_IN, impl="interpret")  # no kernel for IQ formats yet
+    assert qmatmul(x, iq, Q.IQ4_NL, N_OUT, K_IN).shape == (2, N_OUT)
+    if jax.default_backend() == "cpu":
+        with pytest.raises(UnsupportedError):
+            qmatmul(x, w, Q.Q8_0, N_OUT, K_IN, impl="kernel")
