@@ -1,0 +1,105 @@
+"""Mixture-of-experts FFN with a sigmoid-gated shared expert (qwen35moe, qwen3next, qwen4exp).
+
+Sources: HF transformers 5.24 ``Qwen3_5MoeSparseMoeBlock`` / ``Qwen3NextSparseMoeBlock`` (router softmax -> top-k ->
+renormalise; shared expert times ``sigmoid(shared_expert_gate(x))``, added), spec MODEL.md A§1.5, B§1.3.
+
+Per row ``x`` [D] (float32):
+  ``p = softmax(W_r x)`` over all E experts; the top k (ties -> lower expert id, `jax.lax.top_k`), renormalised
+  ``w = p_k / max(sum p_k, 2^-14)`` (``renorm=False`` keeps ``p_k``); expert e is SwiGLU
+  ``down_e(silu(gate_e x) * up_e x)``; ``out = sum_k w_k expert_k(x) + sigmoid(w_sg . x) * shared(x)``.
+
+GGUF tensors (``blk.N.``): ``ffn_gate_inp`` [E, D], ``ffn_{gate,up}_exps`` [E, F, D], ``ffn_down_exps`` [E, D, F]
+(numpy order), ``ffn_{gate,up,down}_shexp``, ``ffn_gate_inp_shexp`` [D] (or [1, D]).
+
+This is the plain-jnp reference: the stacked expert tensors stay in their block format on the device
+(uint8 [E, rows, row_bytes], or float for F32/F16/BF16); for each row the k selected experts' blocks are gathered
+and dequantized (`strata_jax.gguf.blocks.dequantize`), then multiplied. In window mode rows are computed one at a
+time (``lax.map``) so a row's arithmetic does not depend on the other rows of the window.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from strata_jax.gguf import blocks
+from strata_jax.layers.gdn import qcall
+from strata_jax.layers.linear import QLinear, load_f32, load_raw
+
+RENORM_MIN = 2.0 ** -14
+_HP = jax.lax.Precision.HIGHEST
+
+
+class StackedExperts(nnx.Module):
+    """One stacked expert tensor ``[E, n_out, n_in]`` kept as stored (block bytes or float)."""
+
+    def __init__(self, g, name: str, device=None):
+        w, qtype, shape = load_raw(g, name, device)
+        self.w = nnx.Param(w)
+        self.qtype = qtype
+        self.E, self.n_out, self.n_in = (int(s) for s in shape)
+
+    def gather(self, idx: jax.Array) -> jax.Array:
+        """float32 [..., n_out, n_in]: experts ``idx`` (int32 [...]) dequantized."""
+        rows = jnp.take(self.w[...], idx, axis=0)
+        if rows.dtype == jnp.uint8:
+            return blocks.dequantize(rows, self.qtype, self.n_in)
+        return rows.astype(jnp.float32)
+
+
+class MoE(nnx.Module):
+    """Routed experts + gated shared expert (see module docstring).
+
+    Args: g; prefix ``"blk.N."``; n_used: k; renorm: renormalise the top-k weights.
+    """
+
+    def __init__(self, g, prefix: str, *, n_used: int, renorm: bool = True, device=None):
+        p = prefix
+        self.n_used = int(n_used)
+        self.renorm = renorm
+        self.router = QLinear.from_gguf(g, p + "ffn_gate_inp.weight", device)
+        self.gate_exps = StackedExperts(g, p + "ffn_gate_exps.weight", device)
+        self.up_exps = StackedExperts(g, p + "ffn_up_exps.weight", device)
+        self.down_exps = StackedExperts(g, p + "ffn_down_exps.weight", device)
+        self.has_shared = g.has(p + "ffn_gate_shexp.weight")
+        if self.has_shared:
+            self.sh_gate = QLinear.from_gguf(g, p + "ffn_gate_shexp.weight", device)
+            self.sh_up = QLinear.from_gguf(g, p + "ffn_up_shexp.weight", device)
+            self.sh_down = QLinear.from_gguf(g, p + "ffn_down_shexp.weight", device)
+            self.sh_w = nnx.Param(load_f32(g, p + "ffn_gate_inp_shexp.weight", device).reshape(-1))
+
+    def route(self, logits: jax.Array):
+        """logits float32 [..., E] -> (weights float32 [..., k], ids int32 [..., k])."""
+        p = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+        w, ids = jax.lax.top_k(p, self.n_used)
+        if self.renorm:
+            w = w / jnp.maximum(jnp.sum(w, axis=-1, keepdims=True), RENORM_MIN)
+        return w, ids
+
+    def _routed_rows(self, x, w, ids):
+        """x [N, D], w/ids [N, k] -> [N, D]."""
+        Wg = self.gate_exps.gather(ids)  # [N, k, F, D]
+        Wu = self.up_exps.gather(ids)
+        Wd = self.down_exps.gather(ids)  # [N, k, D, F]
+        hg = jnp.einsum("nd,nkfd->nkf", x, Wg, precision=_HP)
+        hu = jnp.einsum("nd,nkfd->nkf", x, Wu, precision=_HP)
+        y = jnp.einsum("nkf,nkdf->nkd", jax.nn.silu(hg) * hu, Wd, precision=_HP)
+        return jnp.einsum("nk,nkd->nd", w, y, precision=_HP)
+
+    def __call__(self, x: jax.Array, exact_rows: bool) -> jax.Array:
+        """x float32 [B, T, D] -> float32 [B, T, D]."""
+        B, T, D = x.shape
+        logits = qcall(self.router, x, exact_rows)
+        w, ids = self.route(logits)
+        if exact_rows:
+            ys = jax.lax.map(lambda t: self._routed_rows(x[:, t], w[:, t], ids[:, t]), jnp.arange(T))
+            y = jnp.transpose(ys, (1, 0, 2))
+        else:
+            y = self._routed_rows(x.reshape(B * T, D), w.reshape(B * T, -1), ids.reshape(B * T, -1)).reshape(B, T, D)
+        if self.has_shared:
+            hs = jax.nn.silu(qcall(self.sh_gate, x, exact_rows)) * qcall(self.sh_up, x, exact_rows)
+            s = qcall(self.sh_down, hs, exact_rows)
+            gate = jax.nn.sigmoid(jnp.sum(x * self.sh_w[...], axis=-1, keepdims=True))
+            y = y + gate * s
+        return y

@@ -1,0 +1,145 @@
+"""Hybrid stages (qwen35moe, qwen3next) against HF transformers reference logits, and window/commit exactness.
+
+Fixtures (``tests/fixtures/hybrid/``, made by ``experiments/parity/make_hybrid_fixtures.py``): ``<family>_f32.gguf``,
+``<family>_q8_0.gguf``, ``<family>_ref.npz`` with ``prompt_ids`` [64], ``prefill_logits`` [64, V] (HF float32),
+``step_ids`` [24] (step i feeds step_ids[i], yields step_logits[i]; step_ids[0] = argmax(prefill[-1])),
+``step_logits`` [24, V], and ``oracle_q8_*`` (HF run on the dequantized Q8_0 weights, its own greedy ids).
+
+The stage is driven as the engine does: one prefill chunk, then T=1 verify windows each followed by commit(keep=1).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from strata_jax.config import config_from_gguf
+from strata_jax.gguf.reader import open_gguf
+from strata_jax.models import build_stage
+from strata_jax.state import Rows
+
+FIX = Path(__file__).parent / "fixtures" / "hybrid"
+FAMILIES = ("qwen3next", "qwen35moe")
+MAX_CONTEXT = 128
+
+
+def _need(path: Path):
+    if not path.exists():
+        pytest.skip(f"fixture {path.name} not present")
+
+
+class Driver:
+    """A stage with jitted forward / commit (params passed as arguments so the compile is reused)."""
+
+    def __init__(self, gguf_path: Path):
+        g = open_gguf(gguf_path)
+        self.cfg = config_from_gguf(g)
+        self.stage = build_stage(g, self.cfg, 0, self.cfg.n_layer)
+        gd, self.params = nnx.split(self.stage)
+
+        @functools.partial(jax.jit, static_argnames=("mode",))
+        def fwd(params, state, x, rows, mode):
+            return nnx.merge(gd, params)(state, x, rows, mode, MAX_CONTEXT)
+
+        @jax.jit
+        def commit(params, state, pending, rows, keep):
+            return nnx.merge(gd, params).commit(state, pending, rows, keep)
+
+        self._fwd, self._commit = fwd, commit
+
+    def init(self, n_slots=1):
+        return self.stage.init_state(n_slots, MAX_CONTEXT)
+
+    def prefill(self, state, ids, slot=0):
+        rows = Rows.make([slot], [0], [len(ids)])
+        out, state, _ = self._fwd(self.params, state, jnp.asarray(np.asarray(ids)[None], jnp.int32), rows, "prefill")
+        return np.asarray(out["logits"][0]), state
+
+    def window(self, state, ids, pos, slot=0):
+        rows = Rows.make([slot], [pos], [len(ids)])
+        out, state, pend = self._fwd(self.params, state, jnp.asarray(np.asarray(ids)[None], jnp.int32), rows,
+                                     "window")
+        return np.asarray(out["logits"][0]), state, pend, rows
+
+    def commit(self, state, pend, rows, keep):
+        return self._commit(self.params, state, pend, rows, jnp.asarray([keep], jnp.int32))
+
+    def decode(self, state, ids, pos0):
+        """T=1 windows + commit(1) for each id; returns logits [n, V] and the state."""
+        out = []
+        for i, t in enumerate(ids):
+            lg, state, pend, rows = self.window(state, [t], pos0 + i)
+            state = self.commit(state, pend, rows, 1)
+            out.append(lg[0])
+        return np.stack(out), state
+
+
+@functools.lru_cache(maxsize=4)
+def _driver(family: str, quant: str) -> Driver:
+    return Driver(FIX / f"{family}_{quant}.gguf")
+
+
+def _rel(a, ref):
+    return float(np.max(np.abs(a - ref)) / np.max(np.abs(ref)))
+
+
+def _run_reference_drive(d: Driver, ref, step_ids):
+    state = d.init()
+    pre, state = d.prefill(state, ref["prompt_ids"])
+    steps, _ = d.decode(state, step_ids, len(ref["prompt_ids"]))
+    return pre, steps
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_f32_matches_hf(family):
+    _need(FIX / f"{family}_f32.gguf")
+    ref = np.load(FIX / f"{family}_ref.npz")
+    d = _driver(family, "f32")
+    pre, steps = _run_reference_drive(d, ref, ref["step_ids"])
+    assert _rel(pre, ref["prefill_logits"]) < 1e-4
+    for i in range(len(steps)):
+        assert _rel(steps[i], ref["step_logits"][i]) < 1e-4, f"step {i}"
+    greedy = np.concatenate([[pre[-1].argmax()], steps[:-1].argmax(-1)])
+    np.testing.assert_array_equal(greedy, ref["step_ids"])
+    assert steps[-1].argmax() == ref["step_logits"][-1].argmax()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_q8_0_matches_oracle(family):
+    _need(FIX / f"{family}_q8_0.gguf")
+    ref = np.load(FIX / f"{family}_ref.npz")
+    d = _driver(family, "q8_0")
+    pre, steps = _run_reference_drive(d, ref, ref["oracle_q8_step_ids"])
+    assert _rel(pre, ref["oracle_q8_prefill_logits"]) < 1e-3
+    for i in range(len(steps)):
+        assert _rel(steps[i], ref["oracle_q8_step_logits"][i]) < 1e-3, f"step {i}"
+    greedy = np.concatenate([[pre[-1].argmax()], steps[:-1].argmax(-1)])
+    np.testing.assert_array_equal(greedy, ref["oracle_q8_step_ids"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_window_exact_and_commit(family):
+    """A T=4 window holding the greedy ids gives the bits of four T=1 steps; commit(keep=2) then decoding
+    continues with the bits of the T=1 path."""
+    _need(FIX / f"{family}_f32.gguf")
+    ref = np.load(FIX / f"{family}_ref.npz")
+    d = _driver(family, "f32")
+    P = len(ref["prompt_ids"])
+    ids = [int(t) for t in ref["step_ids"][:7]]
+    state0 = d.init()
+    _, state0 = d.prefill(state0, ref["prompt_ids"])
+    serial, _ = d.decode(state0, ids, P)  # 7 T=1 steps
+
+    win, state, pend, rows = d.window(state0, ids[:4], P)
+    np.testing.assert_array_equal(win, serial[:4])
+    picks = win.argmax(-1)
+    np.testing.assert_array_equal(picks[:3], ids[1:4])  # the proposals are the greedy ids: all accepted
+    state = d.commit(state, pend, rows, 2)
+    cont, _ = d.decode(state, ids[2:], P + 2)
+    np.testing.assert_array_equal(cont, serial[2:])
