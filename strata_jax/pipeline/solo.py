@@ -14,7 +14,8 @@ from typing import Callable
 
 import numpy as np
 
-from strata_jax.pipeline.engine import Engine
+from strata_jax.errors import StrataError
+from strata_jax.pipeline.engine import MAX_WINDOW, Engine
 from strata_jax.sampling import RowSampling, SamplingParams
 from strata_jax.state import Rows
 
@@ -29,6 +30,21 @@ class GenerationStats:
     decode_seconds: float = 0.0
     windows: int = 0
     stop_reason: str = ""
+    # speculative decoding (zero / empty on the plain path)
+    spec: int = 0
+    proposer: str = ""
+    proposed: int = 0
+    accepted: int = 0
+    per_proposer: dict = dataclasses.field(default_factory=dict)
+    offered_at: list = dataclasses.field(default_factory=list)
+    accepted_at: list = dataclasses.field(default_factory=list)
+    spec_windows: int = 0
+    stepped_aside: int = 0
+    window_tokens: dict = dataclasses.field(default_factory=dict)
+    window_seconds: float = 0.0
+    propose_seconds: float = 0.0
+    compiles: int = 0
+    policy: dict = dataclasses.field(default_factory=dict)
 
     @property
     def prefill_tok_s(self) -> float:
@@ -40,10 +56,37 @@ class GenerationStats:
         n = max(self.generated - 1, 0)
         return n / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / offered proposals."""
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_window(self) -> float:
+        """Tokens committed per decode window (the first token comes from the prefill)."""
+        return max(self.generated - 1, 0) / self.windows if self.windows else 0.0
+
+    @property
+    def window_ms(self) -> float:
+        """Mean wall time of a decode window (engine call + commit), in ms."""
+        return self.window_seconds * 1e3 / self.windows if self.windows else 0.0
+
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d.update(prefill_tok_s=self.prefill_tok_s, decode_tok_s=self.decode_tok_s)
+        d.update(prefill_tok_s=self.prefill_tok_s, decode_tok_s=self.decode_tok_s,
+                 acceptance_rate=self.acceptance_rate, tokens_per_window=self.tokens_per_window,
+                 window_ms=self.window_ms)
+        d["window_tokens"] = {str(k): v for k, v in sorted(self.window_tokens.items())}
         return d
+
+    def spec_summary(self) -> str:
+        """One line for the stats line: ``spec T=4 lookup: 12/30 accepted (40%), 1.9 tok/window, ...``."""
+        if not self.spec:
+            return ""
+        return (f"spec T={self.spec} {self.proposer}: {self.accepted}/{self.proposed} accepted "
+                f"({100 * self.acceptance_rate:.0f}%), {self.tokens_per_window:.2f} tok/window, "
+                f"{self.window_ms:.1f} ms/window, propose {self.propose_seconds * 1e3:.0f} ms, "
+                f"stepped aside {self.stepped_aside}")
 
 
 @dataclasses.dataclass
@@ -59,7 +102,8 @@ class Generation:
 
 def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256,
              sampling: SamplingParams = SamplingParams(), eos_ids=(), stop: Callable[[list[int]], bool] | None = None,
-             on_token: Callable[[int], None] | None = None, slot: int = 0, dump_logits: bool = False) -> Generation:
+             on_token: Callable[[int], None] | None = None, slot: int = 0, dump_logits: bool = False,
+             proposer=None, spec: int = 0, spec_min_p: float = 0.0, policy=None) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` in ``slot``.
 
     Args:
@@ -71,13 +115,24 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
       stop: called with the tokens so far after each token; True ends the generation (stop strings).
       on_token: called with each new token id (streaming).
       dump_logits: keep float32 logits (prompt and each step).
+      proposer: a `strata_jax.proposers.Proposer`; with ``spec >= 2`` the decode is speculative (same output).
+      spec: the window cap T (2..8): the last accepted token + up to T-1 proposals per window.
+      spec_min_p: cut proposals at the first one whose proposer probability is below this (0 = off).
+      policy: a `strata_jax.proposers.SpecPolicy` letting the proposer step aside when it does not pay
+        (None: always ask it).
 
     Returns:
       `Generation`.
 
     Raises:
-      StrataError: the prompt does not fit the context.
+      StrataError: the prompt does not fit the context; ``spec`` outside 2..8 with a proposer.
     """
+    if proposer is not None and spec:
+        if not 2 <= spec <= MAX_WINDOW:
+            raise StrataError(f"--spec {spec}: the window cap must lie in 2..{MAX_WINDOW}")
+        return _generate_spec(engine, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, eos_ids=eos_ids,
+                              stop=stop, on_token=on_token, slot=slot, dump_logits=dump_logits, proposer=proposer,
+                              spec=int(spec), spec_min_p=float(spec_min_p), policy=policy)
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
     eos = set(int(e) for e in eos_ids)
     t0 = time.perf_counter()
@@ -115,5 +170,130 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
         pos += 1
     stats.decode_seconds = time.perf_counter() - t1
     stats.generated = len(tokens)
+    return Generation(tokens, stats, prefill_logits,
+                      np.stack(step_logits) if dump_logits else None)
+
+
+def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sampling, eos_ids, stop, on_token, slot,
+                   dump_logits, proposer, spec: int, spec_min_p: float, policy) -> Generation:
+    """The speculative solo loop (SERVING.md §3.1): each window is the last accepted token + up to ``spec - 1``
+    proposals at consecutive positions; the engine's exact-match ``n_keep`` decides the kept prefix, which is then
+    cut at EOS / stop / max tokens / context end exactly where plain decoding would stop; recurrent state is
+    committed by the kept rows; the bonus pick starts the next window.
+
+    Windows with proposals always use the shape [1, spec] (padded rows are invalid), rounds without proposals a
+    one-row ``step``: two compiled window functions per model.
+    """
+    stats = GenerationStats(prompt_tokens=len(prompt_ids), spec=spec, proposer=getattr(proposer, "name", "?"),
+                            offered_at=[0] * (spec - 1), accepted_at=[0] * (spec - 1))
+    pstats = stats.per_proposer.setdefault(stats.proposer, {"offered": 0, "accepted": 0, "windows": 0})
+    eos = set(int(e) for e in eos_ids)
+    compiles0 = engine.cache.compiles
+    d_eng = getattr(proposer, "engine", None)
+    d_cache = d_eng.cache if d_eng is not None and d_eng is not engine else None
+
+    def n_compiles() -> int:
+        return engine.cache.compiles + (d_cache.compiles if d_cache is not None else 0)
+
+    aside0 = policy.stepped_aside if policy is not None else 0
+    proposer.reset()
+    t0 = time.perf_counter()
+    first, prefill_logits = engine.prefill(slot, list(prompt_ids), sampling, all_logits=dump_logits)
+    stats.prefill_seconds = time.perf_counter() - t0
+    history: list[int] = list(prompt_ids)
+    n_prompt = len(history)
+    tokens: list[int] = []
+    step_logits: list[np.ndarray] = []
+    if dump_logits:
+        step_logits.append(prefill_logits[-1])
+    samp = RowSampling.make([sampling])
+
+    def emit(tok: int) -> str:
+        """Append one token and apply plain decoding's checks, in its order; returns a stop reason or ''."""
+        tokens.append(tok)
+        history.append(tok)
+        if tok in eos:
+            return "eos"
+        if on_token is not None:
+            on_token(tok)
+        if stop is not None and stop(tokens):
+            return "stop string"
+        if len(tokens) >= max_new_tokens:
+            return "max tokens"
+        if n_prompt + len(tokens) - 1 >= engine.max_context - 1:
+            return "context end"
+        return ""
+
+    t1 = time.perf_counter()
+    reason = emit(first)
+    while not reason:
+        token = tokens[-1]
+        pos = n_prompt + len(tokens) - 1  # position of the window's row 0
+        room = min(spec - 1, max_new_tokens - len(tokens) - 1, engine.max_context - 2 - pos)
+        tr = time.perf_counter()
+        c0 = n_compiles()
+        props: list[int] = []
+        if room > 0:
+            if policy is None or policy.use_proposer():
+                tp = time.perf_counter()
+                props = [int(t) for t in proposer.propose(list(history), room, spec_min_p)][:room]
+                probs = proposer.last_probs
+                if spec_min_p > 0 and probs is not None:
+                    n_ok = 0
+                    while n_ok < len(props) and n_ok < len(probs) and probs[n_ok] >= spec_min_p:
+                        n_ok += 1
+                    props = props[:n_ok]
+                stats.propose_seconds += time.perf_counter() - tp
+        tw = time.perf_counter()
+        k = len(props)
+        if k:
+            toks = np.zeros((1, spec), np.int32)
+            toks[0, 0] = token
+            toks[0, 1:1 + k] = props
+            rows = Rows.make([slot], [pos], [1 + k])
+            res = engine.window(toks, rows, samp, kind="window")
+            n_keep = int(res.n_keep[0])
+            emitted = props[:n_keep - 1] + [int(res.picks[0, n_keep - 1])]
+        else:
+            rows = Rows.make([slot], [pos], [1])
+            res = engine.window(np.array([[token]], np.int32), rows, samp, kind="step")
+            n_keep = 1
+            emitted = [int(res.picks[0, 0])]
+        kept = 0
+        for j, t in enumerate(emitted):
+            if dump_logits:
+                step_logits.append(np.asarray(res.device_out["logits"][0, j]))
+            kept += 1
+            reason = emit(t)
+            if reason:
+                break
+        if k and any(pd is not None for pd in res.pending):
+            engine.commit(rows, res.pending, np.array([kept], np.int32))
+        now = time.perf_counter()
+        stats.window_seconds += now - tw
+        stats.windows += 1
+        stats.window_tokens[kept] = stats.window_tokens.get(kept, 0) + 1
+        if k:
+            acc = n_keep - 1
+            stats.spec_windows += 1
+            stats.proposed += k
+            stats.accepted += acc
+            pstats["offered"] += k
+            pstats["accepted"] += acc
+            pstats["windows"] += 1
+            for i in range(k):
+                stats.offered_at[i] += 1
+                if i < acc:
+                    stats.accepted_at[i] += 1
+        if policy is not None:
+            policy.record("spec" if k else "plain", 1 + k, kept, now - tr, compiled=n_compiles() != c0)
+        proposer.observe(emitted[:kept])
+    stats.stop_reason = reason
+    stats.decode_seconds = time.perf_counter() - t1
+    stats.generated = len(tokens)
+    stats.compiles = engine.cache.compiles - compiles0
+    if policy is not None:
+        stats.stepped_aside = policy.stepped_aside - aside0
+        stats.policy = policy.table()
     return Generation(tokens, stats, prefill_logits,
                       np.stack(step_logits) if dump_logits else None)
