@@ -47,6 +47,12 @@ flags.DEFINE_string("dump_logits", None, "Write prompt_ids, prefill_logits [T,V]
                     "to this .npz.")
 flags.DEFINE_string("stats_json", None, "Write the run's statistics to this JSON file.")
 flags.DEFINE_bool("verbose", False, "Log compiles and show tracebacks.")
+flags.DEFINE_enum("draft", "none", ["none", "lookup", "model", "mtp"], "Speculative decoding proposals: none, "
+                  "lookup (prompt lookup / suffix match), model (--draft_model drafts greedily), mtp (the model's MTP "
+                  "layer). The output is the same as without.")
+flags.DEFINE_string("draft_model", None, "With --draft model: a registry name or .gguf path with the same tokenizer.")
+flags.DEFINE_integer("spec", 4, "Speculative window cap T (2..8): the last token + up to T-1 proposals.")
+flags.DEFINE_float("spec_min_p", 0.0, "Cut proposals at the first one below this proposer probability (0 = off).")
 
 
 def _fail(msg: str) -> None:
@@ -133,8 +139,16 @@ def main(argv) -> int:
         def stop(tokens):
             text = engine.tokenizer.decode(tokens, skip_special=True)
             return any(s in text for s in FLAGS.stop)
+    from strata_jax.proposers import SpecPolicy, make_proposer
+
+    if FLAGS.draft != "none" and not 2 <= FLAGS.spec <= 8:
+        _fail(f"--spec {FLAGS.spec}: the window cap must lie in 2..8")
+    proposer = make_proposer(FLAGS.draft, engine, draft_model=FLAGS.draft_model, spec=FLAGS.spec,
+                             cache_dir=FLAGS.cache_dir)
     gen = generate(engine, ids, max_new_tokens=FLAGS.max_new_tokens, sampling=sampling, eos_ids=eos, stop=stop,
-                   on_token=on_token, dump_logits=FLAGS.dump_logits is not None)
+                   on_token=on_token, dump_logits=FLAGS.dump_logits is not None, proposer=proposer,
+                   spec=FLAGS.spec if proposer is not None else 0, spec_min_p=FLAGS.spec_min_p,
+                   policy=SpecPolicy() if proposer is not None else None)
     if has_tok:
         out.write(dec.flush())
     out.write("\n")
@@ -143,6 +157,8 @@ def main(argv) -> int:
     line = (f"[load {engine.load_seconds:.2f} s | prompt {st.prompt_tokens} tok, {st.prefill_tok_s:.1f} tok/s | "
             f"generated {st.generated} tok, {st.decode_tok_s:.1f} tok/s | windows {st.windows} | "
             f"compiles {engine.cache.compiles} ({engine.cache.compile_seconds:.1f} s) | stop: {st.stop_reason}]")
+    if st.spec:
+        line = line[:-1] + f" | {st.spec_summary()}]"
     print(line, file=sys.stderr)
     if FLAGS.dump_logits:
         np.savez(FLAGS.dump_logits, prompt_ids=np.asarray(ids, np.int32), prefill_logits=gen.prefill_logits,
