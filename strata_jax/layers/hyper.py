@@ -1,0 +1,62 @@
+"""Low-rank gated hyper-connections of qwen4exp (4 residual streams).
+
+Sources: HF transformers 5.24 ``modeling_qwen4_exp.Qwen4ExpTextGatedResidual`` and ``Qwen4ExpTextDecoderLayer``
+(the read/write order), spec MODEL.md A§1.2. GGUF names (llama.cpp ``conversion/qwen4exp.py``): per layer half
+``blk.N.hc_{attn,ffn}_{norm,down,up,inject}.weight``; head ``output_hc_{norm,down,up}.weight`` (no inject).
+
+The residual ``R`` is float32 [..., hc, D] (hc streams of width D). A read:
+  ``xn = RMSNorm_per_stream(R) * w_norm`` (w_norm [hc*D], +1 folded in by the converter);
+  ``lo = silu((W_down xn_flat) / hc)`` [r]; ``m = sigmoid(W_up lo)`` [hc*D] -> [hc, D];
+  ``mixed = mean_c(m * xn)`` [D]; ``inj = 2 * sigmoid((W_inject xn_flat) / hc)`` [hc].
+A write: ``R[c] += y * inj[c]`` for the block output y [D].
+All arithmetic is elementwise or per-row reductions, so rows stay independent (window exactness) given a row-exact
+`QLinear`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from strata_jax.layers.gdn import qcall
+from strata_jax.layers.linear import QLinear, load_f32
+
+
+def norm_per_stream(R: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm of each stream of R float32 [..., hc, D] separately, times ``w`` [hc*D] (reshaped [hc, D])."""
+    R = R.astype(jnp.float32)
+    y = R * jax.lax.rsqrt(jnp.mean(R * R, axis=-1, keepdims=True) + eps)
+    return y * w.reshape(R.shape[-2:])
+
+
+class GatedResidual(nnx.Module):
+    """One hyper-connection read (see module docstring).
+
+    Args: g; prefix e.g. ``"blk.3.hc_attn_"`` or ``"output_hc_"``; hc: streams; eps; inject: has ``inject``.
+    """
+
+    def __init__(self, g, prefix: str, *, hc: int, eps: float, inject: bool = True, device=None):
+        self.hc, self.eps = hc, eps
+        self.norm_w = nnx.Param(load_f32(g, prefix + "norm.weight", device).reshape(-1))
+        self.down = QLinear.from_gguf(g, prefix + "down.weight", device)
+        self.up = QLinear.from_gguf(g, prefix + "up.weight", device)
+        self.inject = QLinear.from_gguf(g, prefix + "inject.weight", device) if inject else None
+
+    def __call__(self, R: jax.Array, exact: bool):
+        """R float32 [B, T, hc, D] -> (mixed [B, T, D], inj [B, T, hc] or None)."""
+        B, T, hc, D = R.shape
+        xn = norm_per_stream(R, self.norm_w[...], self.eps)
+        flat = xn.reshape(B, T, hc * D)
+        lo = jax.nn.silu(qcall(self.down, flat, exact) / hc)
+        m = jax.nn.sigmoid(qcall(self.up, lo, exact)).reshape(B, T, hc, D)
+        mixed = jnp.mean(m * xn, axis=-2)
+        if self.inject is None:
+            return mixed, None
+        inj = 2.0 * jax.nn.sigmoid(qcall(self.inject, flat, exact) / hc)
+        return mixed, inj
+
+
+def hc_write(R: jax.Array, y: jax.Array, inj: jax.Array) -> jax.Array:
+    """``R[c] += y * inj[c]``: R [B, T, hc, D], y [B, T, D], inj [B, T, hc] -> [B, T, hc, D]."""
+    return R + y[..., None, :] * inj[..., :, None]

@@ -1,0 +1,154 @@
+"""qwen4exp per-layer n-gram embedding (PLE): host-side row ids and the gated block.
+
+Sources: HF transformers 5.24 ``modeling_qwen4_exp.Qwen4ExpTextNGramEmbedding`` (hashing, EOS cut) and
+``Qwen4ExpTextPLELayer`` (the block), spec MODEL.md A§1.6, SERVING.md §3.2 (PLE history at commit).
+
+Row ids (host, numpy; `ple_row_ids`): for token t0 with predecessors t1, t2 (missing ones, and those at or before
+the most recent EOS among the predecessors, replaced by the EOS id), heads 0..hpn-1 use
+``bigram = t0*m0 XOR t1*m1`` and heads hpn..2*hpn-1 ``trigram = bigram XOR t2*m2``; row = ``mix mod vocab_h +
+offset_h``. HF computes this in **signed int64** with wrap-around and ``torch.remainder`` (floor modulo, result in
+[0, vocab_h)); numpy int64 reproduces it exactly. (MODEL.md writes uint64; the reference's signed form wins.)
+
+The table (``per_layer_token_embd.weight`` [rows, dim]) is never put on the device by this module: the caller
+gathers the rows for a window on the host (memory map) and passes ``emb`` float32 [B, T, n_heads*dim] in.
+
+Block (`PLEBlock`, weights ``blk.L.ple_{key,value,norm_key,norm_query,norm_conv,conv1d}``):
+  ``key = norm_k(W_key emb)`` [hc, D]; ``query = norm_q(R)``; ``value = W_value emb`` [D];
+  ``s_c = key_c . query_c / sqrt(D)``; ``gate_c = sigmoid(sign(s) sqrt(max(|s|, 1e-6)))``; ``gated = gate * value``;
+  ``normed = norm_conv(gated)``; ``R += gated + silu(conv_dilated(normed))`` (depthwise, kernel K, dilation = ngram
+  size, history = the last (K-1)*dilation rows of ``normed``, float32 [hist, hc*D] per slot).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from strata_jax.layers.gdn import qcall
+from strata_jax.layers.hyper import norm_per_stream
+from strata_jax.layers.linear import QLinear, load_f32
+
+_MASK64 = (1 << 64) - 1
+_GAMMA = 0x9E3779B97F4A7C15
+_PRIME_1 = 10007
+
+
+def _splitmix64(v: int) -> int:
+    v = (v + _GAMMA) & _MASK64
+    v = ((v ^ (v >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    v = ((v ^ (v >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (v ^ (v >> 31)) & _MASK64
+
+
+def ple_multipliers(vocab: int, ngram_size: int, ple_index: int, seed: int) -> np.ndarray:
+    """int64 [ngram_size] hash multipliers (HF ``_build_layer_multipliers``)."""
+    half = max(1, (((1 << 63) - 1) // max(vocab, 1)) // 2)
+    base = seed + _PRIME_1 * ple_index
+    return np.array([2 * (_splitmix64((base + _GAMMA * (i + 1)) & _MASK64) % half) + 1 for i in range(ngram_size)],
+                    np.int64)
+
+
+def _is_prime(v: int) -> bool:
+    if v < 2 or (v % 2 == 0 and v != 2):
+        return v == 2
+    return all(v % d for d in range(3, math.isqrt(v) + 1, 2))
+
+
+def ple_head_sizes(base: int, n_heads: int, ple_index: int) -> tuple[np.ndarray, np.ndarray]:
+    """(vocab sizes, offsets) int64 [n_heads]: head h has the (ple_index*n_heads + h + 1)-th prime > base - 1."""
+    sizes, p = [], base - 1
+    for _ in range(ple_index * n_heads):
+        p += 1
+        while not _is_prime(p):
+            p += 1
+    for _ in range(n_heads):
+        p += 1
+        while not _is_prime(p):
+            p += 1
+        sizes.append(p)
+    sizes = np.array(sizes, np.int64)
+    return sizes, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+
+
+def ple_row_ids(prev: np.ndarray, tokens: np.ndarray, *, eos: int, mult: np.ndarray, sizes: np.ndarray,
+                offsets: np.ndarray, heads_per_ngram: int) -> np.ndarray:
+    """Table rows of each token.
+
+    Args:
+      prev: int [ngram_size-1] the slot's previous tokens, oldest first (EOS-filled at a sequence start).
+      tokens: int [T] the new tokens.
+      eos, mult, sizes, offsets, heads_per_ngram: see the module docstring.
+
+    Returns:
+      int64 [T, 2*heads_per_ngram] row ids (bigram heads, then trigram heads).
+    """
+    hist = np.concatenate([np.asarray(prev, np.int64), np.asarray(tokens, np.int64)])
+    n, ctx = len(hist), len(prev)
+    pos = np.arange(n)
+    eos_pos = np.where(hist == eos, pos, -1)
+    prev_eos = np.concatenate([[-1], np.maximum.accumulate(eos_pos)[:-1]])
+    in_seg = pos - (prev_eos + 1)
+
+    def shifted(s):
+        src = np.maximum(pos - s, 0)
+        ok = (in_seg >= s) & (pos - s >= 0)
+        return np.where(ok, hist[src], eos)
+
+    with np.errstate(over="ignore"):
+        t = [shifted(s) * mult[s] for s in range(len(mult))]  # int64 wrap-around, as torch
+        mixes = []
+        for ng in range(2, len(mult) + 1):
+            m = t[0]
+            for s in range(1, ng):
+                m = np.bitwise_xor(m, t[s])
+            mixes.append(m)
+    cols = []
+    for j, m in enumerate(mixes):
+        sl = slice(j * heads_per_ngram, (j + 1) * heads_per_ngram)
+        cols.append(np.mod(m[:, None], sizes[None, sl]) + offsets[None, sl])
+    return np.concatenate(cols, axis=1)[ctx:]
+
+
+class PLEBlock(nnx.Module):
+    """The gated PLE update of the residual streams (see module docstring). Not wired into a stage yet."""
+
+    def __init__(self, g, prefix: str, *, hc: int, dim: int, conv_kernel: int, dilation: int, eps: float,
+                 device=None):
+        p = prefix
+        self.hc, self.D, self.K, self.dil, self.eps = hc, dim, conv_kernel, dilation, eps
+        self.wkey = QLinear.from_gguf(g, p + "ple_key.weight", device)
+        self.wvalue = QLinear.from_gguf(g, p + "ple_value.weight", device)
+        self.norm_key = nnx.Param(load_f32(g, p + "ple_norm_key.weight", device).reshape(-1))
+        self.norm_query = nnx.Param(load_f32(g, p + "ple_norm_query.weight", device).reshape(-1))
+        self.norm_conv = nnx.Param(load_f32(g, p + "ple_norm_conv.weight", device).reshape(-1))
+        self.conv_w = nnx.Param(load_f32(g, p + "ple_conv1d.weight", device).reshape(hc * dim, conv_kernel))
+
+    @property
+    def hist_len(self) -> int:
+        return (self.K - 1) * self.dil
+
+    def __call__(self, R, emb, hist, exact: bool):
+        """R float32 [B, T, hc, D]; emb float32 [B, T, E]; hist float32 [B, hist_len, hc*D].
+
+        Returns (update [B, T, hc, D] to add to R, normed [B, T, hc*D] -- the conv inputs to keep as history)."""
+        B, T, hc, D = R.shape
+        key = norm_per_stream(qcall(self.wkey, emb, exact).reshape(B, T, hc, D), self.norm_key[...], self.eps)
+        value = qcall(self.wvalue, emb, exact)
+        query = norm_per_stream(R, self.norm_query[...], self.eps)
+        s = jnp.sum(key * query, axis=-1, keepdims=True) / math.sqrt(D)
+        gate = jnp.sqrt(jnp.maximum(jnp.abs(s), 1e-6)) * jnp.sign(s)
+        gated = jax.nn.sigmoid(gate) * value[..., None, :]
+        normed = norm_per_stream(gated, self.norm_conv[...], self.eps).reshape(B, T, hc * D)
+        seq = jnp.concatenate([hist, normed], axis=1)  # [B, hist+T, C]
+        H = self.hist_len
+        out = 0.0
+        for i in range(self.K):
+            off = i * self.dil
+            out = out + seq[:, off:off + T] * self.conv_w[...][:, i]
+        upd = gated + jax.nn.silu(out).reshape(B, T, hc, D)
+        del H
+        return upd, normed
