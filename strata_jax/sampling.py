@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from strata_jax.layers.exact import softmax
+
 TOP_K_MAX = 64
 
 
@@ -69,12 +71,12 @@ def _pick_row(logits, temperature, top_k, top_p, min_p, seed, counter):
     k = jnp.where((top_k <= 0) | (top_k > kmax), kmax, top_k)
     n = jnp.arange(kmax)
     keep = n < k
-    p = jax.nn.softmax(jnp.where(keep, vals, -jnp.inf))
+    p = softmax(jnp.where(keep, vals, -jnp.inf))
     keep = keep & ((jnp.cumsum(p) - p) < top_p)
     keep = keep & (p >= min_p * p[0])
     keep = keep.at[0].set(True)
     t = jnp.maximum(temperature, 1e-6)
-    q = jax.nn.softmax(jnp.where(keep, vals / t, -jnp.inf))
+    q = softmax(jnp.where(keep, vals / t, -jnp.inf))
     key = jax.random.fold_in(jax.random.key(seed), counter)
     u = jax.random.uniform(key, (), jnp.float32)
     c = jnp.cumsum(q)

@@ -53,14 +53,15 @@ class Rows:
                     jnp.asarray(np.asarray(n_valid, np.int32)))
 
 
-def write_cells(cache: jax.Array, rows: Rows, values: jax.Array, max_context: int) -> jax.Array:
+def write_cells(cache: jax.Array, rows: Rows, values: jax.Array, max_context: int, layer=None) -> jax.Array:
     """Write one value per row into a per-slot cell cache.
 
     Args:
-      cache: [n_slots, max_context + 1, ...].
+      cache: [n_slots, max_context + 1, ...], or [n_layers, n_slots, max_context + 1, ...] with ``layer`` given.
       rows: the window layout.
       values: [B, T, ...] (same trailing shape as the cache cells).
       max_context: cells per slot (the spare cell is index ``max_context``).
+      layer: int32 scalar index into the leading layer axis, or None.
 
     Returns:
       The updated cache. Padded rows and positions >= max_context go to the spare cell.
@@ -70,7 +71,9 @@ def write_cells(cache: jax.Array, rows: Rows, values: jax.Array, max_context: in
     ok = rows.valid(T) & (pos < max_context) & (pos >= 0)
     cell = jnp.where(ok, pos, max_context)
     slot = jnp.broadcast_to(rows.slot[:, None], (B, T))
-    return cache.at[slot, cell].set(values.astype(cache.dtype))
+    if layer is None:
+        return cache.at[slot, cell].set(values.astype(cache.dtype))
+    return cache.at[layer, slot, cell].set(values.astype(cache.dtype))
 
 
 def tree_bytes(tree) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from strata_jax.layers.exact import softmax
 from strata_jax.state import Rows
 
 _NEG = -1e30
@@ -22,9 +23,9 @@ def _mask(cells: jax.Array, pos: jax.Array, max_context: int, window: int) -> ja
     """bool [..., S1]: which cells a query at ``pos`` [...] may attend."""
     pos = pos[..., None]
     m = (cells <= pos) & (cells < max_context)
-    if window:
-        m = m & (cells > pos - window)
-    return m
+    if isinstance(window, int) and window == 0:
+        return m
+    return m & ((window <= 0) | (cells > pos - window))
 
 
 def attend_window(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: Rows, *, scale: float,
@@ -35,7 +36,7 @@ def attend_window(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: Ro
       q: float32 [B, T, Hq, D] (RoPE applied).
       k_cache, v_cache: [n_slots, max_context + 1, Hkv, D].
       rows: the window layout (slot and first position of each segment).
-      scale: softmax scale; max_context: cells per slot; window: sliding window (0 = none).
+      scale: softmax scale; max_context: cells per slot; window: sliding window (0 = none; may be a traced int).
 
     Returns:
       float32 [B, T, Hq, D].
@@ -53,7 +54,7 @@ def attend_window(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: Ro
         s = jnp.einsum("bkgd,bskd->bkgs", qt, K) * scale
         m = _mask(cells, pos[:, t], max_context, window)  # [B, S1]
         s = jnp.where(m[:, None, None, :], s, _NEG)
-        p = jax.nn.softmax(s, axis=-1)
+        p = softmax(s)
         o = jnp.einsum("bkgs,bskd->bkgd", p, V)
         return o.reshape(B, Hq, D)
 

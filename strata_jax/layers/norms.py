@@ -2,7 +2,8 @@
 
 Source: Zhang & Sennrich 2019 (RMSNorm); HF transformers ``LlamaRMSNorm`` / ``Qwen3NextRMSNorm``. GGUF files store
 the effective scale (llama.cpp's converter folds the +1 of zero-centred norms into the weight), so every norm here
-is ``x * rsqrt(mean(x^2) + eps) * w`` computed in float32.
+is ``x * rsqrt(mean(x^2) + eps) * w`` computed in float32, the mean in a row-independent order
+(`strata_jax.layers.exact`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from strata_jax.layers.exact import row_mean
 
 
 def rms_norm(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:
@@ -24,7 +27,7 @@ def rms_norm(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:
       [..., D] float32.
     """
     x = x.astype(jnp.float32)
-    y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+    y = x * jax.lax.rsqrt(row_mean(x * x) + eps)
     return y if w is None else y * w
 
 

@@ -19,6 +19,7 @@ from strata_jax.layers.attention import attend_prefill, attend_window
 from strata_jax.layers.linear import Embedding, QLinear, load_f32
 from strata_jax.layers.norms import RMSNorm
 from strata_jax.layers.rope import apply_rope
+from strata_jax.layers.stack import group_runs
 from strata_jax.state import Rows, write_cells
 
 
@@ -41,7 +42,8 @@ class DenseBlock(nnx.Module):
     def __init__(self, g, cfg: ModelConfig, i: int, device=None):
         p = f"blk.{i}."
         self.cfg = cfg
-        self.local = bool(cfg.layer_local[i]) if cfg.layer_local else False
+        # an array, not a static flag, so that local and global layers stack into one scanned run
+        self.is_local = nnx.Param(jnp.asarray(bool(cfg.layer_local[i]) if cfg.layer_local else False))
         self.attn_norm = RMSNorm(load_f32(g, p + "attn_norm.weight", device), cfg.rms_eps)
         self.wq = QLinear.from_gguf(g, p + "attn_q.weight", device, p + "attn_q.bias")
         self.wk = QLinear.from_gguf(g, p + "attn_k.weight", device, p + "attn_k.bias")
@@ -58,7 +60,9 @@ class DenseBlock(nnx.Module):
         self.post_ffw_norm = (RMSNorm(load_f32(g, p + "post_ffw_norm.weight", device), cfg.rms_eps)
                               if cfg.post_norms else None)
 
-    def __call__(self, h, kv, rows: Rows, mode: str, max_context: int):
+    def __call__(self, h, kv, layer, rows: Rows, mode: str, max_context: int):
+        """h float32 [B, T, D]; kv = (k, v) caches [L_run, n_slots, max_context + 1, Hkv, Dh] of this layer's run,
+        ``layer`` its index there. Returns (h, kv)."""
         cfg = self.cfg
         B, T, _ = h.shape
         a = self.attn_norm(h)
@@ -68,15 +72,16 @@ class DenseBlock(nnx.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         pos = rows.positions(T)
-        theta = cfg.rope_theta_local if self.local else cfg.rope_theta
+        local = self.is_local[...]
+        theta = jnp.where(local, cfg.rope_theta_local, cfg.rope_theta)
         q = apply_rope(q, pos, cfg.rope_dim, theta, cfg.rope_neox)
         k = apply_rope(k, pos, cfg.rope_dim, theta, cfg.rope_neox)
         kc, vc = kv
-        kc = write_cells(kc, rows, k, max_context)
-        vc = write_cells(vc, rows, v, max_context)
+        kc = write_cells(kc, rows, k, max_context, layer)
+        vc = write_cells(vc, rows, v, max_context, layer)
         attend = attend_window if mode == "window" else attend_prefill
-        o = attend(q, kc, vc, rows, scale=cfg.attn_scale, max_context=max_context,
-                   window=cfg.sliding_window if self.local else 0)
+        window = jnp.where(local, cfg.sliding_window, 0) if cfg.sliding_window else 0
+        o = attend(q, kc[layer], vc[layer], rows, scale=cfg.attn_scale, max_context=max_context, window=window)
         o = self.wo(o.reshape(B, T, cfg.n_head * cfg.head_dim))
         if self.post_attn_norm is not None:
             o = self.post_attn_norm(o)
@@ -107,7 +112,7 @@ class DenseStage(nnx.Module):
         self.first, self.last = start == 0, stop == cfg.n_layer
         self.embed = (Embedding.from_gguf(g, "token_embd.weight", device, cfg.embed_scale)
                       if self.first or (self.last and cfg.tied_head) else None)
-        self.blocks = nnx.List([DenseBlock(g, cfg, i, device) for i in range(start, stop)])
+        self.runs = nnx.List(group_runs([DenseBlock(g, cfg, i, device) for i in range(start, stop)]))
         if self.last:
             self.out_norm = RMSNorm(load_f32(g, "output_norm.weight", device), cfg.rms_eps)
             if cfg.tied_head:
@@ -119,16 +124,20 @@ class DenseStage(nnx.Module):
         cfg = self.cfg
         shape = (n_slots, max_context + 1, cfg.n_head_kv, cfg.head_dim)
 
-        def z():
-            return jax.device_put(jnp.zeros(shape, kv_dtype), device)
+        def z(n):
+            return jax.device_put(jnp.zeros((n,) + shape, kv_dtype), device)
 
-        return {"kv": [(z(), z()) for _ in range(self.stop - self.start)]}
+        return {"kv": [(z(r.n), z(r.n)) for r in self.runs]}
 
     def __call__(self, state, x, rows: Rows, mode: str, max_context: int, logits: str = "all"):
         h = self.embed(x) if self.first else x.astype(jnp.float32)
         kvs = []
-        for blk, kv in zip(self.blocks, state["kv"]):
-            h, kv = blk(h, kv, rows, mode, max_context)
+        for run, kv in zip(self.runs, state["kv"]):
+            def body(blk, carry, i, _):
+                h, kv = carry
+                return blk(h, kv, i, rows, mode, max_context), None
+
+            (h, kv), _ = run.scan(body, (h, kv))
             kvs.append(kv)
         out = {"hidden": h}
         if self.last:
