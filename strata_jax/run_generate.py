@@ -100,7 +100,11 @@ def _prompt_ids(engine) -> tuple[list[int], bool]:
 
 def main(argv) -> int:
     del argv
-    logging.basicConfig(level=logging.INFO if FLAGS.verbose else logging.WARNING, format="%(message)s")
+    from absl import logging as absl_logging
+
+    # absl logs at INFO by default (JAX's backend probing included): keep the output to text + stats unless asked
+    absl_logging.set_verbosity(absl_logging.INFO if FLAGS.verbose else absl_logging.WARNING)
+    logging.getLogger("strata_jax").setLevel(logging.INFO if FLAGS.verbose else logging.WARNING)
     import numpy as np
     import jax.numpy as jnp
 
