@@ -141,6 +141,8 @@ class GGUFFile:
 
     Args:
       path: the file's path.
+      header_only: accept a file cut at the start of the tensor data (a header copy, for building same-shape
+        random-weight files); tensor bytes are then unavailable.
 
     Attributes:
       path: the path.
@@ -154,7 +156,7 @@ class GGUFFile:
         block format.
     """
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, header_only: bool = False):
         self.path = str(path)
         if not os.path.exists(self.path):
             raise StrataError(f"{self.path}: no such file")
@@ -206,7 +208,7 @@ class GGUFFile:
                                   f"{qtype.name} block ({block})")
             nbytes = n // block * bsize
             start = self.data_offset + offset
-            if start + nbytes > size:
+            if start + nbytes > size and not header_only:
                 raise StrataError(f"{self.path}: truncated GGUF file (tensor {name!r} ends at byte {start + nbytes}, "
                                   f"file has {size})")
             self.tensors[name] = TensorInfo(name, shape, qtype, start, nbytes)
@@ -254,6 +256,6 @@ class GGUFFile:
             pass  # a view into the map is still alive; the map closes when it is collected
 
 
-def open_gguf(path: str | os.PathLike) -> GGUFFile:
+def open_gguf(path: str | os.PathLike, header_only: bool = False) -> GGUFFile:
     """Open a GGUF file (see `GGUFFile`)."""
-    return GGUFFile(path)
+    return GGUFFile(path, header_only)

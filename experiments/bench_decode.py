@@ -1,0 +1,126 @@
+"""Decode benchmark (not a test): prefill tok/s, decode tok/s, and weight bytes read per decoded token over the
+decode time as a fraction of the bandwidth ceiling measured in the same run.
+
+Ceiling: on a GPU, a bf16 GEMV of an 8192 x 28672 matrix (bytes of weight read per second; ~4.0 TB/s on an H200);
+on the CPU, a large copy (bytes read per second).
+
+  python experiments/bench_decode.py --model smollm2-135m                         # CPU, real weights
+  python experiments/bench_decode.py --random_from experiments/data/qwen2.5-coder-1.5b.header   # same shapes/formats
+
+Prints a short table and writes JSON with --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def ceiling_bytes_per_s() -> tuple[float, str]:
+    if jax.default_backend() in ("gpu", "cuda"):
+        w = jax.random.normal(jax.random.key(0), (28672, 8192), jnp.bfloat16)
+        x = jax.random.normal(jax.random.key(1), (1, 8192), jnp.bfloat16)
+        f = jax.jit(lambda x, w: x @ w.T)
+        f(x, w).block_until_ready()
+        n = 50
+        t0 = time.perf_counter()
+        for _ in range(n):
+            y = f(x, w)
+        y.block_until_ready()
+        dt = (time.perf_counter() - t0) / n
+        return w.size * 2 / dt, "bf16 GEMV 8192x28672"
+    a = jnp.ones((64 * 1024 * 1024,), jnp.float32)  # 256 MiB
+    f = jax.jit(lambda a: a + 1.0)
+    f(a).block_until_ready()
+    n = 5
+    t0 = time.perf_counter()
+    for _ in range(n):
+        b = f(a)
+    b.block_until_ready()
+    dt = (time.perf_counter() - t0) / n
+    return a.size * 4 / dt, "CPU copy 256 MiB (bytes read)"
+
+
+def weight_bytes_per_token(engine) -> int:
+    """Bytes of weights a decode step reads: everything except the embedding table, of which one row is read
+    (a tied head reads the whole table as the head)."""
+    from strata_jax.state import tree_bytes
+
+    total = sum(tree_bytes(s.params) for s in engine.stages)
+    g = engine.gguf
+    if g.has("output.weight"):
+        t = g.info("token_embd.weight")
+        total -= t.nbytes - t.nbytes // t.shape[0]
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--random_from", help="a header file (experiments/random_gguf.py header): bench random weights "
+                    "of those shapes and formats")
+    ap.add_argument("--prompt_tokens", type=int, default=256)
+    ap.add_argument("--decode_tokens", type=int, default=64)
+    ap.add_argument("--max_context", type=int, default=1024)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    from strata_jax.models_registry import resolve_model
+    from strata_jax.pipeline.engine import Engine
+    from strata_jax.sampling import RowSampling, SamplingParams
+    from strata_jax.state import Rows
+
+    if args.random_from:
+        import random_gguf
+
+        path = "/tmp/strata_bench_random.gguf"
+        random_gguf.fill(args.random_from, path)
+    else:
+        path = str(resolve_model(args.model))
+    ceil, ceil_what = ceiling_bytes_per_s()
+    eng = Engine(path, max_context=args.max_context)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(100, min(eng.cfg.vocab_size, 30000), args.prompt_tokens).tolist()
+    sp = SamplingParams(0.0)
+    eng.prefill(0, prompt, sp)  # compile
+    t0 = time.perf_counter()
+    first, _ = eng.prefill(0, prompt, sp)
+    t_prefill = time.perf_counter() - t0
+    samp = RowSampling.make([sp])
+    pos = len(prompt)
+    tok = jnp.asarray([[first]], jnp.int32)
+    eng.window(np.asarray(tok), Rows.make([0], [pos], [1]), samp, kind="step")  # compile
+    t0 = time.perf_counter()
+    out = None
+    for i in range(args.decode_tokens):
+        out, _ = eng.run("step", tok, Rows.make([0], [pos + i], [1]), samp)
+        tok = out["picks"][:, :1]  # stays on the device: no host wait between steps
+    jax.block_until_ready(out)
+    t_decode = (time.perf_counter() - t0) / args.decode_tokens
+    wb = weight_bytes_per_token(eng)
+    r = {
+        "backend": jax.default_backend(), "device": str(jax.devices()[0]), "model": args.random_from or args.model,
+        "prefill_tok_s": args.prompt_tokens / t_prefill, "decode_tok_s": 1.0 / t_decode,
+        "decode_ms": t_decode * 1e3, "weight_bytes_per_token": wb, "ceiling_bytes_per_s": ceil,
+        "ceiling": ceil_what, "fraction_of_ceiling": wb / t_decode / ceil,
+        "compiles": eng.cache.compiles,
+    }
+    print(f"{'model':40s} {'prefill tok/s':>14s} {'decode tok/s':>13s} {'weights/token':>14s} {'ceiling':>12s} {'fraction':>9s}")
+    print(f"{str(r['model'])[-40:]:40s} {r['prefill_tok_s']:14.1f} {r['decode_tok_s']:13.2f} "
+          f"{wb / 1e6:11.1f} MB {ceil / 1e9:9.1f} GB/s {r['fraction_of_ceiling']:9.3f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(r, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Same-shape random-weight GGUF files, for speed runs where the real file cannot travel.
+
+``python experiments/random_gguf.py header SRC.gguf HEADER.bin``: copy SRC's header (metadata, tokenizer, tensor
+table) up to the start of its tensor data; a few MB instead of the whole file.
+``python experiments/random_gguf.py fill HEADER.bin OUT.gguf``: write OUT = that header + random tensor data whose
+block scales are small and finite (every block format our reader knows keeps its layout), so decode runs over the
+real shapes and block formats at the real byte counts. Norm weights are ones.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+
+from strata_jax.gguf import open_gguf
+
+# byte ranges of fp16 scales inside each block format's block (ggml-common.h structs)
+SCALE_BYTES = {Q.Q4_0: [(0, 2)], Q.Q4_1: [(0, 4)], Q.Q5_0: [(0, 2)], Q.Q5_1: [(0, 4)], Q.Q8_0: [(0, 2)],
+               Q.Q2_K: [(80, 84)], Q.Q3_K: [(108, 110)], Q.Q4_K: [(0, 4)], Q.Q5_K: [(0, 4)], Q.Q6_K: [(208, 210)],
+               Q.IQ4_NL: [(0, 2)], Q.IQ4_XS: [(0, 2)], Q.IQ2_XS: [(0, 2)], Q.IQ2_S: [(0, 2)],
+               Q.IQ3_XXS: [(0, 2)], Q.IQ3_S: [(0, 2)], Q.IQ2_XXS: [(0, 2)]}
+
+
+def write_header(src: str, out: str) -> None:
+    g = open_gguf(src)
+    with open(src, "rb") as f, open(out, "wb") as o:
+        o.write(f.read(g.data_offset))
+
+
+def fill(header: str, out: str, seed: int = 0) -> int:
+    g = open_gguf(header, header_only=True)
+    end = max(t.offset + t.nbytes for t in g.tensors.values())
+    with open(header, "rb") as f, open(out, "wb") as o:
+        o.write(f.read(g.data_offset))
+        o.truncate(end)
+    mm = np.memmap(out, dtype=np.uint8, mode="r+")
+    rng = np.random.default_rng(seed)
+    scale = np.frombuffer(np.array([0.002], np.float16).tobytes(), np.uint8)
+    for t in g.tensors.values():
+        a = mm[t.offset:t.offset + t.nbytes]
+        if t.qtype == Q.F32:
+            v = np.ones(t.nbytes // 4, np.float32) if "norm" in t.name else (rng.standard_normal(t.nbytes // 4) * 0.02).astype(np.float32)
+            a.view(np.float32)[:] = v
+        elif t.qtype in (Q.F16, Q.BF16):
+            v = (rng.standard_normal(t.nbytes // 2) * 0.02).astype(np.float32)
+            a.view(np.uint16)[:] = (v.astype(np.float16).view(np.uint16) if t.qtype == Q.F16
+                                    else (v.view(np.uint32) >> 16).astype(np.uint16))
+        else:
+            if t.qtype not in SCALE_BYTES:
+                raise SystemExit(f"{t.name}: block format {t.qtype.name} not handled")
+            a[:] = rng.integers(0, 256, t.nbytes, dtype=np.uint8)
+            b = a.reshape(-1, GGML_QUANT_SIZES[t.qtype][1])
+            for lo, hi in SCALE_BYTES[t.qtype]:
+                b[:, lo:hi] = np.tile(scale, (hi - lo) // 2)
+    mm.flush()
+    return end
+
+
+if __name__ == "__main__":
+    cmd, a, b = sys.argv[1:4]
+    if cmd == "header":
+        write_header(a, b)
+    elif cmd == "fill":
+        print("wrote", b, fill(a, b), "bytes")
+    else:
+        raise SystemExit(__doc__)
