@@ -1,4 +1,5 @@
-"""Hybrid stages (qwen35moe, qwen3next) against HF transformers reference logits, and window/commit exactness.
+"""Hybrid stages (qwen35moe, qwen3next, qwen4exp) against HF transformers reference logits, and window/commit
+exactness.
 
 Fixtures (``tests/fixtures/hybrid/``, made by ``experiments/parity/make_hybrid_fixtures.py``): ``<family>_f32.gguf``,
 ``<family>_q8_0.gguf``, ``<family>_ref.npz`` with ``prompt_ids`` [64], ``prefill_logits`` [64, V] (HF float32),
@@ -6,6 +7,10 @@ Fixtures (``tests/fixtures/hybrid/``, made by ``experiments/parity/make_hybrid_f
 ``step_logits`` [24, V], and ``oracle_q8_*`` (HF run on the dequantized Q8_0 weights, its own greedy ids).
 
 The stage is driven as the engine does: one prefill chunk, then T=1 verify windows each followed by commit(keep=1).
+For qwen4exp the driver also plays the host's PLE part: it gathers each window's table rows from the memory map
+(`HybridStage.ple_table`) with the slot's committed predecessor tokens, and advances them by the kept tokens at
+commit. The qwen4exp fixture has a QSA budget of 16 cells (4 blocks of 4), so the 64-token prompt and the decode
+steps depend on the indexer's block selection (`test_qwen4exp_selection_matters`).
 """
 
 from __future__ import annotations
@@ -22,10 +27,11 @@ from flax import nnx
 from strata_jax.config import config_from_gguf
 from strata_jax.gguf.reader import open_gguf
 from strata_jax.models import build_stage
+from strata_jax.models.hybrid import HybridStage
 from strata_jax.state import Rows
 
 FIX = Path(__file__).parent / "fixtures" / "hybrid"
-FAMILIES = ("qwen3next", "qwen35moe")
+FAMILIES = ("qwen3next", "qwen35moe", "qwen4exp")
 MAX_CONTEXT = 128
 
 
@@ -39,13 +45,17 @@ class Driver:
 
     def __init__(self, gguf_path: Path):
         g = open_gguf(gguf_path)
+        self.g = g
         self.cfg = config_from_gguf(g)
         self.stage = build_stage(g, self.cfg, 0, self.cfg.n_layer)
+        self.table = HybridStage.ple_table(g, self.cfg) if self.stage.has_ple else None
+        self.prev = {}  # slot -> committed PLE predecessors (host side)
+        self._last = None  # (slot, ids) of the last window, for the host PLE advance at commit
         gd, self.params = nnx.split(self.stage)
 
         @functools.partial(jax.jit, static_argnames=("mode",))
-        def fwd(params, state, x, rows, mode):
-            return nnx.merge(gd, params)(state, x, rows, mode, MAX_CONTEXT)
+        def fwd(params, state, x, rows, mode, ple):
+            return nnx.merge(gd, params)(state, x, rows, mode, MAX_CONTEXT, ple=ple)
 
         @jax.jit
         def commit(params, state, pending, rows, keep):
@@ -56,18 +66,35 @@ class Driver:
     def init(self, n_slots=1):
         return self.stage.init_state(n_slots, MAX_CONTEXT)
 
+    def _ple(self, ids, slot, start: bool):
+        if self.table is None:
+            return None
+        prev = self.table.start_prev() if start else self.prev[slot]
+        return jnp.asarray(self.table.gather(prev[None], np.asarray(ids)[None]))
+
     def prefill(self, state, ids, slot=0):
         rows = Rows.make([slot], [0], [len(ids)])
-        out, state, _ = self._fwd(self.params, state, jnp.asarray(np.asarray(ids)[None], jnp.int32), rows, "prefill")
+        ple = self._ple(ids, slot, True)
+        out, state, _ = self._fwd(self.params, state, jnp.asarray(np.asarray(ids)[None], jnp.int32), rows, "prefill",
+                                  ple)
+        if self.table is not None:
+            self.prev[slot] = self.table.advance(self.table.start_prev(), ids, len(ids))
         return np.asarray(out["logits"][0]), state
 
-    def window(self, state, ids, pos, slot=0):
+    def window(self, state, ids, pos, slot=0, prev=None):
         rows = Rows.make([slot], [pos], [len(ids)])
+        if prev is not None:
+            self.prev[slot] = prev
+        ple = self._ple(ids, slot, False)
         out, state, pend = self._fwd(self.params, state, jnp.asarray(np.asarray(ids)[None], jnp.int32), rows,
-                                     "window")
+                                     "window", ple)
+        self._last = (slot, list(ids))
         return np.asarray(out["logits"][0]), state, pend, rows
 
     def commit(self, state, pend, rows, keep):
+        if self.table is not None:
+            slot, ids = self._last
+            self.prev[slot] = self.table.advance(self.prev[slot], ids, keep)
         return self._commit(self.params, state, pend, rows, jnp.asarray([keep], jnp.int32))
 
     def decode(self, state, ids, pos0):
@@ -134,12 +161,35 @@ def test_window_exact_and_commit(family):
     ids = [int(t) for t in ref["step_ids"][:7]]
     state0 = d.init()
     _, state0 = d.prefill(state0, ref["prompt_ids"])
+    prev0 = d.prev.get(0)
     serial, _ = d.decode(state0, ids, P)  # 7 T=1 steps
 
-    win, state, pend, rows = d.window(state0, ids[:4], P)
+    win, state, pend, rows = d.window(state0, ids[:4], P, prev=prev0)
     np.testing.assert_array_equal(win, serial[:4])
     picks = win.argmax(-1)
     np.testing.assert_array_equal(picks[:3], ids[1:4])  # the proposals are the greedy ids: all accepted
     state = d.commit(state, pend, rows, 2)
     cont, _ = d.decode(state, ids[2:], P + 2)
     np.testing.assert_array_equal(cont, serial[2:])
+
+
+def test_qwen4exp_selection_matters():
+    """The qwen4exp fixture's QSA budget (16 cells) is below the prompt length: attending every cell instead of the
+    indexer's selection moves the prefill logits far beyond the parity tolerance (so the parity test above checks
+    the block selection)."""
+    _need(FIX / "qwen4exp_f32.gguf")
+    ref = np.load(FIX / "qwen4exp_ref.npz")
+    d = _driver("qwen4exp", "f32")
+    idx = [b.mixer.indexer for b in d.stage.blocks if not b.recurrent and b.mixer.indexer is not None]
+    assert idx and idx[0].n_top * idx[0].ratio < len(ref["prompt_ids"])
+    saved = idx[0].n_top
+    try:
+        idx[0].n_top = 10 ** 6 // idx[0].ratio  # every complete block
+        stage = d.stage
+        rows = Rows.make([0], [0], [len(ref["prompt_ids"])])
+        ple = d._ple(ref["prompt_ids"], 0, True)
+        out, _, _ = stage(stage.init_state(1, MAX_CONTEXT), jnp.asarray(ref["prompt_ids"][None], jnp.int32), rows,
+                          "prefill", MAX_CONTEXT, ple=ple)
+    finally:
+        idx[0].n_top = saved
+    assert _rel(np.asarray(out["logits"][0]), ref["prefill_logits"]) > 1e-2

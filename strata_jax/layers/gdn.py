@@ -33,7 +33,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from strata_jax.layers.exact import row_sum
 from strata_jax.layers.linear import QLinear, load_f32
+from strata_jax.layers.norms import rms_norm
 from strata_jax.pallas.gdn import gdn_chunked, gdn_commit, gdn_window
 from strata_jax.state import Rows
 
@@ -50,7 +52,7 @@ def qcall(lin: QLinear, x: jax.Array, exact: bool) -> jax.Array:
 
 def l2norm(x: jax.Array, eps: float = L2_EPS) -> jax.Array:
     """``x * rsqrt(sum(x^2, -1) + eps)`` (HF ``l2norm``), float32."""
-    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+    return x * jax.lax.rsqrt(row_sum(x * x) + eps)
 
 
 def causal_conv(hist: jax.Array, x: jax.Array, w: jax.Array) -> jax.Array:
@@ -170,7 +172,7 @@ class GatedDeltaNet(nnx.Module):
             new_st = {"S": st["S"].at[rows.slot].set(S), "conv": st["conv"].at[rows.slot].set(tail)}
             pending = None
         z = qcall(self.wz, x, exact).reshape(B, T, self.Hv, self.Dv)
-        on = o * jax.lax.rsqrt(jnp.mean(o * o, axis=-1, keepdims=True) + self.eps) * self.norm_w[...]
+        on = rms_norm(o, self.norm_w[...], self.eps)
         act = jax.nn.sigmoid if self.gate_act == "sigmoid" else jax.nn.silu
         y = (on * act(z)).reshape(B, T, self.Hv * self.Dv)
         return qcall(self.wout, y, exact), new_st, pending

@@ -9,8 +9,8 @@ The residual ``R`` is float32 [..., hc, D] (hc streams of width D). A read:
   ``lo = silu((W_down xn_flat) / hc)`` [r]; ``m = sigmoid(W_up lo)`` [hc*D] -> [hc, D];
   ``mixed = mean_c(m * xn)`` [D]; ``inj = 2 * sigmoid((W_inject xn_flat) / hc)`` [hc].
 A write: ``R[c] += y * inj[c]`` for the block output y [D].
-All arithmetic is elementwise or per-row reductions, so rows stay independent (window exactness) given a row-exact
-`QLinear`.
+All arithmetic is elementwise or per-row reductions in a fixed order (`strata_jax.layers.exact`), so rows stay
+independent (window exactness) given a row-exact `QLinear`.
 """
 
 from __future__ import annotations
@@ -19,15 +19,20 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from strata_jax.layers.exact import row_mean
 from strata_jax.layers.gdn import qcall
 from strata_jax.layers.linear import QLinear, load_f32
+from strata_jax.layers.norms import rms_norm
 
 
 def norm_per_stream(R: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     """RMSNorm of each stream of R float32 [..., hc, D] separately, times ``w`` [hc*D] (reshaped [hc, D])."""
-    R = R.astype(jnp.float32)
-    y = R * jax.lax.rsqrt(jnp.mean(R * R, axis=-1, keepdims=True) + eps)
-    return y * w.reshape(R.shape[-2:])
+    return rms_norm(R, None, eps) * w.reshape(R.shape[-2:])
+
+
+def stream_mean(x: jax.Array) -> jax.Array:
+    """Mean over the stream axis of x [..., hc, D] -> [..., D], in `row_mean`'s fixed order (row exact)."""
+    return row_mean(jnp.swapaxes(x, -1, -2))[..., 0]
 
 
 class GatedResidual(nnx.Module):
@@ -50,7 +55,7 @@ class GatedResidual(nnx.Module):
         flat = xn.reshape(B, T, hc * D)
         lo = jax.nn.silu(qcall(self.down, flat, exact) / hc)
         m = jax.nn.sigmoid(qcall(self.up, lo, exact)).reshape(B, T, hc, D)
-        mixed = jnp.mean(m * xn, axis=-2)
+        mixed = stream_mean(m * xn)
         if self.inject is None:
             return mixed, None
         inj = 2.0 * jax.nn.sigmoid(qcall(self.inject, flat, exact) / hc)

@@ -14,7 +14,8 @@ GGUF tensors (``blk.N.``): ``ffn_gate_inp`` [E, D], ``ffn_{gate,up}_exps`` [E, F
 This is the plain-jnp reference: the stacked expert tensors stay in their block format on the device
 (uint8 [E, rows, row_bytes], or float for F32/F16/BF16); for each row the k selected experts' blocks are gathered
 and dequantized (`strata_jax.gguf.blocks.dequantize`), then multiplied. In window mode rows are computed one at a
-time (``lax.map``) so a row's arithmetic does not depend on the other rows of the window.
+time (``lax.map`` over the B*T rows) and the router softmax / renormalisation use `strata_jax.layers.exact`, so a
+row's arithmetic does not depend on the other rows of the window, nor on B or T.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from strata_jax.gguf import blocks
+from strata_jax.layers.exact import row_sum, softmax
 from strata_jax.layers.gdn import qcall
 from strata_jax.layers.linear import QLinear, load_f32, load_raw
 
@@ -71,10 +73,10 @@ class MoE(nnx.Module):
 
     def route(self, logits: jax.Array):
         """logits float32 [..., E] -> (weights float32 [..., k], ids int32 [..., k])."""
-        p = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+        p = softmax(logits.astype(jnp.float32))
         w, ids = jax.lax.top_k(p, self.n_used)
         if self.renorm:
-            w = w / jnp.maximum(jnp.sum(w, axis=-1, keepdims=True), RENORM_MIN)
+            w = w / jnp.maximum(row_sum(w), RENORM_MIN)
         return w, ids
 
     def _routed_rows(self, x, w, ids):
@@ -93,13 +95,15 @@ class MoE(nnx.Module):
         logits = qcall(self.router, x, exact_rows)
         w, ids = self.route(logits)
         if exact_rows:
-            ys = jax.lax.map(lambda t: self._routed_rows(x[:, t], w[:, t], ids[:, t]), jnp.arange(T))
-            y = jnp.transpose(ys, (1, 0, 2))
+            # one row at a time: a row's products do not depend on B, T or the other rows
+            xf, wf, idf = x.reshape(B * T, 1, D), w.reshape(B * T, 1, -1), ids.reshape(B * T, 1, -1)
+            ys = jax.lax.map(lambda r: self._routed_rows(xf[r], wf[r], idf[r]), jnp.arange(B * T))
+            y = ys.reshape(B, T, D)
         else:
             y = self._routed_rows(x.reshape(B * T, D), w.reshape(B * T, -1), ids.reshape(B * T, -1)).reshape(B, T, D)
         if self.has_shared:
             hs = jax.nn.silu(qcall(self.sh_gate, x, exact_rows)) * qcall(self.sh_up, x, exact_rows)
             s = qcall(self.sh_down, hs, exact_rows)
-            gate = jax.nn.sigmoid(jnp.sum(x * self.sh_w[...], axis=-1, keepdims=True))
+            gate = jax.nn.sigmoid(row_sum(x * self.sh_w[...]))
             y = y + gate * s
         return y

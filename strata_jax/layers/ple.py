@@ -28,9 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from strata_jax.gguf import blocks
+from strata_jax.layers.exact import row_sum
 from strata_jax.layers.gdn import qcall
 from strata_jax.layers.hyper import norm_per_stream
 from strata_jax.layers.linear import QLinear, load_f32
+
+TABLE = "per_layer_token_embd.weight"
 
 _MASK64 = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
@@ -113,8 +117,59 @@ def ple_row_ids(prev: np.ndarray, tokens: np.ndarray, *, eos: int, mult: np.ndar
     return np.concatenate(cols, axis=1)[ctx:]
 
 
+class PLETable:
+    """The host side of PLE: row ids and the gather from the memory-mapped table (which never goes to the device).
+
+    Args:
+      g: the open `GGUFFile` (kept open: `tensor_bytes` is a view into its memory map).
+      ple_index: which PLE layer (0 for the first entry of ``ple.layers``): the row ids use the GGUF's
+        ``ple.layer_multipliers`` / ``head_offsets`` / ``head_vocab_sizes`` (one table, one PLE layer in every
+        file seen); ``eos``, ``heads_per_ngram``, ``ngram_size`` from the ``ple.*`` keys.
+
+    `gather(prev, tokens)` returns the stored bytes of each token's rows, uint8 [B, T, n_heads, row_bytes] (block
+    formats and F16/F32 alike); the stage dequantizes them on the device (`dequant_rows`).
+    """
+
+    def __init__(self, g, *, eos: int, mult, sizes, offsets, heads_per_ngram: int):
+        self.raw = g.tensor_bytes(TABLE)  # uint8 [rows, row_bytes], a view of the memory map
+        info = g.info(TABLE)
+        self.qtype, self.dim = info.qtype, int(info.shape[-1])
+        self.eos, self.hpn = int(eos), int(heads_per_ngram)
+        self.mult = np.asarray(mult, np.int64)
+        self.sizes = np.asarray(sizes, np.int64)
+        self.offsets = np.asarray(offsets, np.int64)
+        self.context = len(self.mult) - 1
+
+    def start_prev(self) -> np.ndarray:
+        """The predecessor tokens of a sequence start (all EOS), int64 [ngram_size - 1]."""
+        return np.full(self.context, self.eos, np.int64)
+
+    def row_ids(self, prev, tokens) -> np.ndarray:
+        """int64 [T, n_heads] (see `ple_row_ids`)."""
+        return ple_row_ids(np.asarray(prev), np.asarray(tokens), eos=self.eos, mult=self.mult, sizes=self.sizes,
+                           offsets=self.offsets, heads_per_ngram=self.hpn)
+
+    def gather(self, prev, tokens) -> np.ndarray:
+        """Stored rows for a window: prev int [B, ngram_size-1] (each segment's slot's committed predecessors,
+        oldest first), tokens int [B, T] -> uint8 [B, T, n_heads, row_bytes]."""
+        tokens = np.asarray(tokens)
+        ids = np.stack([self.row_ids(p, t) for p, t in zip(np.asarray(prev), tokens)])
+        return np.ascontiguousarray(self.raw[ids])
+
+    def advance(self, prev, tokens, keep: int) -> np.ndarray:
+        """The predecessors after committing the first ``keep`` of ``tokens`` (one segment)."""
+        h = np.concatenate([np.asarray(prev, np.int64), np.asarray(tokens, np.int64)[:keep]])
+        return h[len(h) - self.context:]
+
+
+def dequant_rows(raw: jax.Array, qtype, dim: int) -> jax.Array:
+    """uint8 [B, T, n_heads, row_bytes] table rows -> float32 [B, T, n_heads * dim] (head-major concat)."""
+    e = blocks.dequantize(raw, qtype, dim)
+    return e.reshape(*e.shape[:-2], e.shape[-2] * e.shape[-1])
+
+
 class PLEBlock(nnx.Module):
-    """The gated PLE update of the residual streams (see module docstring). Not wired into a stage yet."""
+    """The gated PLE update of the residual streams (see module docstring)."""
 
     def __init__(self, g, prefix: str, *, hc: int, dim: int, conv_kernel: int, dilation: int, eps: float,
                  device=None):
@@ -139,16 +194,14 @@ class PLEBlock(nnx.Module):
         key = norm_per_stream(qcall(self.wkey, emb, exact).reshape(B, T, hc, D), self.norm_key[...], self.eps)
         value = qcall(self.wvalue, emb, exact)
         query = norm_per_stream(R, self.norm_query[...], self.eps)
-        s = jnp.sum(key * query, axis=-1, keepdims=True) / math.sqrt(D)
+        s = row_sum(key * query) / math.sqrt(D)
         gate = jnp.sqrt(jnp.maximum(jnp.abs(s), 1e-6)) * jnp.sign(s)
         gated = jax.nn.sigmoid(gate) * value[..., None, :]
         normed = norm_per_stream(gated, self.norm_conv[...], self.eps).reshape(B, T, hc * D)
         seq = jnp.concatenate([hist, normed], axis=1)  # [B, hist+T, C]
-        H = self.hist_len
         out = 0.0
         for i in range(self.K):
             off = i * self.dil
             out = out + seq[:, off:off + T] * self.conv_w[...][:, i]
         upd = gated + jax.nn.silu(out).reshape(B, T, hc, D)
-        del H
         return upd, normed

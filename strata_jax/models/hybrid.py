@@ -1,8 +1,15 @@
-"""Hybrid MoE families: qwen35moe (Qwen3.5/3.6 MoE), qwen3next (Qwen3-Next); qwen4exp is not implemented yet.
+"""Hybrid MoE families: qwen35moe (Qwen3.5/3.6 MoE), qwen3next (Qwen3-Next), qwen4exp (Qwen3.8-Flash-Next).
 
-Sources: HF transformers 5.24 ``modeling_qwen3_5_moe.py``, ``modeling_qwen3_next.py`` (numerics), llama.cpp's
-converter ``conversion/qwen.py`` and graphs ``src/models/{qwen35moe,qwen3next}.cpp`` (GGUF names/keys), spec MODEL.md
-Part B.
+Sources: HF transformers 5.24 ``modeling_qwen3_5_moe.py``, ``modeling_qwen3_next.py``, ``modeling_qwen4_exp.py``
+(numerics; HF wins where the spec disagrees), llama.cpp's converters ``conversion/{qwen,qwen4exp}.py`` and graphs
+``src/models/{qwen35moe,qwen3next}.cpp`` (GGUF names/keys), spec MODEL.md Part A (qwen4exp) and Part B.
+
+qwen4exp (`HCBlock`, MODEL.md A§1.2): the residual is ``R`` float32 [B, T, hc, D] (the embedding tiled into the hc
+streams); per layer ``[R += PLE(R, emb)]`` (PLE layers only), then ``mixed, inj = hc_attn(R)``, ``R += mixer(mixed) *
+inj``, ``mixed, inj = hc_ffn(R)``, ``R += MoE(mixed) * inj`` (`strata_jax.layers.hyper`); no attn/ffn norms.
+Mixers: GDN with a sigmoid output gate, or gated attention with the QSA indexer (`strata_jax.layers.qsa`). Head:
+``output(output_hc(R))`` (a hyper-connection read without inject; no output_norm). Extra per-row input: the PLE
+table rows (``ple=`` of `HybridStage.__call__`), gathered on the host by `strata_jax.layers.ple.PLETable`.
 
 Block (plain pre-norm residual, every layer):
   ``h += mixer(attn_norm(h))`` with mixer = GDN (`strata_jax.layers.gdn`) on recurrent layers, gated attention
@@ -28,10 +35,12 @@ from flax import nnx
 
 from strata_jax.config import ModelConfig
 from strata_jax.errors import StrataError, UnsupportedError
-from strata_jax.layers.gdn import GatedDeltaNet, qcall
+from strata_jax.layers.gdn import GatedDeltaNet, conv_tail, qcall
+from strata_jax.layers.hyper import GatedResidual, hc_write
 from strata_jax.layers.linear import Embedding, QLinear, load_f32
 from strata_jax.layers.moe import MoE
 from strata_jax.layers.norms import RMSNorm
+from strata_jax.layers.ple import PLEBlock, PLETable, dequant_rows
 from strata_jax.layers.qsa import GatedAttention
 from strata_jax.state import Rows
 
@@ -48,6 +57,11 @@ class HybridConfig(ModelConfig):
       gdn_gate: ``"silu"`` or ``"sigmoid"`` (qwen4exp).
       n_expert / n_expert_used / expert_ff / shared_ff: MoE geometry.
       n_nextn: MTP blocks appended after the trunk (``nextn_predict_layers``).
+      hc / hc_lowrank: qwen4exp hyper-connection streams and rank (0 = plain residual).
+      idx_heads / idx_head_dim / idx_budget / idx_ratio: qwen4exp QSA indexer (``attention.indexer.head_count``,
+        ``.key_length``, ``.top_k`` (cells), ``attention.compress_ratios`` per layer, 0 on GDN layers).
+      ple_layers: 0-based layers with a PLE block (``ple.layers``); ple_*: the ``ple.*`` keys (ngram size, heads per
+        n-gram, conv kernel, eos, multipliers, head vocab sizes and offsets).
     """
 
     layer_recurrent: tuple[bool, ...] = ()
@@ -63,6 +77,20 @@ class HybridConfig(ModelConfig):
     expert_ff: int = 0
     shared_ff: int = 0
     n_nextn: int = 0
+    hc: int = 0
+    hc_lowrank: int = 0
+    idx_heads: int = 0
+    idx_head_dim: int = 0
+    idx_budget: int = 0
+    idx_ratio: tuple[int, ...] = ()
+    ple_layers: tuple[int, ...] = ()
+    ple_ngram: int = 3
+    ple_heads_per_ngram: int = 0
+    ple_conv: int = 4
+    ple_eos: int = -1
+    ple_mult: tuple[int, ...] = ()
+    ple_sizes: tuple[int, ...] = ()
+    ple_offsets: tuple[int, ...] = ()
 
 
 def _req(md, key, path):
@@ -72,16 +100,17 @@ def _req(md, key, path):
 
 
 def hybrid_config_from_gguf(g) -> HybridConfig:
-    """The `HybridConfig` of an open qwen35moe / qwen3next GGUF (keys written by llama.cpp's converter, MODEL.md
-    B§2.1).
+    """The `HybridConfig` of an open qwen35moe / qwen3next / qwen4exp GGUF (keys written by llama.cpp's converters,
+    MODEL.md B§2.1, A§2.1).
 
     Raises:
-      UnsupportedError: another architecture (qwen4exp is not implemented yet).
+      UnsupportedError: another architecture.
       StrataError: a required key is missing.
     """
     md, arch, path = g.metadata, g.architecture, g.path
-    if arch not in ("qwen35moe", "qwen3next"):
-        raise UnsupportedError(f"{path}: hybrid architecture {arch!r} is not implemented (qwen35moe, qwen3next)")
+    if arch not in ("qwen35moe", "qwen3next", "qwen4exp"):
+        raise UnsupportedError(f"{path}: hybrid architecture {arch!r} is not implemented "
+                               "(qwen35moe, qwen3next, qwen4exp)")
     p = arch + "."
     n_embd = int(_req(md, p + "embedding_length", path))
     n_head = int(_req(md, p + "attention.head_count", path))
@@ -100,7 +129,34 @@ def hybrid_config_from_gguf(g) -> HybridConfig:
     vocab = int(md.get(p + "vocab_size", len(tokens) if tokens is not None else 0))
     if vocab == 0:
         vocab = g.info("token_embd.weight").shape[0]
+    extra = {}
+    if arch == "qwen4exp":
+        ratios = md.get(p + "attention.compress_ratios")
+        ratios = tuple(int(r) for r in list(ratios)[:n_layer]) if ratios is not None else (0,) * n_layer
+        extra = dict(
+            hc=int(_req(md, p + "hyper_connection.count", path)),
+            hc_lowrank=int(md.get(p + "hyper_connection.low_rank", 0)),
+            idx_heads=int(_req(md, p + "attention.indexer.head_count", path)),
+            idx_head_dim=int(_req(md, p + "attention.indexer.key_length", path)),
+            idx_budget=int(_req(md, p + "attention.indexer.top_k", path)),
+            idx_ratio=ratios,
+            ple_layers=tuple(int(v) for v in list(md.get(p + "ple.layers", []))),
+        )
+        if extra["ple_layers"]:
+            extra.update(
+                ple_ngram=int(_req(md, p + "ple.ngram_size", path)),
+                ple_heads_per_ngram=int(_req(md, p + "ple.heads_per_ngram", path)),
+                ple_conv=int(md.get(p + "ple.conv_kernel", 4)),
+                ple_eos=int(md.get(p + "ple.eos_token_id", md.get("tokenizer.ggml.eos_token_id", -1))),
+                ple_mult=tuple(int(v) for v in list(_req(md, p + "ple.layer_multipliers", path))),
+                ple_sizes=tuple(int(v) for v in list(_req(md, p + "ple.head_vocab_sizes", path))),
+                ple_offsets=tuple(int(v) for v in list(_req(md, p + "ple.head_offsets", path))),
+            )
+            if len(extra["ple_layers"]) > 1:
+                raise UnsupportedError(f"{path}: {len(extra['ple_layers'])} PLE layers (one table and one hash "
+                                       "parameter set per file are read)")
     return HybridConfig(
+        **extra,
         arch=arch,
         n_layer=n_layer,
         n_embd=n_embd,
@@ -126,7 +182,7 @@ def hybrid_config_from_gguf(g) -> HybridConfig:
         ssm_d_v=int(_req(md, p + "ssm.inner_size", path)) // v_heads,
         ssm_conv=int(md.get(p + "ssm.conv_kernel", 4)),
         v_order="grouped" if arch == "qwen3next" else "tiled",
-        gdn_gate="silu",
+        gdn_gate="sigmoid" if arch == "qwen4exp" else "silu",
         n_expert=int(_req(md, p + "expert_count", path)),
         n_expert_used=int(_req(md, p + "expert_used_count", path)),
         expert_ff=int(md.get(p + "expert_feed_forward_length", 0)),
@@ -137,11 +193,39 @@ def hybrid_config_from_gguf(g) -> HybridConfig:
 
 def head_logits(head, norm, h, rows: Rows, mode: str, which: str):
     """Logits float32 of every row (``which="all"``, [B, T, V]) or of each segment's last valid row (``"last"``,
-    [B, 1, V]); as `strata_jax.models.dense.head_logits`."""
+    [B, 1, V]); as `strata_jax.models.dense.head_logits`. ``h`` [B, T, ...] (any trailing shape ``norm`` takes)."""
     if which == "last":
         idx = jnp.clip(rows.n_valid - 1, 0, h.shape[1] - 1)
-        h = jnp.take_along_axis(h, idx[:, None, None], axis=1)
+        idx = idx.reshape((-1, 1) + (1,) * (h.ndim - 2))
+        h = jnp.take_along_axis(h, idx, axis=1)
     return qcall(head, norm(h), mode == "window")
+
+
+def make_mixer(g, cfg: HybridConfig, i: int, device=None):
+    """Layer i's mixer: GDN or gated attention (with the QSA indexer where ``idx_ratio[i] > 0``)."""
+    p = f"blk.{i}."
+    if cfg.layer_recurrent[i]:
+        return GatedDeltaNet(g, p, n_k_heads=cfg.ssm_k_heads, n_v_heads=cfg.ssm_v_heads, d_k=cfg.ssm_d_k,
+                             d_v=cfg.ssm_d_v, conv_kernel=cfg.ssm_conv, v_order=cfg.v_order, gate_act=cfg.gdn_gate,
+                             rms_eps=cfg.rms_eps, device=device)
+    ratio = cfg.idx_ratio[i] if i < len(cfg.idx_ratio) else 0
+    indexer = (dict(n_heads=cfg.idx_heads, head_dim=cfg.idx_head_dim, ratio=ratio, budget=cfg.idx_budget)
+               if ratio > 0 and g.has(p + "indexer.q_proj.weight") else None)
+    return GatedAttention(g, p, n_head=cfg.n_head, n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim,
+                          rope_dim=cfg.rope_dim, rope_theta=cfg.rope_theta, rms_eps=cfg.rms_eps, indexer=indexer,
+                          device=device)
+
+
+def mixer_state(mixer, cfg: HybridConfig, n_slots: int, max_context: int, kv_dtype, device):
+    """Zero state of one mixer (see the module docstring)."""
+    if isinstance(mixer, GatedDeltaNet):
+        return {k: jax.device_put(jnp.zeros((n_slots,) + s, jnp.float32), device)
+                for k, s in mixer.state_shapes().items()}
+    shape = (n_slots, max_context + 1, cfg.n_head_kv, cfg.head_dim)
+    kv = (jax.device_put(jnp.zeros(shape, kv_dtype), device), jax.device_put(jnp.zeros(shape, kv_dtype), device))
+    if mixer.indexer is not None:
+        kv = kv + (jax.device_put(jnp.zeros((n_slots, max_context + 1, mixer.indexer.hd), jnp.float32), device),)
+    return kv
 
 
 class HybridBlock(nnx.Module):
@@ -151,18 +235,11 @@ class HybridBlock(nnx.Module):
         p = f"blk.{i}."
         self.recurrent = bool(cfg.layer_recurrent[i])
         self.attn_norm = RMSNorm(load_f32(g, p + "attn_norm.weight", device), cfg.rms_eps)
-        if self.recurrent:
-            self.mixer = GatedDeltaNet(g, p, n_k_heads=cfg.ssm_k_heads, n_v_heads=cfg.ssm_v_heads, d_k=cfg.ssm_d_k,
-                                       d_v=cfg.ssm_d_v, conv_kernel=cfg.ssm_conv, v_order=cfg.v_order,
-                                       gate_act=cfg.gdn_gate, rms_eps=cfg.rms_eps, device=device)
-        else:
-            self.mixer = GatedAttention(g, p, n_head=cfg.n_head, n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim,
-                                        rope_dim=cfg.rope_dim, rope_theta=cfg.rope_theta, rms_eps=cfg.rms_eps,
-                                        device=device)
+        self.mixer = make_mixer(g, cfg, i, device)
         self.ffn_norm = RMSNorm(load_f32(g, p + "post_attention_norm.weight", device), cfg.rms_eps)
         self.moe = MoE(g, p, n_used=cfg.n_expert_used, renorm=True, device=device)
 
-    def __call__(self, h, st, rows: Rows, mode: str, max_context: int):
+    def __call__(self, h, st, rows: Rows, mode: str, max_context: int, ple_emb=None):
         a = self.attn_norm(h)
         if self.recurrent:
             y, st, pend = self.mixer(a, st, rows, mode)
@@ -179,14 +256,72 @@ class HybridBlock(nnx.Module):
         return st
 
 
-class HybridStage(nnx.Module):
-    """Layers ``[start, stop)`` of a qwen35moe / qwen3next model (embedding on the first stage, final norm + head on
-    the last): the Stage protocol of `strata_jax.models.dense.DenseStage`.
+class HCBlock(nnx.Module):
+    """One qwen4exp layer (module docstring): [PLE] + hyper-connection reads/writes around the mixer and the MoE.
 
-    ``__call__(state, x, rows, mode, max_context, logits="all") -> (out, state, pending)``: ``x`` int32 ids [B, T]
-    (first stage) or float32 hidden [B, T, D]; ``mode`` "window" (T <= 8, GDN state untouched, ``pending`` = list per
-    layer of the GDN rows' inputs or None) or "prefill" (all valid rows committed, ``pending`` None); ``out`` =
-    {"hidden" [B, T, D], "logits" float32 [B, T, V] or [B, 1, V] (``logits="last"``) on the last stage}.
+    State: ``{"mix": mixer state}`` plus ``"ple"`` float32 [n_slots, (K-1)*ngram, hc*D] (the last normed PLE conv
+    inputs) on the PLE layer. Pending (window mode): ``{"mix": GDN pending or None, "ple": normed rows or None}``.
+    """
+
+    def __init__(self, g, cfg: HybridConfig, i: int, device=None):
+        p = f"blk.{i}."
+        self.recurrent = bool(cfg.layer_recurrent[i])
+        self.hc_attn = GatedResidual(g, p + "hc_attn_", hc=cfg.hc, eps=cfg.rms_eps, device=device)
+        self.hc_ffn = GatedResidual(g, p + "hc_ffn_", hc=cfg.hc, eps=cfg.rms_eps, device=device)
+        self.mixer = make_mixer(g, cfg, i, device)
+        self.moe = MoE(g, p, n_used=cfg.n_expert_used, renorm=True, device=device)
+        self.ple = (PLEBlock(g, p, hc=cfg.hc, dim=cfg.n_embd, conv_kernel=cfg.ple_conv, dilation=cfg.ple_ngram,
+                             eps=cfg.rms_eps, device=device) if i in cfg.ple_layers else None)
+
+    def __call__(self, R, st, rows: Rows, mode: str, max_context: int, ple_emb=None):
+        exact = mode == "window"
+        new_st, pend = dict(st), {"mix": None, "ple": None}
+        if self.ple is not None:
+            if ple_emb is None:
+                raise StrataError("this stage holds the PLE layer: pass the table rows (ple=...)")
+            hist = st["ple"][rows.slot]
+            upd, normed = self.ple(R, ple_emb, hist, exact)
+            R = R + upd
+            if exact:
+                pend["ple"] = normed
+            else:
+                new_st["ple"] = st["ple"].at[rows.slot].set(conv_tail(hist, normed, rows.n_valid))
+        mixed, inj = self.hc_attn(R, exact)
+        if self.recurrent:
+            y, new_st["mix"], pend["mix"] = self.mixer(mixed, st["mix"], rows, mode)
+        else:
+            y, new_st["mix"] = self.mixer(mixed, st["mix"], rows, mode, max_context)
+        R = hc_write(R, y, inj)
+        mixed, inj = self.hc_ffn(R, exact)
+        R = hc_write(R, self.moe(mixed, exact), inj)
+        return R, new_st, pend
+
+    def commit(self, st, pend, rows: Rows, keep):
+        st = dict(st)
+        if self.recurrent:
+            st["mix"] = self.mixer.commit(st["mix"], pend["mix"], rows, keep)
+        if self.ple is not None:
+            st["ple"] = st["ple"].at[rows.slot].set(conv_tail(st["ple"][rows.slot], pend["ple"],
+                                                              jnp.asarray(keep, jnp.int32)))
+        return st
+
+
+class HybridStage(nnx.Module):
+    """Layers ``[start, stop)`` of a qwen35moe / qwen3next / qwen4exp model (embedding on the first stage, final
+    norm / mixer + head on the last): the Stage protocol of `strata_jax.models.dense.DenseStage`.
+
+    ``__call__(state, x, rows, mode, max_context, logits="all", ple=None) -> (out, state, pending)``: ``x`` int32 ids
+    [B, T] (first stage) or the float32 handoff (``[B, T, D]``; qwen4exp ``[B, T, hc, D]``, the residual streams);
+    ``mode`` "window" (T <= 8, recurrent state untouched, ``pending`` = list per layer or None) or "prefill" (all
+    valid rows committed, ``pending`` None); ``out`` = {"hidden": the handoff, and on the last stage "logits" float32
+    [B, T, V] or [B, 1, V] (``logits="last"``) and "mtp_hidden" (what `strata_jax.layers.mtp.MTPHead` consumes:
+    the post-final-norm hidden [B, T, D], or for qwen4exp the final residual streams [B, T, hc, D])}.
+
+    ``ple`` (qwen4exp, only on the stage holding the PLE layer, ``self.has_ple``): the stored table rows of each
+    row's n-gram heads, uint8 [B, T, n_heads, row_bytes] as returned by `ple_table(g).gather(prev, tokens)` on the
+    host (``prev``: each slot's last ``ngram-1`` committed tokens, EOS-filled at a sequence start; advance it by the
+    kept tokens at commit, `PLETable.advance`); they are dequantized on the device. Padding rows may hold any ids.
+
     ``commit(state, pending, rows, keep)`` advances each segment's slot by ``keep[b]`` rows.
     """
 
@@ -196,40 +331,69 @@ class HybridStage(nnx.Module):
         self.cfg = cfg
         self.start, self.stop = start, stop
         self.first, self.last = start == 0, stop == cfg.n_layer
+        self.hc = cfg.hc
         self.embed = (Embedding.from_gguf(g, "token_embd.weight", device)
                       if self.first or (self.last and cfg.tied_head) else None)
-        self.blocks = nnx.List([HybridBlock(g, cfg, i, device) for i in range(start, stop)])
+        block = HCBlock if cfg.hc else HybridBlock
+        self.blocks = nnx.List([block(g, cfg, i, device) for i in range(start, stop)])
+        self.has_ple = any(start <= i < stop for i in cfg.ple_layers)
+        if self.has_ple:
+            info = g.info("per_layer_token_embd.weight")
+            self.ple_qtype, self.ple_dim = info.qtype, int(info.shape[-1])
         if self.last:
-            self.out_norm = RMSNorm(load_f32(g, "output_norm.weight", device), cfg.rms_eps)
+            if cfg.hc:
+                self.out_norm = GatedResidual(g, "output_hc_", hc=cfg.hc, eps=cfg.rms_eps, inject=False,
+                                              device=device)
+            else:
+                self.out_norm = RMSNorm(load_f32(g, "output_norm.weight", device), cfg.rms_eps)
             self.head = self.embed.as_linear() if cfg.tied_head else QLinear.from_gguf(g, "output.weight", device)
+
+    def final_norm(self, h, exact: bool = True):
+        """The trunk's final norm: RMSNorm, or for qwen4exp the output hyper-connection read [.., hc, D] -> [.., D]."""
+        if self.hc:
+            return self.out_norm(h, exact)[0]
+        return self.out_norm(h)
+
+    @staticmethod
+    def ple_table(g, cfg: HybridConfig) -> PLETable:
+        """The host-side PLE helper of a qwen4exp file (row ids + gather from the memory map)."""
+        return PLETable(g, eos=cfg.ple_eos, mult=cfg.ple_mult, sizes=cfg.ple_sizes, offsets=cfg.ple_offsets,
+                        heads_per_ngram=cfg.ple_heads_per_ngram)
 
     def init_state(self, n_slots: int, max_context: int, kv_dtype=jnp.float32, device=None):
         """Zero state for ``n_slots`` slots (see module docstring)."""
         cfg = self.cfg
         layers = []
         for blk in self.blocks:
-            if blk.recurrent:
-                shp = blk.mixer.state_shapes()
-                layers.append({k: jax.device_put(jnp.zeros((n_slots,) + s, jnp.float32), device)
-                               for k, s in shp.items()})
-            else:
-                shape = (n_slots, max_context + 1, cfg.n_head_kv, cfg.head_dim)
-                layers.append((jax.device_put(jnp.zeros(shape, kv_dtype), device),
-                               jax.device_put(jnp.zeros(shape, kv_dtype), device)))
+            st = mixer_state(blk.mixer, cfg, n_slots, max_context, kv_dtype, device)
+            if cfg.hc:
+                st = {"mix": st}
+                if blk.ple is not None:
+                    st["ple"] = jax.device_put(jnp.zeros((n_slots, blk.ple.hist_len, cfg.hc * cfg.n_embd),
+                                                         jnp.float32), device)
+            layers.append(st)
         return {"layers": layers}
 
-    def __call__(self, state, x, rows: Rows, mode: str, max_context: int, logits: str = "all"):
+    def __call__(self, state, x, rows: Rows, mode: str, max_context: int, logits: str = "all", ple=None):
         if mode not in ("window", "prefill"):
             raise UnsupportedError(f"mode {mode!r} is not 'window' or 'prefill'")
-        h = self.embed(x) if self.first else x.astype(jnp.float32)
+        exact = mode == "window"
+        if self.first:
+            h = self.embed(x)
+            if self.hc:
+                h = jnp.broadcast_to(h[:, :, None, :], h.shape[:2] + (self.hc, h.shape[-1]))
+        else:
+            h = x.astype(jnp.float32)
+        ple_emb = dequant_rows(ple, self.ple_qtype, self.ple_dim) if (self.has_ple and ple is not None) else None
         sts, pends = [], []
         for blk, st in zip(self.blocks, state["layers"]):
-            h, st, pend = blk(h, st, rows, mode, max_context)
+            h, st, pend = blk(h, st, rows, mode, max_context, ple_emb)
             sts.append(st)
             pends.append(pend)
         out = {"hidden": h}
         if self.last:
-            out["logits"] = head_logits(self.head, self.out_norm, h, rows, mode, logits)
+            out["logits"] = head_logits(self.head, lambda r: self.final_norm(r, exact), h, rows, mode, logits)
+            out["mtp_hidden"] = h if self.hc else self.final_norm(h)
         return out, {"layers": sts}, (pends if mode == "window" else None)
 
     def commit(self, state, pending, rows: Rows, keep):
