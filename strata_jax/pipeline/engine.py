@@ -47,7 +47,7 @@ class Engine:
     """A model loaded on one or more devices, with ``n_slots`` slots of state.
 
     Args:
-      model_path: a GGUF file.
+      model_path: a GGUF file, or an open GGUF-like object (`strata_jax.models.random_weights.VirtualGGUF`).
       max_context: cells per slot (prompt + generated tokens).
       n_slots: slots of state (1 for the solo path).
       layer_split: ``"K1,K2,..."`` or None (see `parse_layer_split`).
@@ -63,7 +63,8 @@ class Engine:
     def __init__(self, model_path, *, max_context: int = 4096, n_slots: int = 1, layer_split: str | None = None,
                  devices=None, kv_dtype=jnp.float32, compile_cache_size: int = 32, progress: bool = False):
         t0 = time.perf_counter()
-        self.gguf = open_gguf(model_path)
+        # a path, or an already open GGUF-like object (e.g. strata_jax.models.random_weights.VirtualGGUF)
+        self.gguf = model_path if hasattr(model_path, "tensors") else open_gguf(model_path)
         self.cfg: ModelConfig = config_from_gguf(self.gguf)
         if max_context < 2:
             raise StrataError(f"--max_context {max_context}: must be at least 2")
@@ -179,6 +180,151 @@ class Engine:
         out, pendings = self.run(kind, tokens, rows, sampling)
         picks, n_keep = jax.device_get((out["picks"], out["n_keep"]))
         return WindowResult(np.asarray(picks), np.asarray(n_keep), out, pendings)
+
+
+    # ---- batch slots: one stage at a time, per-stage commits, slot reset, memory (used by pipeline.scheduler) ----
+    def run_stage(self, index: int, kind: str, x, rows: Rows, tokens, sampling: RowSampling, logits: str = "all"):
+        """Launch ONE stage for one group's window, without waiting for it (JAX dispatch is asynchronous).
+
+        Args:
+          index: stage index.
+          kind: ``window``, ``step`` or ``prefill`` (see `build_stage_fn`).
+          x: int32 [B, T] token ids for stage 0, else the previous stage's ``out["hidden"]`` [B, T, D] (moved to
+            this stage's device here with `jax.device_put`).
+          rows, sampling: the window's layout and per-segment sampler settings.
+          tokens: int32 [B, T] the window's tokens (the last stage's acceptance needs them).
+
+        Returns:
+          (out, pending): ``out["hidden"]`` for the next stage; on the last stage also ``picks`` [B, T] and
+          ``n_keep`` [B] (device arrays, not read here); ``pending`` for `commit_stage` (None for step/prefill).
+        """
+        stage = self.stages[index]
+        B, T = tokens.shape
+        fn = self._fn(stage, kind, B, T, logits)
+        dev = stage.device
+        out, self.states[index], pending = fn(stage.params, self.states[index], jax.device_put(x, dev),
+                                              jax.device_put(rows, dev), jax.device_put(tokens, dev),
+                                              jax.device_put(sampling, dev))
+        return out, pending
+
+    def commit_stage(self, index: int, rows: Rows, pending, keep) -> None:
+        """Advance each segment's slot on stage ``index`` by ``keep[b]`` rows; ``keep`` may be a device array on
+        another stage's device (it is copied device to device, no host round trip). No-op when ``pending`` is None."""
+        if pending is None:
+            return
+        stage = self.stages[index]
+        fn = self._commit_fns.get(stage.index)
+        if fn is None:
+            fn = self._commit_fns[stage.index] = build_commit_fn(stage)
+        self.states[index] = fn(stage.params, self.states[index], pending, jax.device_put(rows, stage.device),
+                                jax.device_put(jnp.asarray(keep, jnp.int32), stage.device))
+
+    def reset_slot(self, slot: int) -> None:
+        """Zero one slot's state on every stage (recurrent state must start from zero before a new prompt; K/V
+        cells are overwritten anyway). Other slots' entries are untouched, bit for bit."""
+        if not 0 <= slot < self.n_slots:
+            raise StrataError(f"slot {slot}: the engine has {self.n_slots} slots")
+        for i, stage in enumerate(self.stages):
+            fn = self._commit_fns.get(("reset", i))
+            if fn is None:
+                axes = _slot_axes(stage.module, self.n_slots, self.max_context, self.kv_dtype)
+
+                def reset(state, s, axes=axes):
+                    return jax.tree.map(lambda a, ax: a if ax is None else
+                                        jax.lax.dynamic_update_index_in_dim(
+                                            a, jnp.zeros_like(jax.lax.index_in_dim(a, 0, ax, keepdims=True)),
+                                            s, ax), state, axes)
+
+                fn = self._commit_fns[("reset", i)] = jax.jit(reset, donate_argnums=(0,))
+            self.states[i] = fn(self.states[i], jnp.int32(slot))
+
+    def set_slots(self, n_slots: int) -> None:
+        """Re-create the per-slot state with ``n_slots`` slots on every stage (all slots empty)."""
+        n_slots = int(n_slots)
+        if n_slots < 1:
+            raise StrataError(f"--batch {n_slots}: needs at least 1 slot")
+        self.states = None
+        self.n_slots = n_slots
+        self.states = [jax.device_put(s.module.init_state(n_slots, self.max_context, self.kv_dtype), s.device)
+                       for s in self.stages]
+        self._commit_fns = {k: v for k, v in self._commit_fns.items() if not isinstance(k, tuple)}
+
+    def handoff_bytes_per_row(self) -> int:
+        """Bytes handed from one stage to the next per window row (hidden [D] float32)."""
+        return 4 * int(self.cfg.n_embd)
+
+    def memory_report(self) -> dict:
+        """Bytes per stage: weights, state per slot, hand-off per row; and the device's limit where known.
+
+        Returns:
+          {"stages": [{"stage", "layers", "device", "weight_bytes", "slot_bytes", "limit_bytes"|None}, ...],
+           "handoff_bytes_per_row": int, "n_slots": int}
+        """
+        per_slot = self.state_bytes_per_slot()
+        stages = []
+        for s, sb in zip(self.stages, per_slot):
+            stages.append({"stage": s.index, "layers": f"{s.start}..{s.stop - 1}", "device": str(s.device),
+                           "weight_bytes": tree_bytes(s.params), "slot_bytes": int(sb),
+                           "limit_bytes": _device_limit(s.device)})
+        return {"stages": stages, "handoff_bytes_per_row": self.handoff_bytes_per_row(), "n_slots": self.n_slots}
+
+    def memory_lines(self) -> list[str]:
+        """The memory report as log lines (printed at start)."""
+        r = self.memory_report()
+        mib = 1 / 2 ** 20
+        out = []
+        for st in r["stages"]:
+            lim = f", device limit {st['limit_bytes'] * mib:.0f} MiB" if st["limit_bytes"] else ""
+            out.append(f"stage {st['stage']} (layers {st['layers']}, {st['device']}): weights "
+                       f"{st['weight_bytes'] * mib:.1f} MiB, {st['slot_bytes'] * mib:.2f} MiB per slot{lim}")
+        if len(r["stages"]) > 1:
+            out.append(f"hand-off: {r['handoff_bytes_per_row']} bytes per row per stage boundary")
+        return out
+
+    def slots_that_fit(self, limit_bytes: int | None = None, rows: int = 8) -> int | None:
+        """Most slots every stage can hold: (limit - weights - hand-off rows) // bytes per slot, the minimum over
+        stages. ``limit_bytes`` per device (``--memory_limit_gib``), else each device's ``memory_stats()`` limit;
+        None when no limit is known."""
+        best = None
+        for st in self.memory_report()["stages"]:
+            lim = limit_bytes if limit_bytes is not None else st["limit_bytes"]
+            if lim is None:
+                continue
+            room = int(lim) - st["weight_bytes"] - rows * self.handoff_bytes_per_row()
+            n = max(room, 0) // max(st["slot_bytes"], 1)
+            best = n if best is None else min(best, n)
+        return best
+
+    def check_batch_fits(self, n_slots: int, limit_bytes: int | None = None) -> None:
+        """Raise StrataError when ``n_slots`` slots do not fit, saying how many would."""
+        n = self.slots_that_fit(limit_bytes)
+        if n is not None and n_slots > n:
+            per = max(st["slot_bytes"] for st in self.memory_report()["stages"])
+            lim = "--memory_limit_gib" if limit_bytes is not None else "the device memory"
+            raise StrataError(f"--batch {n_slots} does not fit in {lim}: {per / 2 ** 20:.2f} MiB per slot on the "
+                              f"largest stage; {n} slot(s) would fit (or lower --max_context)")
+
+
+def _device_limit(device) -> int | None:
+    try:
+        ms = device.memory_stats()
+    except Exception:
+        return None
+    if not ms:
+        return None
+    return int(ms.get("bytes_limit") or 0) or None
+
+
+def _slot_axes(module, n_slots: int, max_context: int, kv_dtype):
+    """Per state leaf, the axis that indexes slots (found by comparing state shapes for 1 and 2 slots)."""
+    a = jax.eval_shape(lambda: module.init_state(1, max_context, kv_dtype))
+    b = jax.eval_shape(lambda: module.init_state(2, max_context, kv_dtype))
+
+    def ax(x, y):
+        d = [i for i, (p, q) in enumerate(zip(x.shape, y.shape)) if p != q]
+        return d[0] if d else None
+
+    return jax.tree.map(ax, a, b)
 
 
 def _load_bar(n: int, progress: bool):
