@@ -1,0 +1,90 @@
+"""Layer split (SERVING.md §3.4): a model split over 2 or 4 CPU host devices gives the same tokens and bit-identical
+logits as one device; bad splits and batches that do not fit are refused with a clear StrataError.
+
+CI runs with XLA_FLAGS=--xla_force_host_platform_device_count=4; with fewer devices the multi-device cases skip.
+"""
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from strata_jax.errors import StrataError
+from strata_jax.pipeline.solo import generate
+from strata_jax.sampling import SamplingParams
+
+HYBRID = str(Path(__file__).parent / "fixtures" / "hybrid" / "qwen3next_f32.gguf")
+PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 2, 198, 1, 4093, 198]
+CTX = 96
+# (model, split on 2 stages, split on 4 stages); the engines are shared with tests/test_slots.py
+MODELS = {"smollm2-135m": ("15", "8,15,23"), HYBRID: ("2", "1,2,3")}
+
+
+def _need(k: int):
+    if len(jax.devices()) < k:
+        pytest.skip(f"needs {k} devices (XLA_FLAGS=--xla_force_host_platform_device_count={k})")
+
+
+def _split_engine(engine_for, name, k):
+    _need(k)
+    if k == 1:
+        return engine_for(name, max_context=CTX, n_slots=2, devices=jax.devices()[:1])
+    split = MODELS[name][0 if k == 2 else 1]
+    return engine_for(name, max_context=CTX, n_slots=k if k > 2 else 2, layer_split=split, devices=jax.devices()[:k])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MODELS), ids=["smollm2", "qwen3next"])
+def test_split_equals_one_device(engine_for, name):
+    V = 512 if name == HYBRID else 49152
+    prompt = [t % V for t in PROMPT]
+    ref = None
+    for k in (1, 2, 4):
+        eng = _split_engine(engine_for, name, k)
+        assert len(eng.stages) == k
+        eng.reset_slot(0)
+        g = generate(eng, prompt, max_new_tokens=4, sampling=SamplingParams(0.0), dump_logits=True)
+        if ref is None:
+            ref = g
+            continue
+        assert g.tokens == ref.tokens, k
+        assert np.array_equal(g.prefill_logits, ref.prefill_logits), k
+        assert np.array_equal(g.step_logits, ref.step_logits), k
+
+
+def test_split_more_stages_than_devices(model_path):
+    from strata_jax.pipeline.engine import Engine
+
+    path = HYBRID
+    with pytest.raises(StrataError, match="needs 4 devices, only 2"):
+        Engine(path, max_context=CTX, layer_split="1,2,3", devices=jax.devices()[:1] * 2)
+
+
+@pytest.mark.parametrize("split", ["4", "0", "2,2", "3,1", "x"])
+def test_split_out_of_range(split):
+    from strata_jax.pipeline.engine import Engine
+
+    with pytest.raises(StrataError, match="--layer_split"):
+        Engine(HYBRID, max_context=CTX, layer_split=split, devices=jax.devices()[:1] * 4)
+
+
+def test_memory_report_and_refusal():
+    from strata_jax.pipeline.engine import Engine
+
+    _need(2)
+    eng = Engine(HYBRID, max_context=CTX, n_slots=1, layer_split="2", devices=jax.devices()[:2])
+    rep = eng.memory_report()
+    assert len(rep["stages"]) == 2 and all(s["slot_bytes"] > 0 for s in rep["stages"])
+    assert rep["handoff_bytes_per_row"] == 4 * eng.cfg.n_embd
+    lines = eng.memory_lines()
+    assert "per slot" in lines[0] and "hand-off" in lines[-1]
+    per = max(s["slot_bytes"] for s in rep["stages"])
+    wts = max(s["weight_bytes"] for s in rep["stages"])
+    limit = wts + 8 * eng.handoff_bytes_per_row() + 3 * per + per // 2  # room for 3 slots
+    assert eng.slots_that_fit(limit) == 3
+    eng.check_batch_fits(3, limit)
+    with pytest.raises(StrataError, match="3 slot\\(s\\) would fit"):
+        eng.check_batch_fits(4, limit)
+    eng.set_slots(3)
+    assert eng.n_slots == 3 and eng.state_bytes_per_slot()[0] == rep["stages"][0]["slot_bytes"]
