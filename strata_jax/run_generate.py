@@ -53,6 +53,16 @@ flags.DEFINE_enum("draft", "none", ["none", "lookup", "model", "mtp"], "Speculat
 flags.DEFINE_string("draft_model", None, "With --draft model: a registry name or .gguf path with the same tokenizer.")
 flags.DEFINE_integer("spec", 4, "Speculative window cap T (2..8): the last token + up to T-1 proposals.")
 flags.DEFINE_float("spec_min_p", 0.0, "Cut proposals at the first one below this proposer probability (0 = off).")
+flags.DEFINE_integer("batch", 1, "Batch slots: requests decode together (needs --prompts_file when > 1).", lower_bound=1)
+flags.DEFINE_string("prompts_file", None, "JSONL requests for --batch: prompt (or prompt_ids), chat, max_new_tokens, "
+                    "seed, temperature, top_k, top_p, arrival (offset in seconds), id.")
+flags.DEFINE_string("batch_groups", "auto", "Slot groups on a layer split: 1 (serial windows), G (pipelined groups; "
+                    "G divides --batch) or auto (one group per stage).")
+flags.DEFINE_bool("batch_mtp", False, "Batch proposals: each slot's token + 1 proposal per serial window.")
+flags.DEFINE_integer("piped_mtp", 0, "Proposals per window in pipelined groups of one slot (0 = off).")
+flags.DEFINE_string("out_jsonl", None, "With --batch: write one JSON object per request (tokens, text, timings).")
+flags.DEFINE_float("memory_limit_gib", None, "Device memory per stage for the batch-fit check (default: the "
+                   "device's own limit where known).")
 
 
 def _fail(msg: str) -> None:
@@ -117,6 +127,10 @@ def main(argv) -> int:
     engine = Engine(path, max_context=FLAGS.max_context, layer_split=FLAGS.layer_split,
                     kv_dtype=jnp.bfloat16 if FLAGS.kv_dtype == "bfloat16" else jnp.float32,
                     compile_cache_size=FLAGS.compile_cache_size, progress=True)
+    if FLAGS.batch > 1 or FLAGS.prompts_file:
+        from strata_jax.pipeline.scheduler import run_batch_cli
+
+        return run_batch_cli(engine, FLAGS)
     ids, has_tok = _prompt_ids(engine)
     if len(ids) >= FLAGS.max_context:
         _fail(f"prompt of {len(ids)} tokens is longer than --max_context {FLAGS.max_context}")

@@ -542,3 +542,73 @@ def write_jsonl(path: str, results: list[RequestResult], tokenizer=None) -> None
                 except Exception:
                     d["text"] = None
             f.write(json.dumps(d) + "\n")
+
+
+def proposer_factory_for(engine: Engine, draft: str):
+    """``() -> Proposer`` for batch proposals: ``--draft lookup`` / ``mtp`` as asked; ``none`` picks MTP when the
+    model has it and `strata_jax.proposers.mtp` exists, else prompt lookup. Returns (factory, name)."""
+    from strata_jax.proposers import LookupProposer, make_proposer
+
+    if draft in ("lookup", "none"):
+        if draft == "none" and int(getattr(engine.cfg, "n_nextn", 0) or 0) > 0:
+            try:
+                make_proposer("mtp", engine)
+                return (lambda: make_proposer("mtp", engine)), "mtp"
+            except StrataError:
+                pass
+        return LookupProposer, "lookup"
+    if draft == "mtp":
+        make_proposer("mtp", engine)  # raises when the model or the engine has none
+        return (lambda: make_proposer("mtp", engine)), "mtp"
+    raise StrataError(f"--draft {draft}: batch proposals come from lookup or mtp")
+
+
+def run_batch_cli(engine: Engine, FLAGS) -> int:
+    """The ``--batch`` branch of ``strata-generate``: memory report and fit check, group resolution (one log line),
+    the requests of ``--prompts_file`` through `BatchScheduler`, a summary line, ``--out_jsonl``.
+
+    Raises:
+      StrataError: no --prompts_file, a batch that does not fit, impossible group flags, bad requests.
+    """
+    import sys
+
+    from strata_jax.pipeline.groups import resolve_groups
+
+    if not FLAGS.prompts_file:
+        raise StrataError(f"--batch {FLAGS.batch} needs --prompts_file (JSONL, one request per line)")
+    for line in engine.memory_lines():
+        print(line, file=sys.stderr)
+    limit = int(FLAGS.memory_limit_gib * 2 ** 30) if FLAGS.memory_limit_gib else None
+    engine.check_batch_fits(FLAGS.batch, limit)
+    res = resolve_groups(FLAGS.batch, len(engine.stages), FLAGS.batch_groups,
+                         FLAGS["batch_groups"].present > 0, FLAGS.batch_mtp, FLAGS.piped_mtp)
+    factory, pname = proposer_factory_for(engine, FLAGS.draft)
+    extra = f"; proposals: {pname}" if res.mode in ("batch_mtp", "piped_mtp") else ""
+    print(f"batch: {res.message}{extra}", file=sys.stderr)
+    if engine.n_slots != FLAGS.batch:
+        engine.set_slots(FLAGS.batch)
+    try:
+        tok = engine.tokenizer
+        eos = tuple(tok.eos_ids)
+    except Exception:
+        tok = None
+        eos = (engine.cfg.eos_id,) if engine.cfg.eos_id >= 0 else ()
+    reqs = load_prompts_file(FLAGS.prompts_file, tok, default_max_new=FLAGS.max_new_tokens,
+                             default_sampling=SamplingParams(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p,
+                                                             FLAGS.min_p, FLAGS.seed),
+                             system=FLAGS.system, stop_ids=eos)
+    sch = BatchScheduler(engine, res, proposer_factory=factory)
+    t0 = time.perf_counter()
+    results = sch.run(reqs)
+    dt = time.perf_counter() - t0
+    for r in results:
+        text = tok.decode(r.tokens, skip_special=True) if tok is not None else " ".join(map(str, r.tokens))
+        print(f"[{r.rid}] {text}")
+    n = sum(len(r.tokens) for r in results)
+    prop, acc = sum(r.proposed for r in results), sum(r.accepted for r in results)
+    print(f"[batch {FLAGS.batch} {res.mode} | {len(results)} requests, {n} tokens in {dt:.2f} s, {n / dt:.1f} tok/s | "
+          f"windows {sch.stats['windows']} solo {sch.stats['solo_windows']} | proposals {acc}/{prop} | "
+          f"compiles {engine.cache.compiles} ({engine.cache.compile_seconds:.1f} s)]", file=sys.stderr)
+    if FLAGS.out_jsonl:
+        write_jsonl(FLAGS.out_jsonl, results, tok)
+    return 0
