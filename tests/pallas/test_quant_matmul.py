@@ -44,7 +44,8 @@ KERNEL_TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, 
 
 
 # the reference is blocks.dequantize (tested in tests/test_blocks.py) + one dot: a few formats suffice for it
-CASES = [("interpret", q) for q in KERNEL_TYPES] + [("reference", q) for q in (Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.F16)]
+CASES = ([("interpret", q) for q in KERNEL_TYPES] + [("reference", q) for q in (Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.F16)]
+         + [("kernel", q) for q in KERNEL_TYPES if "kernel" in IMPLS])
 
 
 @pytest.mark.parametrize("impl,qtype", CASES, ids=lambda a: getattr(a, "name", a))
@@ -76,6 +77,8 @@ def test_rows_independent(impl, rng):
     X = jnp.asarray(rng.standard_normal((max(ms), K_IN)).astype(np.float32))
     if impl == "interpret":
         ms = [3, 8]  # each M compiles its own interpreted kernel: keep CI short
+    elif impl == "kernel":
+        ms = [1, 2, 3, 4, 5, 6, 7, 8]  # the kernel serves 1..8 rows
     alone = np.stack([np.asarray(qmatmul(X[i:i + 1], w, qtype, N_OUT, K_IN, impl=impl))[0]
                       for i in range(max(ms))])
     for M in ms:

@@ -14,6 +14,7 @@ Layouts: raw weights are passed flat (uint8 [n_out * row_bytes], or float [n_out
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -25,31 +26,47 @@ from strata_jax.pallas import dispatch
 from strata_jax.pallas.quant_matmul.formats import FLOAT_TYPES, FORMATS
 
 M_MAX = 8         # the kernel serves 1..8 activation rows (verify windows); more rows use the reference GEMM
-BN = 16           # weight rows per program
-CHUNK = 256       # values per chunk (S * W), reduced to fit K
-TARGET_PROGRAMS = 264  # about two programs per H200 SM: split K until the grid has at least this many
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Launch parameters. Chosen from (qtype, n_out, K) only -- never from M -- so rows stay independent."""
+    BN: int = 16               # weight rows per program
+    chunk: int = 256           # values per loop step (S * W), reduced to fit K
+    target_programs: int = 264 # split K until the grid has at least this many programs
+    num_warps: int = 4
+    num_stages: int = 2
+    elementwise: bool = False  # accumulate w*x elementwise and reduce once at the end (else reduce every step)
+
+
+DEFAULT = Config()
 
 
 def sub_width(qtype) -> int:
     return FORMATS[qtype].W if qtype in FORMATS else 32
 
 
-def tiling(qtype, n_out: int, k_in: int) -> dict:
+def tiling(qtype, n_out: int, k_in: int, cfg: Config = DEFAULT) -> dict:
     """Tile sizes for a weight (never depend on M)."""
     W = sub_width(qtype)
     n_sub = k_in // W
-    S = CHUNK // W
+    S = max(1, cfg.chunk // W)
     while S > 1 and n_sub % S:
         S //= 2
     n_chunks = n_sub // S
-    n_tiles = -(-n_out // BN)
-    split = max(1, min(n_chunks, -(-TARGET_PROGRAMS // n_tiles)))
+    n_tiles = -(-n_out // cfg.BN)
+    split = max(1, min(n_chunks, -(-cfg.target_programs // n_tiles)))
     cps = -(-n_chunks // split)        # chunks per split
     split = -(-n_chunks // cps)        # no empty splits
     return dict(W=W, S=S, n_chunks=n_chunks, n_tiles=n_tiles, split=split, cps=cps)
 
 
-def why_not(qtype, M: int, n_out: int, k_in: int, x_dtype, w_dtype) -> str | None:
+def choose_config(qtype, n_out: int, k_in: int) -> Config:
+    """The launch parameters for a weight (a function of the weight only)."""
+    return DEFAULT
+
+
+def why_not(qtype, M: int, n_out: int, k_in: int, x_dtype, w_dtype, n_mats: int = 1) -> str | None:
     if qtype not in FORMATS and qtype not in FLOAT_TYPES:
         return f"block format {getattr(qtype, 'name', qtype)} has no Pallas kernel yet"
     if not 1 <= M <= M_MAX:
@@ -61,6 +78,7 @@ def why_not(qtype, M: int, n_out: int, k_in: int, x_dtype, w_dtype) -> str | Non
     if qtype in FORMATS:
         f = FORMATS[qtype]
         nbytes = n_out * (k_in // f.QB) * f.BPB
+    nbytes *= n_mats
     if nbytes >= 2**31:
         return f"weight of {nbytes} bytes (int32 offsets)"
     if jnp.dtype(x_dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
@@ -68,51 +86,88 @@ def why_not(qtype, M: int, n_out: int, k_in: int, x_dtype, w_dtype) -> str | Non
     return None
 
 
-def _kernel(raw_ref, x_ref, o_ref, *, qtype, M, n_out, k_in, row_bytes, W, S, n_chunks, cps):
+def _kernel(slot_ref, raw_ref, x_ref, o_ref, *, qtype, M, n_out, k_in, row_bytes, W, S, n_chunks, cps, BN,
+            elementwise, x_per_slot):
     i = pl.program_id(0)
     s = pl.program_id(1)
-    rows = jnp.minimum(i * BN + lax.broadcasted_iota(jnp.int32, (BN, 1, 1), 0), n_out - 1)
-    sub_local = lax.broadcasted_iota(jnp.int32, (1, S, 1), 1)
-    lane = lax.broadcasted_iota(jnp.int32, (1, 1, W), 2)
-    lo = s * cps
-    hi = jnp.minimum(lo + cps, n_chunks)
+    u = pl.program_id(2)
+    e = slot_ref[u]            # which stacked matrix this program reads (-1: an unused slot, skipped)
+    xu = u if x_per_slot else 0
 
-    def body(c, accs):
-        sub = c * S + sub_local
-        if qtype in FLOAT_TYPES:
-            w = raw_ref[rows * k_in + sub * W + lane].astype(jnp.float32)
-        else:
-            f = FORMATS[qtype]
-            base = rows * row_bytes + (sub * W // f.QB) * f.BPB
-            e0 = (sub * W) % f.QB
-            w = f.decode(lambda off: raw_ref[base + off].astype(jnp.uint32), e0, lane)
-        out = []
+    @pl.when(e >= 0)
+    def _():
+        rows = e * n_out + jnp.minimum(i * BN + lax.broadcasted_iota(jnp.int32, (BN, 1, 1), 0), n_out - 1)
+        sub_local = lax.broadcasted_iota(jnp.int32, (1, S, 1), 1)
+        lane = lax.broadcasted_iota(jnp.int32, (1, 1, W), 2)
+        lo = s * cps
+        hi = jnp.minimum(lo + cps, n_chunks)
+
+        def body(c, accs):
+            sub = c * S + sub_local
+            if qtype in FLOAT_TYPES:
+                w = raw_ref[rows * k_in + sub * W + lane].astype(jnp.float32)
+            else:
+                f = FORMATS[qtype]
+                base = rows * row_bytes + (sub * W // f.QB) * f.BPB
+                e0 = (sub * W) % f.QB
+                w = f.decode(lambda off: raw_ref[base + off].astype(jnp.uint32), e0, lane)
+            out = []
+            for m in range(M):
+                xm = x_ref[xu, m, pl.ds(c * S, S), :].astype(jnp.float32)
+                out.append(accs[m] + (w * xm[None] if elementwise else jnp.sum(w * xm[None], axis=2)))
+            return tuple(out)
+
+        acc_shape = (BN, S, W) if elementwise else (BN, S)
+        accs = lax.fori_loop(lo, hi, body, tuple(jnp.zeros(acc_shape, jnp.float32) for _ in range(M)))
         for m in range(M):
-            xm = x_ref[m, pl.ds(c * S, S), :].astype(jnp.float32)
-            out.append(accs[m] + jnp.sum(w * xm[None], axis=2))
-        return tuple(out)
-
-    accs = lax.fori_loop(lo, hi, body, tuple(jnp.zeros((BN, S), jnp.float32) for _ in range(M)))
-    for m in range(M):
-        o_ref[s, m, pl.ds(i * BN, BN)] = jnp.sum(accs[m], axis=1)
+            acc = jnp.sum(accs[m], axis=2) if elementwise else accs[m]
+            o_ref[u, s, m, pl.ds(i * BN, BN)] = jnp.sum(acc, axis=1)
 
 
-def qmatmul_kernel(x, w_raw, qtype, n_out: int, k_in: int, *, interpret: bool):
-    """x [M, K] (M <= 8) times the decoded weight [n_out, K] transposed -> float32 [M, n_out]. Not jitted."""
-    M = x.shape[0]
-    t = tiling(qtype, n_out, k_in)
+def grouped_qmatmul_kernel(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, interpret: bool,
+                           cfg: Config | None = None):
+    """For each slot u: x (or x[u]) [M, K] times the decoded matrix ``w_stacked[slot_expert[u]]`` [n_out, K]^T.
+
+    Args:
+      x: [M, K] (the same rows for every slot) or [U, M, K] (rows per slot); M <= 8; float32/bfloat16/float16.
+      w_stacked: [E, n_out, row_bytes] uint8 (or [E, n_out, K] float for F32/F16/BF16).
+      slot_expert: int32 [U]: the matrix each slot reads, or -1 for an unused slot (its output is not written).
+    Returns: float32 [U, M, n_out]. Each matrix a slot names is read once; rows never mix. Not jitted.
+    """
+    x_per_slot = x.ndim == 3
+    U = slot_expert.shape[0]
+    M_in = x.shape[-2]
+    if interpret and M_in < M_MAX:
+        # Interpret mode hands the kernel body to XLA, which fuses the M per-row reductions differently for
+        # different M; with the rows padded to M_MAX every M runs the very same program. (Compiled Triton code
+        # computes each row with the same instructions for any M, tested on the GPU.)
+        pad = [(0, 0)] * x.ndim
+        pad[-2] = (0, M_MAX - M_in)
+        x = jnp.pad(x, pad)
+    M = x.shape[-2]
+    cfg = cfg or choose_config(qtype, n_out, k_in)
+    BN = cfg.BN
+    t = tiling(qtype, n_out, k_in, cfg)
     W, S = t["W"], t["S"]
-    row_bytes = w_raw.shape[1] if qtype in FORMATS else k_in
+    row_bytes = w_stacked.shape[-1] if qtype in FORMATS else k_in
     n_pad = t["n_tiles"] * BN
     full = pl.no_block_spec
     call = dispatch.pallas_call(
         functools.partial(_kernel, qtype=qtype, M=M, n_out=n_out, k_in=k_in, row_bytes=row_bytes, W=W, S=S,
-                          n_chunks=t["n_chunks"], cps=t["cps"]),
-        out_shape=[jax.ShapeDtypeStruct((t["split"], M, n_pad), jnp.float32)],
-        grid=(t["n_tiles"], t["split"]), in_specs=[full, full], out_specs=[full], interpret=interpret,
-        num_warps=4, num_stages=2, name=f"qmatmul_{getattr(qtype, 'name', qtype)}")
-    (part,) = call(w_raw.reshape(-1), x.reshape(M, k_in // W, W))
-    out = part[0]
+                          n_chunks=t["n_chunks"], cps=t["cps"], BN=BN, elementwise=cfg.elementwise,
+                          x_per_slot=x_per_slot),
+        out_shape=[jax.ShapeDtypeStruct((U, t["split"], M, n_pad), jnp.float32)],
+        grid=(t["n_tiles"], t["split"], U), in_specs=[full, full, full], out_specs=[full], interpret=interpret,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, name=f"qmatmul_{getattr(qtype, 'name', qtype)}")
+    xr = x.reshape(x.shape[0] if x_per_slot else 1, M, k_in // W, W)
+    (part,) = call(slot_expert.astype(jnp.int32), w_stacked.reshape(-1), xr)
+    out = part[:, 0]
     for j in range(1, t["split"]):  # fixed order: row-independent
-        out = out + part[j]
-    return out[:, :n_out]
+        out = out + part[:, j]
+    return out[:, :M_in, :n_out]
+
+
+def qmatmul_kernel(x, w_raw, qtype, n_out: int, k_in: int, *, interpret: bool, cfg: Config | None = None):
+    """x [M, K] (M <= 8) times the decoded weight [n_out, K] transposed -> float32 [M, n_out]. Not jitted."""
+    return grouped_qmatmul_kernel(x, w_raw[None], jnp.zeros((1,), jnp.int32), qtype, n_out, k_in,
+                                  interpret=interpret, cfg=cfg)[0]
