@@ -306,6 +306,9 @@ class BatchScheduler:
             return
         self._apply_cancels()
         self._admit()
+        if not self.active and self._flights:
+            self._drain()
+            return
         if not self.active:
             if self.queue:
                 nxt = min(q.arrival for q, _ in self.queue)

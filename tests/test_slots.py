@@ -1,0 +1,95 @@
+"""Batch slots are exact: every request decodes the tokens it decodes alone (SERVING.md §4.6), in every batch mode
+(serial windows, pipelined groups, batch proposals, piped proposals), greedy and seeded (temperature 0.7, top_k 20, a
+seed per request), with staggered admissions, a cancellation and slot reuse (more requests than slots), on 2 and 4
+CPU host devices, for SmolLM2 and the tiny qwen3next hybrid (proposals: prompt lookup).
+
+The workload and the comparison live in experiments/batch_exactness.py. Engines are shared with tests/test_split.py
+(same keys), so compiled functions are reused.
+"""
+
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+from strata_jax.pipeline.groups import resolve_groups
+from strata_jax.proposers import ScriptedProposer
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "experiments"))
+import batch_exactness as bx  # noqa: E402
+
+HYBRID = str(Path(__file__).parent / "fixtures" / "hybrid" / "qwen3next_f32.gguf")
+CTX = 96
+BASE = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575]
+MODE_FLAGS = {"serial": dict(batch_groups=1, batch_groups_given=True), "pipelined": {},
+              "batch_mtp": dict(batch_mtp=True), "piped_mtp": dict(piped_mtp=2)}
+
+
+def _engine(engine_for, name, k):
+    if name == HYBRID and not Path(HYBRID).exists():
+        pytest.skip("hybrid fixture not present (experiments/parity/make_hybrid_fixtures.py makes it)")
+    if len(jax.devices()) < k:
+        pytest.skip(f"needs {k} devices (XLA_FLAGS=--xla_force_host_platform_device_count={k})")
+    split = {("smollm2-135m", 2): "15", ("smollm2-135m", 4): "8,15,23", (HYBRID, 2): "2", (HYBRID, 4): "1,2,3"}
+    return engine_for(name, max_context=CTX, n_slots=k if k > 2 else 2, layer_split=split[(name, k)],
+                      devices=jax.devices()[:k])
+
+
+def _prompts(eng, n):
+    V = eng.cfg.vocab_size
+    return [[t % V for t in BASE[:10 + 2 * i]] + [(7 * i + 3) % V] for i in range(n)]
+
+
+def _check_modes(eng, modes, sampled, n_new=5, proposer_factory=None):
+    reqs = bx.workload(_prompts(eng, eng.n_slots + 1), n_new, sampled)
+    solo = {i: bx.solo_tokens(eng, r) for i, r in enumerate(reqs)}
+    for mode in modes:
+        res = resolve_groups(eng.n_slots, len(eng.stages), **MODE_FLAGS[mode])
+        assert res.mode == mode, res.message
+        results, bad, sch = bx.check(eng, res, reqs, solo, proposer_factory)
+        assert not bad, (mode, bad)
+        reasons = [r.stop_reason for r in results]
+        assert reasons[1] == "cancelled" and reasons.count("max tokens") == len(reqs) - 1, (mode, reasons)
+        assert sch.stats["windows"] > 0, mode
+        if mode in ("pipelined", "piped_mtp"):
+            assert sch.stats["drains"] > 0, mode  # admissions drained the pipeline
+        # slot reuse: more requests than slots, every request got a slot
+        assert len({r.slot for r in results}) <= eng.n_slots and all(r.slot >= 0 for r in results)
+
+
+def _echo_factory(eng):
+    """A proposer that guesses the previous token again (often wrong): exercises rejected rows and partial keeps."""
+    return lambda: ScriptedProposer(lambda h, n: [h[-1]] * n, "echo")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
+def test_smollm2_two_stages_every_mode(engine_for, sampled):
+    eng = _engine(engine_for, "smollm2-135m", 2)
+    _check_modes(eng, ["serial", "pipelined", "batch_mtp", "piped_mtp"], sampled)
+
+
+@pytest.mark.slow
+def test_smollm2_two_stages_rejected_proposals(engine_for):
+    eng = _engine(engine_for, "smollm2-135m", 2)
+    _check_modes(eng, ["batch_mtp", "piped_mtp"], True, proposer_factory=_echo_factory(eng))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
+def test_hybrid_two_stages(engine_for, sampled):
+    eng = _engine(engine_for, HYBRID, 2)
+    _check_modes(eng, ["serial", "pipelined", "piped_mtp"], sampled)
+
+
+@pytest.mark.slow
+def test_smollm2_four_stages_pipelined(engine_for):
+    eng = _engine(engine_for, "smollm2-135m", 4)
+    _check_modes(eng, ["pipelined", "piped_mtp"], True)
+
+
+@pytest.mark.slow
+def test_hybrid_four_stages_pipelined(engine_for):
+    eng = _engine(engine_for, HYBRID, 4)
+    _check_modes(eng, ["pipelined"], False)
