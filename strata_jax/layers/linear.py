@@ -31,6 +31,12 @@ def load_raw(g, name: str, device=None):
     """
     info = g.info(name)
     blocks.check_supported(info.qtype, name)
+    if getattr(g, "virtual", False):  # random weights drawn on the device (strata_jax.models.random_weights)
+        raw = g.tensor_bytes(name, device)
+        if info.qtype in _FLOAT_DTYPES or info.qtype == Q.BF16:
+            dt = jnp.bfloat16 if info.qtype == Q.BF16 else _FLOAT_DTYPES[info.qtype]
+            raw = jax.lax.bitcast_convert_type(raw.reshape(*info.shape, jnp.dtype(dt).itemsize), dt)
+        return raw, info.qtype, info.shape
     raw = g.tensor_bytes(name)
     if info.qtype in _FLOAT_DTYPES:
         arr = raw.view(_FLOAT_DTYPES[info.qtype]).reshape(info.shape)
