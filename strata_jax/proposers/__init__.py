@@ -51,8 +51,9 @@ def make_proposer(kind: str, target, *, draft_model: str | None = None, spec: in
             raise StrataError(f"--draft mtp: {target.gguf.path} ({target.cfg.arch}) has no MTP layer "
                               f"(nextn_predict_layers = 0); use --draft lookup or --draft model")
         if MtpProposer is None:
-            raise StrataError("--draft mtp: MTP proposals are not implemented yet in strata_jax "
-                              "(strata_jax/layers/mtp.py is missing); use --draft lookup or --draft model")
+            raise StrataError(f"--draft mtp: {target.gguf.path} has {n_mtp} MTP layer(s), but MTP proposals are not "
+                              f"wired into the engine yet (no strata_jax.proposers.mtp); use --draft lookup or "
+                              f"--draft model")
         return MtpProposer(target)
     raise StrataError(f"--draft {kind!r}: expected one of {', '.join(DRAFT_KINDS)}")
 
