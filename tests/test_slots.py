@@ -38,7 +38,7 @@ def _engine(engine_for, name, k):
 
 def _prompts(eng, n):
     V = eng.cfg.vocab_size
-    return [[t % V for t in BASE[:10 + 2 * i]] + [(7 * i + 3) % V] for i in range(n)]
+    return [[t % V for t in BASE[:10 + 2 * i] + BASE[:6]] for i in range(n)]  # repeats: lookup proposes
 
 
 def _check_modes(eng, modes, sampled, n_new=5, proposer_factory=None):
