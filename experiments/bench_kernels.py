@@ -9,6 +9,7 @@ block_until_ready):
   * ceiling: a bf16 GEMV of a large matrix (8192 x 28672 = 470 MB; 1, 4 and 8 rows) through XLA (cuBLAS), and a
     plain reduction over the same bytes. ceiling_GBps = the best bytes-read / time among them. This is "the
     H200's bandwidth ceiling" as seen by XLA in this very run.
+  * sections (--only): qmatmul, gdn, moe, qsa (default: all four) and sweep_qmatmul (launch-config search).
   * each op, for the kernel path and the plain-jnp reference path: time, bytes the op must read at least (weights
     / state once per call, activations), achieved GB/s and that as a fraction of the ceiling.
 
@@ -158,17 +159,54 @@ def bench_gdn(b: Bench, small: bool, rng):
           (S0, q, k, v, g, beta))
 
 
+def bench_moe(b: Bench, small: bool, rng):
+    from strata_jax.pallas.grouped_experts import moe_experts
+    E, H, F, k = (8, 256, 64, 2) if small else (512, 2560, 640, 10)
+    qts = (Q.Q4_K, Q.Q4_K, Q.Q8_0)
+    gate = random_weight(rng, qts[0], F, H, lead=(E,))
+    up = random_weight(rng, qts[1], F, H, lead=(E,))
+    down = random_weight(rng, qts[2], H, F, lead=(E,))
+    per_expert = (gate[0].size + up[0].size + down[0].size)
+    for m in (1, 4, 8):
+        ids = np.stack([rng.choice(E, k, replace=False) for _ in range(m)]).astype(np.int32)
+        n_union = len(np.unique(ids))
+        x = jnp.asarray(rng.standard_normal((m, H)), jnp.float32)
+        w = jnp.asarray(rng.uniform(0.1, 1, (m, k)), jnp.float32)
+        fns = {path: jax.jit(lambda *a, impl=impl: moe_experts(*a, qts, impl=impl))
+               for path, impl in (("kernel", b.kernel_impl), ("jnp", "reference"))}
+        b.add("moe_experts", f"E={E} H={H} F={F} k={k} M={m} union={n_union}",
+              n_union * per_expert + x.size * 8, fns, (x, jnp.asarray(ids), w, gate, up, down))
+
+
+def bench_qsa(b: Bench, small: bool, rng):
+    from strata_jax.pallas.qsa import qsa_attention
+    N, Hq, Hkv, D, Hi, Di, top = (256, 4, 2, 32, 2, 16, 8) if small else (32768, 24, 2, 256, 4, 128, 512)
+    k = jnp.asarray(rng.standard_normal((N, Hkv, D)), jnp.bfloat16)
+    v = jnp.asarray(rng.standard_normal((N, Hkv, D)), jnp.bfloat16)
+    pooled = jnp.asarray(rng.standard_normal((N // 4, Di)), jnp.float32)
+    for T in (1, 4, 8):
+        q = jnp.asarray(rng.standard_normal((T, Hq, D)), jnp.float32)
+        iq = jnp.asarray(rng.standard_normal((T, Hi, Di)), jnp.float32)
+        n_kv = jnp.arange(N - T + 1, N + 1, dtype=jnp.int32)
+        n_complete = n_kv // 4
+        cells = min(N, top * 4 + 3)
+        nbytes = T * cells * Hkv * D * 2 * 2 + pooled.size * 4
+        fns = {path: jax.jit(lambda *a, impl=impl: qsa_attention(*a, top_blocks=top, impl=impl))
+               for path, impl in (("kernel", b.kernel_impl), ("jnp", "reference"))}
+        b.add("qsa_attention", f"N={N} Hq={Hq} Hkv={Hkv} D={D} top={top} T={T}", nbytes, fns,
+              (q, k, v, iq, pooled, n_kv, n_complete))
+
+
 def sweep_qmatmul(b: Bench, small: bool, rng):
     """Time the qmatmul kernel over launch configurations (to choose `kernel.choose_config`)."""
     import itertools
     from strata_jax.pallas.quant_matmul import kernel as K
-    shapes = [(256, 512)] if small else [(10240, 2560), (8192, 28672)]
-    types = [Q.Q8_0] if small else [Q.Q8_0, Q.Q4_K, Q.Q6_K]
+    cases = [(Q.Q8_0, 256, 512)] if small else [(Q.Q8_0, 8192, 28672), (Q.Q4_K, 640, 2560)]
     grid = [dict(BN=bn, chunk=ch, num_warps=nw, target_programs=tp, elementwise=ew)
-            for bn, ch, nw, tp, ew in itertools.product((8, 16, 32), (256, 512), (4, 8), (264, 1056), (False, True))]
+            for bn, ch, nw, tp, ew in itertools.product((16, 32), (256, 512), (4, 8), (264, 2112), (False, True))]
     if small:
         grid = grid[:2]
-    for qt, (n, k) in itertools.product(types, shapes):
+    for qt, n, k in cases:
         w = random_weight(rng, qt, n, k)
         wbytes = w.size * w.dtype.itemsize
         for m in (1, 8):
@@ -191,8 +229,9 @@ def sweep_qmatmul(b: Bench, small: bool, rng):
                 f"{t * 1e6:.0f}us {wbytes / t / 1e9 / b.ceiling_GBps:.2f} {g}" for t, g in res[:3]), flush=True)
 
 
-SECTIONS = {"qmatmul": bench_qmatmul, "gdn": bench_gdn, "sweep_qmatmul": sweep_qmatmul}
-DEFAULT_SECTIONS = "qmatmul,gdn"
+SECTIONS = {"qmatmul": bench_qmatmul, "gdn": bench_gdn, "moe": bench_moe, "qsa": bench_qsa,
+            "sweep_qmatmul": sweep_qmatmul}
+DEFAULT_SECTIONS = "qmatmul,gdn,moe,qsa"
 
 
 def main(argv=None):

@@ -6,6 +6,16 @@ One folder per op; each has ``reference.py`` (plain jnp: the numerical spec, and
 
 * `strata_jax.pallas.gdn`: the gated delta rule: ``gdn_window`` (verify window, T <= 8, reads the state),
   ``gdn_commit`` (advance the state by the accepted rows), ``gdn_chunked`` (prefill).
+* `strata_jax.pallas.quant_matmul`: ``qmatmul(x, w_raw, qtype, n_out, k_in)``, activations times a GGUF
+  block-quantized weight (the kernel decodes blocks in registers and reads each weight byte once for 1..8 rows).
+* `strata_jax.pallas.grouped_experts`: ``moe_experts(x, topk_ids, topk_w, gate, up, down, qtypes)``, the routed
+  SwiGLU experts; the kernel reads each expert of the window's union once.
+* `strata_jax.pallas.qsa`: ``qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete)``, QSA indexer
+  block selection and GQA softmax attention over the selected cells (verify rows and prefill).
+
+`experiments/bench_kernels.py` times each kernel against its plain-jnp path and a bandwidth ceiling measured in
+the same run. The kernels use Pallas' Triton lowering (``jax.experimental.pallas.triton.CompilerParams``), which
+JAX 0.11 marks deprecated in favour of Mosaic GPU.
 
 Exactness contract shared by all ops: for T <= 8 rows, row t of a T-row call is bit-identical to the same row
 computed alone (T = 1) and does not depend on the other rows' contents (for each impl separately).

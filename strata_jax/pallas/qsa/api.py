@@ -1,0 +1,81 @@
+"""Public API: QSA sparse attention (the 12 full-attention layers of qwen4exp) for verify rows and prefill.
+
+Source: spec MODEL.md §1.4; Strata ``include/strata/kernels/qsa.hpp`` (``qsa_attend``, top-k with ties to the
+lower index); mlx-vlm ``qwen4_exp/language.py`` (``Qwen4ExpQSAIndexer``, ``Qwen4ExpAttention``).
+
+``qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks=512, block=4, scale=None,
+impl="auto") -> float32 [T, Hq, D]``
+
+* ``q`` [T, Hq, D]: the query rows (normed and RoPE'd; D = 256 in qwen4exp, Hq = 24).
+* ``k_cache``, ``v_cache`` [N, Hkv, D] float32/bfloat16/float16: the cache cells 0..N-1 (Hkv = 2). GQA: query head h
+  uses kv head ``h // (Hq // Hkv)`` (integer division).
+* ``iq`` [T, Hi, Di]: the indexer queries (normed, RoPE'd; Hi = 4, Di = 128). ``pooled`` [NB, Di]: the pooled
+  key of every complete block of ``block`` cells (block b = cells b*block .. b*block+block-1), in block order.
+* ``n_kv`` [T] int32: cells row t may see (its causal prefix, 1 <= n_kv[t] <= N). ``n_complete`` [T] int32:
+  complete blocks row t may see (0 <= n_complete[t] <= NB; the caller decides whether a block completed by the
+  row's own token counts); the cells ``n_complete*block <= c < n_kv`` are the row's unfinished tail, which must
+  hold at most ``block - 1`` cells, and is always attended.
+* Selection: block score ``sum_h ReLU(iq[t, h] . pooled[b])`` (ReLU per head, no softmax, no 1/sqrt scaling: it
+  would not change the ranking); the ``top_blocks`` best complete blocks are chosen, ties to the lower index; with
+  n_complete[t] <= top_blocks every complete block is chosen (so every visible cell is attended).
+* Attention: softmax of ``scale * q_h . k_c`` over the selected cells (scale defaults to D**-0.5), times v_c.
+* Result: float32 [T, Hq, D]; the caller applies the output gate and W_o.
+
+Paths: selection is plain jnp in both (`reference.select`); the attention is a dense gather + softmax per row
+(reference) or a Pallas flash-decoding kernel over the selected cells (kernel). Each is row-independent (row t of a
+T-row call == the row alone, bit for bit); they agree to ~1e-5 relative.
+
+Errors: `strata_jax.errors.UnsupportedError` for inconsistent shapes, an unknown impl, or impl="kernel"/"interpret"
+where the kernel cannot serve (D not a power of two >= 16, Hq not a multiple of Hkv).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from strata_jax.errors import UnsupportedError
+from strata_jax.pallas import dispatch
+from strata_jax.pallas.qsa import kernel as _k
+from strata_jax.pallas.qsa import reference as _ref
+
+
+def _check(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, top_blocks, block):
+    op = "qsa.qsa_attention"
+    if q.ndim != 3 or k_cache.ndim != 3 or v_cache.shape != k_cache.shape:
+        raise UnsupportedError(f"{op}: q {q.shape} must be [T, Hq, D], k/v caches {k_cache.shape} / "
+                               f"{v_cache.shape} [N, Hkv, D]")
+    T, Hq, D = q.shape
+    if k_cache.shape[2] != D or Hq % k_cache.shape[1]:
+        raise UnsupportedError(f"{op}: q {q.shape} does not fit the cache {k_cache.shape} (GQA needs Hq % Hkv == 0)")
+    if iq.ndim != 3 or iq.shape[0] != T or pooled.ndim != 2 or pooled.shape[1] != iq.shape[2]:
+        raise UnsupportedError(f"{op}: iq {iq.shape} must be [{T}, Hi, Di] and pooled {pooled.shape} [NB, Di]")
+    if n_kv.shape != (T,) or n_complete.shape != (T,):
+        raise UnsupportedError(f"{op}: n_kv {n_kv.shape} and n_complete {n_complete.shape} must be [{T}]")
+    if top_blocks < 1 or block < 1:
+        raise UnsupportedError(f"{op}: top_blocks={top_blocks} and block={block} must be >= 1")
+
+
+@functools.partial(jax.jit, static_argnames=("top_blocks", "block", "scale", "path", "poison"))
+def _qsa(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks, block, scale, path, poison):
+    if path == "reference":
+        return _ref.qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, top_blocks=top_blocks,
+                                  block=block, scale=scale)
+    cells = _ref.select(iq, pooled, n_kv, n_complete, top_blocks=top_blocks, block=block)
+    with dispatch.poison_outputs(poison):
+        return _k.attend_kernel(q, k_cache, v_cache, cells, scale, interpret=path == "interpret")
+
+
+def qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks: int = 512, block: int = 4,
+                  scale: float | None = None, impl: str = "auto"):
+    """float32 [T, Hq, D]: QSA attention of T query rows. See the module docstring for the contract."""
+    _check(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, top_blocks, block)
+    D = q.shape[2]
+    scale = float(D ** -0.5 if scale is None else scale)
+    path = dispatch.resolve(
+        "qsa.qsa_attention", impl,
+        lambda: _k.why_not(q.shape[1], k_cache.shape[1], D, k_cache.shape[0], [q.dtype, k_cache.dtype, v_cache.dtype]))
+    return _qsa(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, top_blocks=top_blocks, block=block, scale=scale,
+                path=path, poison=dispatch.poisoning())

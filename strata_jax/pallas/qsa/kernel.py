@@ -1,0 +1,107 @@
+"""Pallas kernel for the attention part of QSA: each (row, kv head, split) program streams its share of the
+row's selected cells (gathered K/V rows of the cache) with an online softmax, for all query heads of the group.
+
+Grid: (T rows, Hkv kv heads, NSPLIT splits of the cell list). A program keeps the running max m, sum l and
+accumulator acc [Gp, D] of its Gp (= the group's query heads, padded to a power of two >= 16) heads; the wrapper
+merges the splits in a fixed order: ``M = max_s m_s, o = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s``.
+Scores and P.V use float32 dots at HIGHEST precision (IEEE FMA on GPU, no TF32). Rows never mix, and the split
+layout depends on the cell-list length only, so row t of a T-row call equals the row alone.
+
+The cell list (indexer scores, top-k block selection, tail) comes from `reference.select` (jnp).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from strata_jax.pallas import dispatch
+from strata_jax.pallas.qsa.reference import NEG
+
+NC = 64        # cells per loop step
+MAX_SPLIT = 16 # programs per (row, kv head)
+HP = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
+
+
+def why_not(Hq: int, Hkv: int, D: int, n_cells: int, dtypes) -> str | None:
+    if Hkv <= 0 or Hq % Hkv:
+        return f"Hq={Hq} is not a multiple of Hkv={Hkv}"
+    if not dispatch.is_pow2(D) or D < 16:
+        return f"head dim {D} is not a power of two >= 16"
+    if n_cells * Hkv * D >= 2**31:
+        return "KV cache too large for int32 offsets"
+    for dt in dtypes:
+        if jnp.dtype(dt) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+            return f"dtype {jnp.dtype(dt).name}"
+    return None
+
+
+def _kernel(cells_ref, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, Hkv, D, Gp, C, cps, n_chunks, scale):
+    t = pl.program_id(0)
+    g = pl.program_id(1)
+    sp = pl.program_id(2)
+    qv = q_ref[t, g, :, :].astype(jnp.float32)                                  # [Gp, D]
+    lane = lax.broadcasted_iota(jnp.int32, (NC,), 0)
+    dcol = lax.broadcasted_iota(jnp.int32, (1, D), 1)
+    lo = sp * cps
+    hi = jnp.minimum(lo + cps, n_chunks)
+
+    def body(c, carry):
+        m, l, acc = carry
+        cell = cells_ref[t * C + c * NC + lane]                                  # [NC]
+        ok = cell >= 0
+        off = (jnp.maximum(cell, 0)[:, None] * Hkv + g) * D + dcol               # [NC, D]
+        kk = k_ref[off].astype(jnp.float32)
+        s = lax.dot_general(qv, kk, (((1,), (1,)), ((), ())), precision=HP) * scale  # [Gp, NC]
+        s = jnp.where(ok[None, :], s, NEG)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        alpha = jnp.exp(m - m_new)
+        p = jnp.where(ok[None, :], jnp.exp(s - m_new[:, None]), 0.0)
+        vv = v_ref[off].astype(jnp.float32)
+        acc = acc * alpha[:, None] + lax.dot_general(p, vv, (((1,), (0,)), ((), ())), precision=HP)
+        return m_new, l * alpha + jnp.sum(p, axis=1), acc
+
+    init = (jnp.full((Gp,), NEG, jnp.float32), jnp.zeros((Gp,), jnp.float32), jnp.zeros((Gp, D), jnp.float32))
+    m, l, acc = lax.fori_loop(lo, hi, body, init)
+    m_ref[t, g, sp, :] = m
+    l_ref[t, g, sp, :] = l
+    acc_ref[t, g, sp, :, :] = acc
+
+
+def attend_kernel(q, k_cache, v_cache, cells, scale, *, interpret: bool):
+    """Same contract as `reference.attend`. Not jitted."""
+    T, Hq, D = q.shape
+    N, Hkv, _ = k_cache.shape
+    G = Hq // Hkv
+    Gp = max(16, pl.next_power_of_2(G))
+    n_chunks = -(-cells.shape[1] // NC)
+    nsplit = min(MAX_SPLIT, n_chunks)
+    cps = -(-n_chunks // nsplit)
+    nsplit = -(-n_chunks // cps)
+    C = n_chunks * NC
+    cells = jnp.pad(cells.astype(jnp.int32), [(0, 0), (0, C - cells.shape[1])], constant_values=-1)
+    qg = jnp.pad(q.reshape(T, Hkv, G, D), [(0, 0), (0, 0), (0, Gp - G), (0, 0)])
+    full = pl.no_block_spec
+    call = dispatch.pallas_call(
+        functools.partial(_kernel, Hkv=Hkv, D=D, Gp=Gp, C=C, cps=cps, n_chunks=n_chunks, scale=float(scale)),
+        out_shape=[jax.ShapeDtypeStruct((T, Hkv, nsplit, Gp), jnp.float32),
+                   jax.ShapeDtypeStruct((T, Hkv, nsplit, Gp), jnp.float32),
+                   jax.ShapeDtypeStruct((T, Hkv, nsplit, Gp, D), jnp.float32)],
+        grid=(T, Hkv, nsplit), in_specs=[full] * 4, out_specs=[full] * 3, interpret=interpret,
+        num_warps=4, num_stages=2, name="qsa_attend")
+    m, l, acc = call(cells.reshape(-1), qg, k_cache.reshape(-1), v_cache.reshape(-1))
+    M = m[:, :, 0]
+    for s in range(1, nsplit):
+        M = jnp.maximum(M, m[:, :, s])
+    L = jnp.zeros_like(M)
+    A = jnp.zeros(acc.shape[:2] + acc.shape[3:], jnp.float32)
+    for s in range(nsplit):  # fixed order
+        w = jnp.exp(m[:, :, s] - M)
+        L = L + l[:, :, s] * w
+        A = A + acc[:, :, s] * w[..., None]
+    o = A / L[..., None]                                                         # [T, Hkv, Gp, D]
+    return o[:, :, :G].reshape(T, Hq, D)
