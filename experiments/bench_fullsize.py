@@ -1,0 +1,99 @@
+"""Full-size geometry, random 4-bit-class weights made on the devices, split over the GPUs: build time, device memory
+per GPU, prefill and decode ms per token (not a test).
+
+  python experiments/bench_fullsize.py --geometry qwen3.8-flash-next --layer_split 24 --out full.json
+  python experiments/bench_fullsize.py --geometry qwen3.6-35b-a3b --n_layer 4 --devices 1     # small smoke run
+
+Geometries: configs/geometries/*.json (strata_jax.models.random_weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def mem_per_device(devs) -> list[dict]:
+    out = []
+    for d in devs:
+        try:
+            s = d.memory_stats() or {}
+        except Exception:  # CPU devices have no stats
+            s = {}
+        out.append({"device": str(d), "bytes_in_use": s.get("bytes_in_use"), "peak_bytes_in_use": s.get("peak_bytes_in_use")})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--geometry", default="qwen3.8-flash-next")
+    ap.add_argument("--n_layer", type=int, default=None)
+    ap.add_argument("--layer_split", default=None)
+    ap.add_argument("--devices", type=int, default=None, help="use the first N devices")
+    ap.add_argument("--max_context", type=int, default=1024)
+    ap.add_argument("--prompt_tokens", type=int, default=64)
+    ap.add_argument("--decode_tokens", type=int, default=16)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    from strata_jax.models.random_weights import VirtualGGUF, load_geometry
+    from strata_jax.pipeline.engine import Engine
+    from strata_jax.sampling import RowSampling, SamplingParams
+    from strata_jax.state import Rows, tree_bytes
+
+    devs = jax.devices()[: args.devices] if args.devices else jax.devices()
+    geom = load_geometry(args.geometry)
+    t0 = time.perf_counter()
+    v = VirtualGGUF(geom, n_layer=args.n_layer)
+    eng = Engine(v, max_context=args.max_context, layer_split=args.layer_split, devices=devs)
+    jax.block_until_ready([s.params for s in eng.stages])
+    t_build = time.perf_counter() - t0
+    mem_after_load = mem_per_device(devs)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(100, 20000, args.prompt_tokens).tolist()
+    sp = SamplingParams(0.0)
+    t0 = time.perf_counter()
+    first, _ = eng.prefill(0, prompt, sp)
+    t_prefill_first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    first, _ = eng.prefill(0, prompt, sp)
+    t_prefill = time.perf_counter() - t0
+    samp = RowSampling.make([sp])
+    pos = len(prompt)
+    tok = jnp.asarray([[first]], jnp.int32)
+    t0 = time.perf_counter()
+    eng.window(np.asarray(tok), Rows.make([0], [pos], [1]), samp, kind="step")
+    t_compile_step = time.perf_counter() - t0
+    out = None
+    t0 = time.perf_counter()
+    for i in range(args.decode_tokens):
+        out, _ = eng.run("step", tok, Rows.make([0], [pos + i], [1]), samp)
+        tok = out["picks"][:, :1]
+    jax.block_until_ready(out)
+    t_decode = (time.perf_counter() - t0) / args.decode_tokens
+    wbytes = sum(tree_bytes(s.params) for s in eng.stages)
+    r = {
+        "geometry": args.geometry, "n_layer": eng.cfg.n_layer, "layer_split": args.layer_split,
+        "devices": [str(d) for d in devs], "jax": jax.__version__, "build_seconds": t_build,
+        "weight_bytes_on_devices": wbytes, "state_bytes_per_slot_per_stage": eng.state_bytes_per_slot(),
+        "memory_after_load": mem_after_load, "memory_after_decode": mem_per_device(devs),
+        "prefill_first_call_s": t_prefill_first, "prefill_tok_s": args.prompt_tokens / t_prefill,
+        "step_first_call_s": t_compile_step, "decode_ms_per_token": t_decode * 1e3,
+    }
+    print(f"{args.geometry} n_layer={eng.cfg.n_layer} split={args.layer_split} build {t_build:.1f} s, "
+          f"weights {wbytes / 1e9:.1f} GB, prefill {r['prefill_tok_s']:.1f} tok/s, decode {t_decode * 1e3:.2f} ms/token")
+    for m in r["memory_after_decode"]:
+        if m["bytes_in_use"] is not None:
+            print(f"  {m['device']}: {m['bytes_in_use'] / 2**30:.1f} GiB in use, peak {m['peak_bytes_in_use'] / 2**30:.1f} GiB")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(r, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
