@@ -85,6 +85,15 @@ class Engine:
         self.states = [jax.device_put(s.module.init_state(self.n_slots, self.max_context, kv_dtype), s.device)
                        for s in self.stages]
         self.cache = CompileCache(compile_cache_size)
+        # qwen4exp's PLE: the table stays in the host's memory map; each window's rows are gathered here from the
+        # slot's committed predecessor ids, which advance only by committed tokens (SERVING.md §3.2).
+        self.ple_table = None
+        ple_stage = next((s for s in self.stages if getattr(s.module, "has_ple", False)), None)
+        if ple_stage is not None:
+            self.ple_table = type(ple_stage.module).ple_table(self.gguf, self.cfg)
+            self.ple_stage = ple_stage.index
+            self.ple_prev = [self.ple_table.start_prev() for _ in range(self.n_slots)]
+            self._ple_window = {}
         self._commit_fns = {}
         self.load_seconds = time.perf_counter() - t0
         self._tokenizer = None
@@ -125,13 +134,47 @@ class Engine:
             rows_d = jax.device_put(rows, stage.device)
             out, self.states[stage.index], pending = fn(stage.params, self.states[stage.index], x_d, rows_d,
                                                         jax.device_put(tok, stage.device),
-                                                        jax.device_put(sampling, stage.device))
+                                                        jax.device_put(sampling, stage.device),
+                                                        self._extra(stage, kind, tokens, rows))
             pendings.append(pending)
             x = out["hidden"]
         return out, pendings
 
+    def _extra(self, stage: Stage, kind: str, tokens, rows: Rows):
+        """Per-row inputs of a stage besides x: the PLE table rows on the stage that holds the PLE layer. Steps and
+        prefill chunks commit every valid row at once, so the slot's predecessors advance here; a verify window's
+        predecessors advance in `commit` (or `ple_commit`) by the kept rows only."""
+        if self.ple_table is None or stage.index != self.ple_stage:
+            return None
+        toks = np.asarray(tokens, np.int64)
+        slots = np.asarray(rows.slot).tolist()
+        n_valid = np.asarray(rows.n_valid).tolist()
+        prev = np.stack([self.ple_prev[s] for s in slots])
+        rows_bytes = self.ple_table.gather(prev, toks)
+        if kind in ("step", "prefill"):
+            for b, s in enumerate(slots):
+                self.ple_prev[s] = self.ple_table.advance(self.ple_prev[s], toks[b], n_valid[b])
+        else:
+            self._ple_window[tuple(slots)] = toks
+        return {"ple": jax.device_put(rows_bytes, stage.device)}
+
+    def ple_commit(self, rows: Rows, keep) -> None:
+        """Advance the PLE predecessors of a verify window's slots by their kept rows (host keep counts [B]).
+        (On the stage holding the PLE layer this is the one host read of a verdict; other families have none.)"""
+        if self.ple_table is None:
+            return
+        slots = tuple(np.asarray(rows.slot).tolist())
+        toks = self._ple_window.pop(slots, None)
+        if toks is None:
+            return
+        keep = np.asarray(keep).tolist()
+        for b, s in enumerate(slots):
+            self.ple_prev[s] = self.ple_table.advance(self.ple_prev[s], toks[b], int(keep[b]))
+
     def commit(self, rows: Rows, pendings: list, keep) -> None:
         """Advance each segment's slot by ``keep[b]`` kept rows on every stage (a device array or numpy [B])."""
+        if self.ple_table is not None:
+            self.ple_commit(rows, jax.device_get(keep))
         keep = jnp.asarray(keep, jnp.int32)
         for stage, pending in zip(self.stages, pendings):
             if pending is None:
@@ -159,6 +202,10 @@ class Engine:
             raise StrataError(f"prompt of {n} tokens does not fit in --max_context {self.max_context} "
                               f"(it needs at least {start + n + 1})")
         samp = RowSampling.make([sampling])
+        if start == 0:
+            self.reset_slot(slot)  # a new sequence: recurrent state from zero (K/V cells are overwritten)
+            if self.ple_table is not None:
+                self.ple_prev[slot] = self.ple_table.start_prev()
         logits_out = []
         pick = None
         C = PREFILL_CHUNK
@@ -204,7 +251,7 @@ class Engine:
         dev = stage.device
         out, self.states[index], pending = fn(stage.params, self.states[index], jax.device_put(x, dev),
                                               jax.device_put(rows, dev), jax.device_put(tokens, dev),
-                                              jax.device_put(sampling, dev))
+                                              jax.device_put(sampling, dev), self._extra(stage, kind, tokens, rows))
         return out, pending
 
     def commit_stage(self, index: int, rows: Rows, pending, keep) -> None:
@@ -212,6 +259,8 @@ class Engine:
         another stage's device (it is copied device to device, no host round trip). No-op when ``pending`` is None."""
         if pending is None:
             return
+        if self.ple_table is not None and index == self.ple_stage:
+            self.ple_commit(rows, jax.device_get(keep))
         stage = self.stages[index]
         fn = self._commit_fns.get(stage.index)
         if fn is None:

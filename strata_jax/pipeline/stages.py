@@ -99,7 +99,8 @@ def build_stage_fn(stage: Stage, kind: str, max_context: int, logits: str = "all
       ``step``: a window whose every valid row is kept (plain decode), commit fused in.
       ``prefill``: a prompt chunk, committed.
 
-    The function's signature is ``fn(params, state, x, rows, tokens, sampling) -> (out, state, pending)``: ``x`` is
+    The function's signature is ``fn(params, state, x, rows, tokens, sampling, extra=None) -> (out, state,
+    pending)`` (``extra``: per-row inputs a stage needs besides x, e.g. qwen4exp's PLE table rows): ``x`` is
     the token ids [B, T] on the first stage or the hidden rows [B, T, D] later; on the last stage ``out`` holds
     ``picks`` [B, T] (sampled on the device), ``n_keep`` [B] (acceptance against ``tokens``) and, when asked,
     ``logits``; otherwise ``out["hidden"]`` is what the next stage takes. ``state`` is donated.
@@ -107,9 +108,9 @@ def build_stage_fn(stage: Stage, kind: str, max_context: int, logits: str = "all
     graphdef = stage.graphdef
     mode = "prefill" if kind == "prefill" else "window"
 
-    def fn(params, state, x, rows: Rows, tokens, sampling: RowSampling):
+    def fn(params, state, x, rows: Rows, tokens, sampling: RowSampling, extra=None):
         m = nnx.merge(graphdef, params)
-        out, state, pending = m(state, x, rows, mode, max_context, logits)
+        out, state, pending = m(state, x, rows, mode, max_context, logits, **(extra or {}))
         if kind in ("step", "prefill"):
             state = m.commit(state, pending, rows, rows.n_valid) if pending is not None else state
             pending = None
