@@ -201,15 +201,16 @@ def sweep_qmatmul(b: Bench, small: bool, rng):
     """Time the qmatmul kernel over launch configurations (to choose `kernel.choose_config`)."""
     import itertools
     from strata_jax.pallas.quant_matmul import kernel as K
-    cases = [(Q.Q8_0, 256, 512)] if small else [(Q.Q8_0, 8192, 28672), (Q.Q4_K, 640, 2560)]
-    grid = [dict(BN=bn, chunk=ch, num_warps=nw, target_programs=tp, elementwise=ew)
-            for bn, ch, nw, tp, ew in itertools.product((16, 32), (256, 512), (4, 8), (264, 2112), (False, True))]
+    cases = [(Q.Q8_0, 256, 512)] if small else [(Q.Q8_0, 8192, 28672), (Q.Q4_K, 8192, 28672)]
+    grid = [dict(BN=bn, chunk=ch, num_warps=nw, target_programs=2112, mode=md)
+            for bn, ch, nw, md in itertools.product((8, 16), (128, 256), (2, 4), ("reduce", "elementwise"))]
+    grid += [dict(BN=64, chunk=256, num_warps=4, target_programs=2112, mode="dot")]
     if small:
-        grid = grid[:2]
+        grid = grid[:2] + grid[-2:]
     for qt, n, k in cases:
         w = random_weight(rng, qt, n, k)
         wbytes = w.size * w.dtype.itemsize
-        for m in (1, 8):
+        for m in (1, 4, 8):
             x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
             res = []
             for g in grid:

@@ -53,10 +53,11 @@ def _check(S0, q, k, v, g, beta, *, t_max=None, op):
     return B, T, H, Dk, Dv
 
 
-def _opaque_n(B, T):
-    """n = T for every segment, as data XLA cannot fold (interpret mode inlines the kernel into XLA, which would
-    otherwise specialise the loop for the constant trip count, and round differently for different T)."""
-    return lax.optimization_barrier(jnp.full((B,), T, jnp.int32))
+def _n_steps(B, T, interpret):
+    """n = T for every segment; in interpret mode as data XLA cannot fold (the kernel is inlined into XLA, which
+    would otherwise specialise the loop for the constant trip count, and round differently for different T)."""
+    n = jnp.full((B,), T, jnp.int32)
+    return lax.optimization_barrier(n) if interpret else n
 
 
 def _why_not(k, v, *arrays):
@@ -68,11 +69,15 @@ def _window(S0, q, k, v, g, beta, *, path, poison):
     if path == "reference":
         return _ref.gdn_window(S0, q, k, v, g, beta)
     B, T = q.shape[:2]
-    # Padded to T_MAX rows so every T runs the very same compiled kernel (the trip count is data).
-    q, k, v, g, beta = (_ref._pad_t(a) for a in (q, k, v, g, beta))
+    interpret = path == "interpret"
+    if interpret:
+        # Interpret mode inlines the kernel into XLA: pad to T_MAX rows and hide the trip count, so every T runs
+        # the very same program. (The compiled kernel reads the trip count from memory and its arithmetic does
+        # not depend on T; tested on the GPU.)
+        q, k, v, g, beta = (_ref._pad_t(a) for a in (q, k, v, g, beta))
     with dispatch.poison_outputs(poison):
-        (o,) = _k.gdn_scan(_opaque_n(B, T), S0, q, k, v, g, beta, want_o=True, want_S=False,
-                           interpret=path == "interpret")
+        (o,) = _k.gdn_scan(_n_steps(B, T, interpret), S0, q, k, v, g, beta, want_o=True, want_S=False,
+                           interpret=interpret)
     return o[:, :T]
 
 
@@ -95,9 +100,12 @@ def _commit(S0, k, v, g, beta, n_keep, *, path, poison):
     n_keep = jnp.clip(n_keep.astype(jnp.int32), 0, T)
     if path == "reference":
         return _ref.gdn_commit(S0, k, v, g, beta, n_keep)
-    k, v, g, beta = (_ref._pad_t(a) for a in (k, v, g, beta))
+    interpret = path == "interpret"
+    if interpret:  # see _window
+        k, v, g, beta = (_ref._pad_t(a) for a in (k, v, g, beta))
+        n_keep = lax.optimization_barrier(n_keep)
     with dispatch.poison_outputs(poison):
-        (S,) = _k.gdn_scan(lax.optimization_barrier(n_keep), S0, k, k, v, g, beta, want_o=False, want_S=True, interpret=path == "interpret")
+        (S,) = _k.gdn_scan(n_keep, S0, k, k, v, g, beta, want_o=False, want_S=True, interpret=interpret)
     return S
 
 
@@ -123,7 +131,7 @@ def _chunked(S0, q, k, v, g, beta, *, path, poison):
         return _ref.gdn_chunked(S0, q, k, v, g, beta)
     B, T = q.shape[:2]
     with dispatch.poison_outputs(poison):
-        o, S = _k.gdn_scan(_opaque_n(B, T), S0, q, k, v, g, beta, want_o=True, want_S=True,
+        o, S = _k.gdn_scan(_n_steps(B, T, path == "interpret"), S0, q, k, v, g, beta, want_o=True, want_S=True,
                            interpret=path == "interpret")
     return o, S
 

@@ -4,7 +4,8 @@ row's selected cells (gathered K/V rows of the cache) with an online softmax, fo
 Grid: (T rows, Hkv kv heads, NSPLIT splits of the cell list). A program keeps the running max m, sum l and
 accumulator acc [Gp, D] of its Gp (= the group's query heads, padded to a power of two >= 16) heads; the wrapper
 merges the splits in a fixed order: ``M = max_s m_s, o = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s``.
-Scores and P.V use float32 dots at HIGHEST precision (IEEE FMA on GPU, no TF32). Rows never mix, and the split
+Scores and P.V are float32 dots: TF32x3 on tensor cores when compiled (about fp32 accuracy), plain fp32 in
+interpret mode. Rows never mix, and the split
 layout depends on the cell-list length only, so row t of a T-row call equals the row alone.
 
 The cell list (indexer scores, top-k block selection, tail) comes from `reference.select` (jnp).
@@ -22,9 +23,13 @@ from jax.experimental import pallas as pl
 from strata_jax.pallas import dispatch
 from strata_jax.pallas.qsa.reference import NEG
 
-NC = 64        # cells per loop step
-MAX_SPLIT = 16 # programs per (row, kv head)
-HP = (lax.Precision.HIGHEST, lax.Precision.HIGHEST)
+NC = 16        # cells per loop step (K and V tiles of [NC, D] float32 stay in registers)
+MAX_SPLIT = 32 # programs per (row, kv head)
+
+
+def _precision(interpret: bool):
+    """TF32x3 on tensor cores when compiled (~fp32 accuracy); plain fp32 (HIGHEST) in interpret mode."""
+    return (lax.Precision.HIGHEST, lax.Precision.HIGHEST) if interpret else lax.DotAlgorithmPreset.TF32_TF32_F32_X3
 
 
 def why_not(Hq: int, Hkv: int, D: int, n_cells: int, dtypes) -> str | None:
@@ -40,7 +45,9 @@ def why_not(Hq: int, Hkv: int, D: int, n_cells: int, dtypes) -> str | None:
     return None
 
 
-def _kernel(cells_ref, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, Hkv, D, Gp, C, cps, n_chunks, scale):
+def _kernel(cells_ref, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, Hkv, D, Gp, C, cps, n_chunks, scale,
+            interpret):
+    HP = _precision(interpret)
     t = pl.program_id(0)
     g = pl.program_id(1)
     sp = pl.program_id(2)
@@ -56,13 +63,15 @@ def _kernel(cells_ref, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, Hkv, D, Gp
         ok = cell >= 0
         off = (jnp.maximum(cell, 0)[:, None] * Hkv + g) * D + dcol               # [NC, D]
         kk = k_ref[off].astype(jnp.float32)
-        s = lax.dot_general(qv, kk, (((1,), (1,)), ((), ())), precision=HP) * scale  # [Gp, NC]
+        s = lax.dot_general(qv, kk, (((1,), (1,)), ((), ())), precision=HP,
+                            preferred_element_type=jnp.float32) * scale                 # [Gp, NC]
         s = jnp.where(ok[None, :], s, NEG)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         alpha = jnp.exp(m - m_new)
         p = jnp.where(ok[None, :], jnp.exp(s - m_new[:, None]), 0.0)
         vv = v_ref[off].astype(jnp.float32)
-        acc = acc * alpha[:, None] + lax.dot_general(p, vv, (((1,), (0,)), ((), ())), precision=HP)
+        acc = acc * alpha[:, None] + lax.dot_general(p, vv, (((1,), (0,)), ((), ())), precision=HP,
+                                                     preferred_element_type=jnp.float32)
         return m_new, l * alpha + jnp.sum(p, axis=1), acc
 
     init = (jnp.full((Gp,), NEG, jnp.float32), jnp.zeros((Gp,), jnp.float32), jnp.zeros((Gp, D), jnp.float32))
@@ -87,7 +96,8 @@ def attend_kernel(q, k_cache, v_cache, cells, scale, *, interpret: bool):
     qg = jnp.pad(q.reshape(T, Hkv, G, D), [(0, 0), (0, 0), (0, Gp - G), (0, 0)])
     full = pl.no_block_spec
     call = dispatch.pallas_call(
-        functools.partial(_kernel, Hkv=Hkv, D=D, Gp=Gp, C=C, cps=cps, n_chunks=n_chunks, scale=float(scale)),
+        functools.partial(_kernel, Hkv=Hkv, D=D, Gp=Gp, C=C, cps=cps, n_chunks=n_chunks, scale=float(scale),
+                          interpret=interpret),
         out_shape=[jax.ShapeDtypeStruct((T, Hkv, nsplit, Gp), jnp.float32),
                    jax.ShapeDtypeStruct((T, Hkv, nsplit, Gp), jnp.float32),
                    jax.ShapeDtypeStruct((T, Hkv, nsplit, Gp, D), jnp.float32)],

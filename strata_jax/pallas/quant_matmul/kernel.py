@@ -3,10 +3,11 @@
 Grid: (output-row tiles of BN rows, K splits). A program owns BN weight rows and one contiguous range of K; it
 walks that range in chunks of S sub-blocks x W values: it gathers the chunk's bytes (each weight byte is read from
 memory once per call, whatever M is), decodes them to float32 with `formats.FORMATS[qtype].decode`, and for each of
-the M activation rows accumulates ``sum_W(w * x)`` into a float32 [BN, S] accumulator. At the end each row's
-accumulator is reduced over S and written to ``partial[split, m, rows]``; the wrapper sums the splits in a fixed
-order. Every activation row runs the same instructions on the same weight tile, and rows never mix, so row m of
-an M-row call equals the row computed alone (M = 1), bit for bit.
+the M activation rows accumulates ``sum_W(w * x)`` into a float32 [BN, S] accumulator (`Config.mode` selects
+this or two other accumulation schemes). At the end each row's accumulator is reduced over S and written to
+``partial[split, rows, m]``; the wrapper sums the splits in a fixed order. Every activation row runs the same
+instructions on the same weight tile, and rows never mix, so row m of an M-row call equals the row computed alone
+(M = 1), bit for bit.
 
 Layouts: raw weights are passed flat (uint8 [n_out * row_bytes], or float [n_out * K] for F32/F16/BF16), x as
 [M, K // W, W]. Tile sizes depend on (qtype, n_out, K) only, never on M.
@@ -36,7 +37,10 @@ class Config:
     target_programs: int = 264 # split K until the grid has at least this many programs
     num_warps: int = 4
     num_stages: int = 2
-    elementwise: bool = False  # accumulate w*x elementwise and reduce once at the end (else reduce every step)
+    # "reduce": per row, sum_W(w*x) into a [BN, S] accumulator every step; "elementwise": per row, accumulate w*x
+    # in [BN, S, W] and reduce once at the end; "dot": rows padded to 16, one [BN, chunk] x [chunk, 16] matrix
+    # product per step (TF32x3 on tensor cores when compiled: ~fp32 accuracy; HIGHEST in interpret mode).
+    mode: str = "reduce"
 
 
 DEFAULT = Config()
@@ -61,9 +65,18 @@ def tiling(qtype, n_out: int, k_in: int, cfg: Config = DEFAULT) -> dict:
     return dict(W=W, S=S, n_chunks=n_chunks, n_tiles=n_tiles, split=split, cps=cps)
 
 
+# Chosen on an H200 (jax 0.11.2) by ``experiments/bench_kernels.py --only sweep_qmatmul`` on 8192 x 28672
+# weights, minimising the summed time of M = 1, 4 and 8 rows: K-quants prefer the per-step reduction with 16-row
+# tiles, the 32-value block formats the elementwise accumulation with 8-row tiles (M = 8 twice as fast as 16 rows).
+K_QUANT_CONFIG = Config(BN=16, chunk=256, num_warps=4, target_programs=2112, mode="reduce")
+BLOCK32_CONFIG = Config(BN=8, chunk=256, num_warps=4, target_programs=2112, mode="elementwise")
+
+
 def choose_config(qtype, n_out: int, k_in: int) -> Config:
-    """The launch parameters for a weight (a function of the weight only)."""
-    return DEFAULT
+    """The launch parameters for a weight (a function of the weight only, never of M)."""
+    if qtype in FORMATS and FORMATS[qtype].QB == 256:
+        return K_QUANT_CONFIG
+    return BLOCK32_CONFIG
 
 
 def why_not(qtype, M: int, n_out: int, k_in: int, x_dtype, w_dtype, n_mats: int = 1) -> str | None:
@@ -86,8 +99,11 @@ def why_not(qtype, M: int, n_out: int, k_in: int, x_dtype, w_dtype, n_mats: int 
     return None
 
 
+MP_DOT = 16  # rows of the activation tile in "dot" mode (Triton's smallest dot dimension)
+
+
 def _kernel(slot_ref, raw_ref, x_ref, o_ref, *, qtype, M, n_out, k_in, row_bytes, W, S, n_chunks, cps, BN,
-            elementwise, x_per_slot):
+            mode, x_per_slot, interpret):
     i = pl.program_id(0)
     s = pl.program_id(1)
     u = pl.program_id(2)
@@ -111,17 +127,26 @@ def _kernel(slot_ref, raw_ref, x_ref, o_ref, *, qtype, M, n_out, k_in, row_bytes
                 base = rows * row_bytes + (sub * W // f.QB) * f.BPB
                 e0 = (sub * W) % f.QB
                 w = f.decode(lambda off: raw_ref[base + off].astype(jnp.uint32), e0, lane)
+            if mode == "dot":
+                xt = x_ref[xu, :, pl.ds(c * S * W, S * W)].astype(jnp.float32)           # [MP_DOT, S*W]
+                prec = (lax.Precision.HIGHEST if interpret else lax.DotAlgorithmPreset.TF32_TF32_F32_X3)
+                return accs + lax.dot_general(w.reshape(BN, S * W), xt, (((1,), (1,)), ((), ())),
+                                              precision=prec, preferred_element_type=jnp.float32)
             out = []
             for m in range(M):
                 xm = x_ref[xu, m, pl.ds(c * S, S), :].astype(jnp.float32)
-                out.append(accs[m] + (w * xm[None] if elementwise else jnp.sum(w * xm[None], axis=2)))
+                out.append(accs[m] + (w * xm[None] if mode == "elementwise" else jnp.sum(w * xm[None], axis=2)))
             return tuple(out)
 
-        acc_shape = (BN, S, W) if elementwise else (BN, S)
+        if mode == "dot":
+            acc = lax.fori_loop(lo, hi, body, jnp.zeros((BN, MP_DOT), jnp.float32))
+            o_ref[u, s, pl.ds(i * BN, BN), :] = acc
+            return
+        acc_shape = (BN, S, W) if mode == "elementwise" else (BN, S)
         accs = lax.fori_loop(lo, hi, body, tuple(jnp.zeros(acc_shape, jnp.float32) for _ in range(M)))
         for m in range(M):
-            acc = jnp.sum(accs[m], axis=2) if elementwise else accs[m]
-            o_ref[u, s, m, pl.ds(i * BN, BN)] = jnp.sum(acc, axis=1)
+            acc = jnp.sum(accs[m], axis=2) if mode == "elementwise" else accs[m]
+            o_ref[u, s, pl.ds(i * BN, BN), m] = jnp.sum(acc, axis=1)
 
 
 def grouped_qmatmul_kernel(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, interpret: bool,
@@ -137,15 +162,16 @@ def grouped_qmatmul_kernel(x, w_stacked, slot_expert, qtype, n_out: int, k_in: i
     x_per_slot = x.ndim == 3
     U = slot_expert.shape[0]
     M_in = x.shape[-2]
-    if interpret and M_in < M_MAX:
-        # Interpret mode hands the kernel body to XLA, which fuses the M per-row reductions differently for
-        # different M; with the rows padded to M_MAX every M runs the very same program. (Compiled Triton code
-        # computes each row with the same instructions for any M, tested on the GPU.)
+    cfg = cfg or choose_config(qtype, n_out, k_in)
+    # "dot" mode always runs MP_DOT rows. Interpret mode hands the kernel body to XLA, which fuses the M per-row
+    # reductions differently for different M; with the rows padded to M_MAX every M runs the very same program.
+    # (Compiled Triton code computes each row with the same instructions for any M, tested on the GPU.)
+    m_run = MP_DOT if cfg.mode == "dot" else (M_MAX if interpret else M_in)
+    if M_in < m_run:
         pad = [(0, 0)] * x.ndim
-        pad[-2] = (0, M_MAX - M_in)
+        pad[-2] = (0, m_run - M_in)
         x = jnp.pad(x, pad)
     M = x.shape[-2]
-    cfg = cfg or choose_config(qtype, n_out, k_in)
     BN = cfg.BN
     t = tiling(qtype, n_out, k_in, cfg)
     W, S = t["W"], t["S"]
@@ -154,17 +180,18 @@ def grouped_qmatmul_kernel(x, w_stacked, slot_expert, qtype, n_out: int, k_in: i
     full = pl.no_block_spec
     call = dispatch.pallas_call(
         functools.partial(_kernel, qtype=qtype, M=M, n_out=n_out, k_in=k_in, row_bytes=row_bytes, W=W, S=S,
-                          n_chunks=t["n_chunks"], cps=t["cps"], BN=BN, elementwise=cfg.elementwise,
-                          x_per_slot=x_per_slot),
-        out_shape=[jax.ShapeDtypeStruct((U, t["split"], M, n_pad), jnp.float32)],
+                          n_chunks=t["n_chunks"], cps=t["cps"], BN=BN, mode=cfg.mode, x_per_slot=x_per_slot,
+                          interpret=interpret),
+        out_shape=[jax.ShapeDtypeStruct((U, t["split"], n_pad, M), jnp.float32)],
         grid=(t["n_tiles"], t["split"], U), in_specs=[full, full, full], out_specs=[full], interpret=interpret,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, name=f"qmatmul_{getattr(qtype, 'name', qtype)}")
-    xr = x.reshape(x.shape[0] if x_per_slot else 1, M, k_in // W, W)
+    U_x = x.shape[0] if x_per_slot else 1
+    xr = x.reshape(U_x, M, k_in) if cfg.mode == "dot" else x.reshape(U_x, M, k_in // W, W)
     (part,) = call(slot_expert.astype(jnp.int32), w_stacked.reshape(-1), xr)
     out = part[:, 0]
     for j in range(1, t["split"]):  # fixed order: row-independent
         out = out + part[:, j]
-    return out[:, :M_in, :n_out]
+    return jnp.swapaxes(out[:, :n_out, :M_in], 1, 2)
 
 
 def qmatmul_kernel(x, w_raw, qtype, n_out: int, k_in: int, *, interpret: bool, cfg: Config | None = None):
