@@ -193,3 +193,48 @@ def test_qwen4exp_selection_matters():
     finally:
         idx[0].n_top = saved
     assert _rel(np.asarray(out["logits"][0]), ref["prefill_logits"]) > 1e-2
+
+
+def test_qwen4exp_ple_row_ids_match_hf():
+    """The host-side PLE row ids of the prompt (from the GGUF's ple.* keys) equal HF's ``ngram_embedding`` input."""
+    _need(FIX / "qwen4exp_f32.gguf")
+    ref = np.load(FIX / "qwen4exp_ref.npz")
+    if "ple_row_ids" not in ref:
+        pytest.skip("fixture predates ple_row_ids")
+    g = open_gguf(FIX / "qwen4exp_f32.gguf")
+    cfg = config_from_gguf(g)
+    tab = HybridStage.ple_table(g, cfg)
+    ids = ref["prompt_ids"]
+    np.testing.assert_array_equal(tab.row_ids(tab.start_prev(), ids), ref["ple_row_ids"])
+    # chunked as the engine feeds it (prefill part, then windows), with the predecessors carried on the host
+    a = tab.row_ids(tab.start_prev(), ids[:37])
+    b = tab.row_ids(tab.advance(tab.start_prev(), ids[:37], 37), ids[37:])
+    np.testing.assert_array_equal(np.concatenate([a, b]), ref["ple_row_ids"])
+
+
+def test_qwen4exp_qsa_selection_matches_hf():
+    """The indexer's per-query cell selection in prefill equals HF's selected-token mask for the prompt."""
+    _need(FIX / "qwen4exp_f32.gguf")
+    ref = np.load(FIX / "qwen4exp_ref.npz")
+    if "qsa_selected_mask" not in ref:
+        pytest.skip("fixture predates qsa_selected_mask")
+    d = _driver("qwen4exp", "f32")
+    cfg = d.cfg
+    L = [i for i in range(cfg.n_layer) if not cfg.layer_recurrent[i]][0]
+    g = d.g
+    front = HybridStage(g, cfg, 0, L)
+    blk = d.stage.blocks[L]
+    ids = ref["prompt_ids"]
+    T = len(ids)
+    rows = Rows.make([0], [0], [T])
+    ple = d._ple(ids, 0, True)
+    out, _, _ = front(front.init_state(1, MAX_CONTEXT), jnp.asarray(ids[None], jnp.int32), rows, "prefill",
+                      MAX_CONTEXT, ple=ple)
+    mixed, _ = blk.hc_attn(out["hidden"], False)
+    idx = blk.mixer.indexer
+    pos = rows.positions(T)
+    q, raw = idx.project(mixed, pos, False)
+    cache = jnp.zeros((1, MAX_CONTEXT + 1, idx.hd), jnp.float32).at[0, :T].set(raw[0])
+    mask = np.asarray(idx.cell_mask(q, idx.pooled(cache, MAX_CONTEXT), pos, MAX_CONTEXT + 1))[0, :, :T]
+    want = np.asarray(ref["qsa_selected_mask"]).astype(bool) & np.tril(np.ones((T, T), bool))
+    np.testing.assert_array_equal(mask, want)

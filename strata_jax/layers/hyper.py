@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from strata_jax.layers.exact import row_mean
-from strata_jax.layers.gdn import qcall
+from strata_jax.layers.gdn import qcall, rowwise
 from strata_jax.layers.linear import QLinear, load_f32
 from strata_jax.layers.norms import rms_norm
 
@@ -58,7 +58,7 @@ class GatedResidual(nnx.Module):
         mixed = stream_mean(m * xn)
         if self.inject is None:
             return mixed, None
-        inj = 2.0 * jax.nn.sigmoid(qcall(self.inject, flat, exact) / hc)
+        inj = 2.0 * rowwise(jax.nn.sigmoid, qcall(self.inject, flat, exact) / hc, exact)
         return mixed, inj
 
 

@@ -26,7 +26,7 @@ from flax import nnx
 
 from strata_jax.gguf import blocks
 from strata_jax.layers.exact import row_sum, softmax
-from strata_jax.layers.gdn import qcall
+from strata_jax.layers.gdn import qcall, rowwise
 from strata_jax.layers.linear import QLinear, load_f32, load_raw
 
 RENORM_MIN = 2.0 ** -14
@@ -104,6 +104,6 @@ class MoE(nnx.Module):
         if self.has_shared:
             hs = jax.nn.silu(qcall(self.sh_gate, x, exact_rows)) * qcall(self.sh_up, x, exact_rows)
             s = qcall(self.sh_down, hs, exact_rows)
-            gate = jax.nn.sigmoid(row_sum(x * self.sh_w[...]))
+            gate = rowwise(jax.nn.sigmoid, row_sum(x * self.sh_w[...]), exact_rows)
             y = y + gate * s
         return y

@@ -30,7 +30,7 @@ from flax import nnx
 
 from strata_jax.gguf import blocks
 from strata_jax.layers.exact import row_sum
-from strata_jax.layers.gdn import qcall
+from strata_jax.layers.gdn import qcall, rowwise
 from strata_jax.layers.hyper import norm_per_stream
 from strata_jax.layers.linear import QLinear, load_f32
 
@@ -195,8 +195,9 @@ class PLEBlock(nnx.Module):
         value = qcall(self.wvalue, emb, exact)
         query = norm_per_stream(R, self.norm_query[...], self.eps)
         s = row_sum(key * query) / math.sqrt(D)
-        gate = jnp.sqrt(jnp.maximum(jnp.abs(s), 1e-6)) * jnp.sign(s)
-        gated = jax.nn.sigmoid(gate) * value[..., None, :]
+        gate = jnp.sqrt(jnp.maximum(jnp.abs(s), 1e-6)) * jnp.sign(s)  # [B, T, hc, 1]
+        gate = rowwise(jax.nn.sigmoid, gate[..., 0], exact)[..., None]
+        gated = gate * value[..., None, :]
         normed = norm_per_stream(gated, self.norm_conv[...], self.eps).reshape(B, T, hc * D)
         seq = jnp.concatenate([hist, normed], axis=1)  # [B, hist+T, C]
         out = 0.0
