@@ -162,7 +162,9 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
         if pos >= engine.max_context - 1:
             stats.stop_reason = "context end"
             break
+        tw = time.perf_counter()
         res = engine.window(np.array([[token]], np.int32), Rows.make([slot], [pos], [1]), samp, kind="step")
+        stats.window_seconds += time.perf_counter() - tw
         stats.windows += 1
         if dump_logits:
             step_logits.append(np.asarray(res.device_out["logits"][0, 0]))
