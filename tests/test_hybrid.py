@@ -173,6 +173,36 @@ def test_window_exact_and_commit(family):
     np.testing.assert_array_equal(cont, serial[2:])
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_scan_equals_unrolled(family):
+    """The scanned stage (runs of identical periods) computes what the per-layer stage computes: prefill logits,
+    then a T=3 window and its commit(keep=2)."""
+    _need(FIX / f"{family}_f32.gguf")
+    ref = np.load(FIX / f"{family}_ref.npz")
+    d = _driver(family, "f32")
+    flat = HybridStage(d.g, d.cfg, 0, d.cfg.n_layer, scan=False)
+    assert d.stage.scan and not flat.scan
+    ids = ref["prompt_ids"][:24]
+    ple = d._ple(ids, 0, True)
+    rows = Rows.make([0], [0], [len(ids)])
+    x = jnp.asarray(ids[None], jnp.int32)
+    outs = []
+    for st in (d.stage, flat):
+        o, s, _ = st(st.init_state(1, MAX_CONTEXT), x, rows, "prefill", MAX_CONTEXT, ple=ple)
+        w = [int(t) for t in ref["prompt_ids"][24:27]]
+        wr = Rows.make([0], [24], [3])
+        wple = None
+        if d.table is not None:
+            wple = jnp.asarray(d.table.gather(d.table.advance(d.table.start_prev(), ids, 24)[None], np.array([w])))
+        ow, s, pend = st(s, jnp.asarray([w], jnp.int32), wr, "window", MAX_CONTEXT, ple=wple)
+        s = st.commit(s, pend, wr, jnp.asarray([2], jnp.int32))
+        o2, _, _ = st(s, jnp.asarray([w[2:3]], jnp.int32), Rows.make([0], [26], [1]), "window", MAX_CONTEXT,
+                      ple=None if wple is None else wple[:, 2:3])
+        outs.append([np.asarray(o["logits"]), np.asarray(ow["logits"]), np.asarray(o2["logits"])])
+    for a, b in zip(*outs):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max())
+
+
 def test_qwen4exp_selection_matters():
     """The qwen4exp fixture's QSA budget (16 cells) is below the prompt length: attending every cell instead of the
     indexer's selection moves the prefill logits far beyond the parity tolerance (so the parity test above checks
@@ -180,12 +210,12 @@ def test_qwen4exp_selection_matters():
     _need(FIX / "qwen4exp_f32.gguf")
     ref = np.load(FIX / "qwen4exp_ref.npz")
     d = _driver("qwen4exp", "f32")
-    idx = [b.mixer.indexer for b in d.stage.blocks if not b.recurrent and b.mixer.indexer is not None]
+    stage = HybridStage(d.g, d.cfg, 0, d.cfg.n_layer, scan=False)
+    idx = [b.mixer.indexer for b in stage.blocks if not b.recurrent and b.mixer.indexer is not None]
     assert idx and idx[0].n_top * idx[0].ratio < len(ref["prompt_ids"])
     saved = idx[0].n_top
     try:
         idx[0].n_top = 10 ** 6 // idx[0].ratio  # every complete block
-        stage = d.stage
         rows = Rows.make([0], [0], [len(ref["prompt_ids"])])
         ple = d._ple(ref["prompt_ids"], 0, True)
         out, _, _ = stage(stage.init_state(1, MAX_CONTEXT), jnp.asarray(ref["prompt_ids"][None], jnp.int32), rows,
@@ -223,7 +253,7 @@ def test_qwen4exp_qsa_selection_matches_hf():
     L = [i for i in range(cfg.n_layer) if not cfg.layer_recurrent[i]][0]
     g = d.g
     front = HybridStage(g, cfg, 0, L)
-    blk = d.stage.blocks[L]
+    blk = HybridStage(g, cfg, L, L + 1, scan=False).blocks[0]
     ids = ref["prompt_ids"]
     T = len(ids)
     rows = Rows.make([0], [0], [T])

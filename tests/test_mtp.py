@@ -135,7 +135,8 @@ def _moe(t, b, m):
             hg = t[b + "ffn_gate_exps.weight"][e] @ m[i]
             hu = t[b + "ffn_up_exps.weight"][e] @ m[i]
             out[i] += wk * (t[b + "ffn_down_exps.weight"][e] @ (silu(hg) * hu))
-    sh = t[b + "ffn_down_shexp.weight"] @ (silu(t[b + "ffn_gate_shexp.weight"] @ m.T) * (t[b + "ffn_up_shexp.weight"] @ m.T))
+    gs, us = t[b + "ffn_gate_shexp.weight"] @ m.T, t[b + "ffn_up_shexp.weight"] @ m.T
+    sh = t[b + "ffn_down_shexp.weight"] @ (silu(gs) * us)
     g = 1 / (1 + np.exp(-(m @ t[b + "ffn_gate_inp_shexp.weight"])))
     return out + g[:, None] * sh.T
 
@@ -270,8 +271,8 @@ def _window_exact(head, h, toks, split):
     s = state
     for i in range(3):
         p = split + i
-        l1, h1, s = head.draft(s, jnp.asarray(h[None, p:p + 1], jnp.float32), jnp.asarray(toks[None, p:p + 1], jnp.int32),
-                               Rows.make([0], [p], [1]), "window")
+        l1, h1, s = head.draft(s, jnp.asarray(h[None, p:p + 1], jnp.float32),
+                               jnp.asarray(toks[None, p:p + 1], jnp.int32), Rows.make([0], [p], [1]), "window")
         np.testing.assert_array_equal(np.asarray(l1[0, 0]), np.asarray(lw[0, i]))
         np.testing.assert_array_equal(np.asarray(h1[0, 0]), np.asarray(hw[0, i]))
 

@@ -11,16 +11,21 @@ Mixers: GDN with a sigmoid output gate, or gated attention with the QSA indexer 
 ``output(output_hc(R))`` (a hyper-connection read without inject; no output_norm). Extra per-row input: the PLE
 table rows (``ple=`` of `HybridStage.__call__`), gathered on the host by `strata_jax.layers.ple.PLETable`.
 
-Block (plain pre-norm residual, every layer):
+Block of qwen35moe / qwen3next (`HybridBlock`, plain pre-norm residual, every layer):
   ``h += mixer(attn_norm(h))`` with mixer = GDN (`strata_jax.layers.gdn`) on recurrent layers, gated attention
   (`strata_jax.layers.qsa.GatedAttention`) on every ``full_attention_interval``-th layer;
   ``h += MoE(post_attention_norm(h))`` (`strata_jax.layers.moe`). Head: ``output(output_norm(h))``.
 
-State (``init_state``): ``{"layers": [per layer]}`` where a GDN layer holds ``{"S": f32 [n_slots, Hv, Dk, Dv],
-"conv": f32 [n_slots, K-1, C]}`` and an attention layer ``(k_cache, v_cache)`` [n_slots, max_context + 1, Hkv, hd].
-Window mode writes K/V cells and leaves the GDN state alone; ``pending`` holds, per GDN layer, the rows' conv inputs
-and k, v, g, beta, and ``commit(state, pending, rows, keep)`` replays exactly ``keep[b]`` rows. Prefill commits all
-valid rows (pending is None).
+State per layer (``init_state``): a GDN layer holds ``{"S": f32 [n_slots, Hv, Dk, Dv], "conv": f32 [n_slots, K-1,
+C]}``, an attention layer ``(k_cache, v_cache)`` [n_slots, max_context + 1, Hkv, hd] (+ the raw indexer-key cache
+[n_slots, max_context + 1, dI] on qwen4exp QSA layers); qwen4exp wraps it as ``{"mix": ..., ["ple": f32 [n_slots,
+(K-1)*ngram, hc*D]]}``. The stage holds them per scanned run of periods (`HybridStage`). Window mode writes K/V and
+indexer-key cells and leaves the GDN state and the PLE conv history alone; ``pending`` holds, per GDN layer, the rows'
+conv inputs and k, v, g, beta (and the PLE layer's normed conv inputs), and ``commit(state, pending, rows, keep)``
+replays exactly ``keep[b]`` rows. Prefill commits all valid rows (pending is None).
+
+Unused by the stage: ``out["mtp_hidden"]`` feeds `strata_jax.layers.mtp.MTPHead` (built separately from the same
+GGUF).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from strata_jax.layers.moe import MoE
 from strata_jax.layers.norms import RMSNorm
 from strata_jax.layers.ple import PLEBlock, PLETable, dequant_rows
 from strata_jax.layers.qsa import GatedAttention
+from strata_jax.layers.stack import group_runs
 from strata_jax.state import Rows
 
 
@@ -306,6 +312,39 @@ class HCBlock(nnx.Module):
         return st
 
 
+class Period(nnx.Module):
+    """Consecutive layers run as one unit (a period of the GDN/attention pattern), so that identical periods stack
+    into one scanned `strata_jax.layers.stack.LayerRun`. State and pending: lists over its layers."""
+
+    def __init__(self, blocks: list):
+        self.blocks = nnx.List(blocks)
+
+    def __call__(self, h, sts, rows: Rows, mode: str, max_context: int, ple_emb=None):
+        new, pends = [], []
+        for blk, st in zip(self.blocks, sts):
+            h, st, pend = blk(h, st, rows, mode, max_context, ple_emb)
+            new.append(st)
+            pends.append(pend)
+        return h, new, pends
+
+    def commit(self, sts, pends, rows: Rows, keep):
+        return [blk.commit(st, pend, rows, keep) for blk, st, pend in zip(self.blocks, sts, pends)]
+
+
+def _period(cfg: HybridConfig) -> int:
+    """Layers per period: the distance between attention layers (``full_attention_interval``), else 1."""
+    att = [i for i, r in enumerate(cfg.layer_recurrent) if not r]
+    return att[1] - att[0] if len(att) > 1 else max(len(cfg.layer_recurrent), 1)
+
+
+def _take(tree, i):
+    return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, 0, keepdims=False), tree)
+
+
+def _put(tree, i, new):
+    return jax.tree.map(lambda a, b: jax.lax.dynamic_update_index_in_dim(a, b.astype(a.dtype), i, 0), tree, new)
+
+
 class HybridStage(nnx.Module):
     """Layers ``[start, stop)`` of a qwen35moe / qwen3next / qwen4exp model (embedding on the first stage, final
     norm / mixer + head on the last): the Stage protocol of `strata_jax.models.dense.DenseStage`.
@@ -323,9 +362,16 @@ class HybridStage(nnx.Module):
     kept tokens at commit, `PLETable.advance`); they are dequantized on the device. Padding rows may hold any ids.
 
     ``commit(state, pending, rows, keep)`` advances each segment's slot by ``keep[b]`` rows.
+
+    ``scan=True`` (default): the layers are cut into periods (layer i in period ``i // P``, P the attention
+    interval) and runs of identical periods are applied with `jax.lax.scan` over their stacked parameters (one
+    compiled period body per run; qwen4exp's PLE period is its own run). State/pending are then
+    ``{"runs": [per run: per-layer states stacked on a leading period axis]}``; each step reads its period's
+    state slice and writes it back (``dynamic_update_index``). ``scan=False`` keeps ``self.blocks`` (one module per
+    layer, state ``{"layers": [...]}``).
     """
 
-    def __init__(self, g, cfg: HybridConfig, start: int, stop: int, device=None):
+    def __init__(self, g, cfg: HybridConfig, start: int, stop: int, device=None, scan: bool = True):
         if not isinstance(cfg, HybridConfig):
             raise UnsupportedError(f"HybridStage needs a HybridConfig, got {type(cfg).__name__} for {cfg.arch!r}")
         self.cfg = cfg
@@ -335,7 +381,16 @@ class HybridStage(nnx.Module):
         self.embed = (Embedding.from_gguf(g, "token_embd.weight", device)
                       if self.first or (self.last and cfg.tied_head) else None)
         block = HCBlock if cfg.hc else HybridBlock
-        self.blocks = nnx.List([block(g, cfg, i, device) for i in range(start, stop)])
+        blocks = [block(g, cfg, i, device) for i in range(start, stop)]
+        self.scan = scan
+        if scan:
+            P = _period(cfg)
+            groups = {}
+            for i, b in zip(range(start, stop), blocks):
+                groups.setdefault(i // P, []).append(b)
+            self.runs = nnx.List(group_runs([Period(v) for _, v in sorted(groups.items())]))
+        else:
+            self.blocks = nnx.List(blocks)
         self.has_ple = any(start <= i < stop for i in cfg.ple_layers)
         if self.has_ple:
             info = g.info("per_layer_token_embd.weight")
@@ -362,17 +417,24 @@ class HybridStage(nnx.Module):
 
     def init_state(self, n_slots: int, max_context: int, kv_dtype=jnp.float32, device=None):
         """Zero state for ``n_slots`` slots (see module docstring)."""
+        if self.scan:
+            runs = []
+            for run in self.runs:
+                one = [self._layer_state(b, n_slots, max_context, kv_dtype, None) for b in run.layer.blocks]
+                runs.append(jax.tree.map(
+                    lambda a, n=run.n: jax.device_put(jnp.zeros((n,) + a.shape, a.dtype), device), one))
+            return {"runs": runs}
+        return {"layers": [self._layer_state(b, n_slots, max_context, kv_dtype, device) for b in self.blocks]}
+
+    def _layer_state(self, blk, n_slots, max_context, kv_dtype, device):
         cfg = self.cfg
-        layers = []
-        for blk in self.blocks:
-            st = mixer_state(blk.mixer, cfg, n_slots, max_context, kv_dtype, device)
-            if cfg.hc:
-                st = {"mix": st}
-                if blk.ple is not None:
-                    st["ple"] = jax.device_put(jnp.zeros((n_slots, blk.ple.hist_len, cfg.hc * cfg.n_embd),
-                                                         jnp.float32), device)
-            layers.append(st)
-        return {"layers": layers}
+        st = mixer_state(blk.mixer, cfg, n_slots, max_context, kv_dtype, device)
+        if cfg.hc:
+            st = {"mix": st}
+            if blk.ple is not None:
+                st["ple"] = jax.device_put(jnp.zeros((n_slots, blk.ple.hist_len, cfg.hc * cfg.n_embd),
+                                                     jnp.float32), device)
+        return st
 
     def __call__(self, state, x, rows: Rows, mode: str, max_context: int, logits: str = "all", ple=None):
         if mode not in ("window", "prefill"):
@@ -385,21 +447,44 @@ class HybridStage(nnx.Module):
         else:
             h = x.astype(jnp.float32)
         ple_emb = dequant_rows(ple, self.ple_qtype, self.ple_dim) if (self.has_ple and ple is not None) else None
-        sts, pends = [], []
-        for blk, st in zip(self.blocks, state["layers"]):
-            h, st, pend = blk(h, st, rows, mode, max_context, ple_emb)
-            sts.append(st)
-            pends.append(pend)
+        if self.scan:
+            sts, pends = [], []
+            for run, st_run in zip(self.runs, state["runs"]):
+                def body(period, carry, i, _):
+                    h, st_run = carry
+                    h, new_i, pend_i = period(h, _take(st_run, i), rows, mode, max_context, ple_emb)
+                    return (h, _put(st_run, i, new_i)), pend_i
+
+                (h, st_run), pend = run.scan(body, (h, st_run))
+                sts.append(st_run)
+                pends.append(pend)
+            new_state = {"runs": sts}
+        else:
+            sts, pends = [], []
+            for blk, st in zip(self.blocks, state["layers"]):
+                h, st, pend = blk(h, st, rows, mode, max_context, ple_emb)
+                sts.append(st)
+                pends.append(pend)
+            new_state = {"layers": sts}
         out = {"hidden": h}
         if self.last:
             out["logits"] = head_logits(self.head, lambda r: self.final_norm(r, exact), h, rows, mode, logits)
             out["mtp_hidden"] = h if self.hc else self.final_norm(h)
-        return out, {"layers": sts}, (pends if mode == "window" else None)
+        return out, new_state, (pends if mode == "window" else None)
 
     def commit(self, state, pending, rows: Rows, keep):
         """Advance each segment's slot by exactly ``keep[b]`` rows (int32 [B], 0..T) of the window that returned
         ``pending``; attention layers need nothing (their cells were written by the window)."""
         if pending is None:
             return state
+        if self.scan:
+            runs = []
+            for run, st_run, pend in zip(self.runs, state["runs"], pending):
+                def body(period, st_run, i, pend_i):
+                    return _put(st_run, i, period.commit(_take(st_run, i), pend_i, rows, keep)), None
+
+                st_run, _ = run.scan(body, st_run, pend)
+                runs.append(st_run)
+            return {"runs": runs}
         layers = [blk.commit(st, pend, rows, keep) for blk, st, pend in zip(self.blocks, state["layers"], pending)]
         return {"layers": layers}
