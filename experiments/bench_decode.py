@@ -50,6 +50,39 @@ def ceiling_bytes_per_s() -> tuple[float, str]:
     return a.size * 4 / dt, "CPU copy 256 MiB (bytes read)"
 
 
+def time_prefill_and_decode(eng, prompt_tokens: int, decode_tokens: int) -> dict:
+    """Greedy prefill of random ids then one-row decode steps whose tokens stay on the device (no host wait
+    between steps). Returns first-call and warm seconds: ``prefill_first_s``, ``prefill_s``, ``step_first_s``,
+    ``decode_s_per_token``."""
+    from strata_jax.sampling import RowSampling, SamplingParams
+    from strata_jax.state import Rows
+
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(100, min(eng.cfg.vocab_size, 30000), prompt_tokens).tolist()
+    sp = SamplingParams(0.0)
+    r = {}
+    t0 = time.perf_counter()
+    eng.prefill(0, prompt, sp)
+    r["prefill_first_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    first, _ = eng.prefill(0, prompt, sp)
+    r["prefill_s"] = time.perf_counter() - t0
+    samp = RowSampling.make([sp])
+    pos = len(prompt)
+    tok = jnp.asarray([[first]], jnp.int32)
+    t0 = time.perf_counter()
+    eng.window(np.asarray(tok), Rows.make([0], [pos], [1]), samp, kind="step")
+    r["step_first_s"] = time.perf_counter() - t0
+    out = None
+    t0 = time.perf_counter()
+    for i in range(decode_tokens):
+        out, _ = eng.run("step", tok, Rows.make([0], [pos + i], [1]), samp)
+        tok = out["picks"][:, :1]
+    jax.block_until_ready(out)
+    r["decode_s_per_token"] = (time.perf_counter() - t0) / decode_tokens
+    return r
+
+
 def weight_bytes_per_token(engine) -> int:
     """Bytes of weights a decode step reads: everything except the embedding table, of which one row is read
     (a tied head reads the whole table as the head)."""
@@ -76,8 +109,6 @@ def main() -> None:
 
     from strata_jax.models_registry import resolve_model
     from strata_jax.pipeline.engine import Engine
-    from strata_jax.sampling import RowSampling, SamplingParams
-    from strata_jax.state import Rows
 
     if args.random_from:
         import random_gguf
@@ -88,24 +119,8 @@ def main() -> None:
         path = str(resolve_model(args.model))
     ceil, ceil_what = ceiling_bytes_per_s()
     eng = Engine(path, max_context=args.max_context)
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(100, min(eng.cfg.vocab_size, 30000), args.prompt_tokens).tolist()
-    sp = SamplingParams(0.0)
-    eng.prefill(0, prompt, sp)  # compile
-    t0 = time.perf_counter()
-    first, _ = eng.prefill(0, prompt, sp)
-    t_prefill = time.perf_counter() - t0
-    samp = RowSampling.make([sp])
-    pos = len(prompt)
-    tok = jnp.asarray([[first]], jnp.int32)
-    eng.window(np.asarray(tok), Rows.make([0], [pos], [1]), samp, kind="step")  # compile
-    t0 = time.perf_counter()
-    out = None
-    for i in range(args.decode_tokens):
-        out, _ = eng.run("step", tok, Rows.make([0], [pos + i], [1]), samp)
-        tok = out["picks"][:, :1]  # stays on the device: no host wait between steps
-    jax.block_until_ready(out)
-    t_decode = (time.perf_counter() - t0) / args.decode_tokens
+    t = time_prefill_and_decode(eng, args.prompt_tokens, args.decode_tokens)
+    t_prefill, t_decode = t["prefill_s"], t["decode_s_per_token"]
     wb = weight_bytes_per_token(eng)
     r = {
         "backend": jax.default_backend(), "device": str(jax.devices()[0]), "model": args.random_from or args.model,

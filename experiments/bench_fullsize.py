@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def mem_per_device(devs) -> list[dict]:
@@ -41,10 +43,10 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
+    from bench_decode import time_prefill_and_decode
     from strata_jax.models.random_weights import VirtualGGUF, load_geometry
     from strata_jax.pipeline.engine import Engine
-    from strata_jax.sampling import RowSampling, SamplingParams
-    from strata_jax.state import Rows, tree_bytes
+    from strata_jax.state import tree_bytes
 
     devs = jax.devices()[: args.devices] if args.devices else jax.devices()
     geom = load_geometry(args.geometry)
@@ -54,36 +56,16 @@ def main() -> None:
     jax.block_until_ready([s.params for s in eng.stages])
     t_build = time.perf_counter() - t0
     mem_after_load = mem_per_device(devs)
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(100, 20000, args.prompt_tokens).tolist()
-    sp = SamplingParams(0.0)
-    t0 = time.perf_counter()
-    first, _ = eng.prefill(0, prompt, sp)
-    t_prefill_first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    first, _ = eng.prefill(0, prompt, sp)
-    t_prefill = time.perf_counter() - t0
-    samp = RowSampling.make([sp])
-    pos = len(prompt)
-    tok = jnp.asarray([[first]], jnp.int32)
-    t0 = time.perf_counter()
-    eng.window(np.asarray(tok), Rows.make([0], [pos], [1]), samp, kind="step")
-    t_compile_step = time.perf_counter() - t0
-    out = None
-    t0 = time.perf_counter()
-    for i in range(args.decode_tokens):
-        out, _ = eng.run("step", tok, Rows.make([0], [pos + i], [1]), samp)
-        tok = out["picks"][:, :1]
-    jax.block_until_ready(out)
-    t_decode = (time.perf_counter() - t0) / args.decode_tokens
+    t = time_prefill_and_decode(eng, args.prompt_tokens, args.decode_tokens)
+    t_decode = t["decode_s_per_token"]
     wbytes = sum(tree_bytes(s.params) for s in eng.stages)
     r = {
         "geometry": args.geometry, "n_layer": eng.cfg.n_layer, "layer_split": args.layer_split,
         "devices": [str(d) for d in devs], "jax": jax.__version__, "build_seconds": t_build,
         "weight_bytes_on_devices": wbytes, "state_bytes_per_slot_per_stage": eng.state_bytes_per_slot(),
         "memory_after_load": mem_after_load, "memory_after_decode": mem_per_device(devs),
-        "prefill_first_call_s": t_prefill_first, "prefill_tok_s": args.prompt_tokens / t_prefill,
-        "step_first_call_s": t_compile_step, "decode_ms_per_token": t_decode * 1e3,
+        "prefill_first_call_s": t["prefill_first_s"], "prefill_tok_s": args.prompt_tokens / t["prefill_s"],
+        "step_first_call_s": t["step_first_s"], "decode_ms_per_token": t_decode * 1e3,
     }
     print(f"{args.geometry} n_layer={eng.cfg.n_layer} split={args.layer_split} build {t_build:.1f} s, "
           f"weights {wbytes / 1e9:.1f} GB, prefill {r['prefill_tok_s']:.1f} tok/s, decode {t_decode * 1e3:.2f} ms/token")

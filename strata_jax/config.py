@@ -82,10 +82,20 @@ class ModelConfig:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
 
-def _req(md: dict, key: str, path: str):
+def require_key(md: dict, key: str, path: str):
+    """``md[key]``, or StrataError naming the file and the missing key."""
     if key not in md:
         raise StrataError(f"{path}: GGUF metadata lacks {key!r}")
     return md[key]
+
+
+def vocab_size(g, arch: str) -> int:
+    """``{arch}.vocab_size``, else the tokenizer's token count, else the rows of ``token_embd``."""
+    tokens = g.metadata.get("tokenizer.ggml.tokens")
+    vocab = int(g.metadata.get(arch + ".vocab_size", len(tokens) if tokens is not None else 0))
+    if vocab == 0 and g.has("token_embd.weight"):
+        vocab = g.info("token_embd.weight").shape[0]
+    return vocab
 
 
 def config_from_gguf(g) -> ModelConfig:
@@ -103,15 +113,12 @@ def config_from_gguf(g) -> ModelConfig:
 
         return hybrid_config_from_gguf(g)
     p = arch + "."
-    n_embd = int(_req(md, p + "embedding_length", path))
-    n_head = int(_req(md, p + "attention.head_count", path))
+    n_embd = int(require_key(md, p + "embedding_length", path))
+    n_head = int(require_key(md, p + "attention.head_count", path))
     n_head_kv = int(md.get(p + "attention.head_count_kv", n_head))
     head_dim = int(md.get(p + "attention.key_length", n_embd // n_head))
-    n_layer = int(_req(md, p + "block_count", path))
-    tokens = md.get("tokenizer.ggml.tokens")
-    vocab = int(md.get(p + "vocab_size", len(tokens) if tokens is not None else 0))
-    if vocab == 0 and g.has("token_embd.weight"):
-        vocab = g.info("token_embd.weight").shape[0]
+    n_layer = int(require_key(md, p + "block_count", path))
+    vocab = vocab_size(g, arch)
     kw = dict(
         arch=arch,
         n_layer=n_layer,
@@ -119,7 +126,7 @@ def config_from_gguf(g) -> ModelConfig:
         n_head=n_head,
         n_head_kv=n_head_kv,
         head_dim=head_dim,
-        n_ff=int(_req(md, p + "feed_forward_length", path)),
+        n_ff=int(require_key(md, p + "feed_forward_length", path)),
         vocab_size=vocab,
         rms_eps=float(md.get(p + "attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=float(md.get(p + "rope.freq_base", 10000.0)),

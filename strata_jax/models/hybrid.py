@@ -35,10 +35,9 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from strata_jax.config import ModelConfig
+from strata_jax.config import ModelConfig, require_key, vocab_size
 from strata_jax.errors import StrataError, UnsupportedError
 from strata_jax.layers.gdn import GatedDeltaNet, conv_tail, qcall
 from strata_jax.layers.hyper import GatedResidual, hc_write
@@ -99,12 +98,6 @@ class HybridConfig(ModelConfig):
     ple_offsets: tuple[int, ...] = ()
 
 
-def _req(md, key, path):
-    if key not in md:
-        raise StrataError(f"{path}: GGUF metadata lacks {key!r}")
-    return md[key]
-
-
 def hybrid_config_from_gguf(g) -> HybridConfig:
     """The `HybridConfig` of an open qwen35moe / qwen3next / qwen4exp GGUF (keys written by llama.cpp's converters,
     MODEL.md B§2.1, A§2.1).
@@ -118,45 +111,42 @@ def hybrid_config_from_gguf(g) -> HybridConfig:
         raise UnsupportedError(f"{path}: hybrid architecture {arch!r} is not implemented "
                                "(qwen35moe, qwen3next, qwen4exp)")
     p = arch + "."
-    n_embd = int(_req(md, p + "embedding_length", path))
-    n_head = int(_req(md, p + "attention.head_count", path))
+    n_embd = int(require_key(md, p + "embedding_length", path))
+    n_head = int(require_key(md, p + "attention.head_count", path))
     n_head_kv = int(md.get(p + "attention.head_count_kv", n_head))
     head_dim = int(md.get(p + "attention.key_length", n_embd // n_head))
     n_nextn = int(md.get(p + "nextn_predict_layers", 0))
-    n_layer = int(_req(md, p + "block_count", path)) - n_nextn
+    n_layer = int(require_key(md, p + "block_count", path)) - n_nextn
     rec = md.get(p + "attention.recurrent_layers")
     if rec is not None:
         rec = tuple(bool(r) for r in list(rec)[:n_layer])
     else:
         interval = int(md.get(p + "full_attention_interval", 4))
         rec = tuple((i + 1) % interval != 0 for i in range(n_layer))
-    v_heads = int(_req(md, p + "ssm.time_step_rank", path))
-    tokens = md.get("tokenizer.ggml.tokens")
-    vocab = int(md.get(p + "vocab_size", len(tokens) if tokens is not None else 0))
-    if vocab == 0:
-        vocab = g.info("token_embd.weight").shape[0]
+    v_heads = int(require_key(md, p + "ssm.time_step_rank", path))
+    vocab = vocab_size(g, arch)
     extra = {}
     if arch == "qwen4exp":
         ratios = md.get(p + "attention.compress_ratios")
         ratios = tuple(int(r) for r in list(ratios)[:n_layer]) if ratios is not None else (0,) * n_layer
         extra = dict(
-            hc=int(_req(md, p + "hyper_connection.count", path)),
+            hc=int(require_key(md, p + "hyper_connection.count", path)),
             hc_lowrank=int(md.get(p + "hyper_connection.low_rank", 0)),
-            idx_heads=int(_req(md, p + "attention.indexer.head_count", path)),
-            idx_head_dim=int(_req(md, p + "attention.indexer.key_length", path)),
-            idx_budget=int(_req(md, p + "attention.indexer.top_k", path)),
+            idx_heads=int(require_key(md, p + "attention.indexer.head_count", path)),
+            idx_head_dim=int(require_key(md, p + "attention.indexer.key_length", path)),
+            idx_budget=int(require_key(md, p + "attention.indexer.top_k", path)),
             idx_ratio=ratios,
             ple_layers=tuple(int(v) for v in list(md.get(p + "ple.layers", []))),
         )
         if extra["ple_layers"]:
             extra.update(
-                ple_ngram=int(_req(md, p + "ple.ngram_size", path)),
-                ple_heads_per_ngram=int(_req(md, p + "ple.heads_per_ngram", path)),
+                ple_ngram=int(require_key(md, p + "ple.ngram_size", path)),
+                ple_heads_per_ngram=int(require_key(md, p + "ple.heads_per_ngram", path)),
                 ple_conv=int(md.get(p + "ple.conv_kernel", 4)),
                 ple_eos=int(md.get(p + "ple.eos_token_id", md.get("tokenizer.ggml.eos_token_id", -1))),
-                ple_mult=tuple(int(v) for v in list(_req(md, p + "ple.layer_multipliers", path))),
-                ple_sizes=tuple(int(v) for v in list(_req(md, p + "ple.head_vocab_sizes", path))),
-                ple_offsets=tuple(int(v) for v in list(_req(md, p + "ple.head_offsets", path))),
+                ple_mult=tuple(int(v) for v in list(require_key(md, p + "ple.layer_multipliers", path))),
+                ple_sizes=tuple(int(v) for v in list(require_key(md, p + "ple.head_vocab_sizes", path))),
+                ple_offsets=tuple(int(v) for v in list(require_key(md, p + "ple.head_offsets", path))),
             )
             if len(extra["ple_layers"]) > 1:
                 raise UnsupportedError(f"{path}: {len(extra['ple_layers'])} PLE layers (one table and one hash "
@@ -182,15 +172,15 @@ def hybrid_config_from_gguf(g) -> HybridConfig:
         bos_id=int(md.get("tokenizer.ggml.bos_token_id", -1)),
         eos_id=int(md.get("tokenizer.ggml.eos_token_id", -1)),
         layer_recurrent=rec,
-        ssm_k_heads=int(_req(md, p + "ssm.group_count", path)),
+        ssm_k_heads=int(require_key(md, p + "ssm.group_count", path)),
         ssm_v_heads=v_heads,
-        ssm_d_k=int(_req(md, p + "ssm.state_size", path)),
-        ssm_d_v=int(_req(md, p + "ssm.inner_size", path)) // v_heads,
+        ssm_d_k=int(require_key(md, p + "ssm.state_size", path)),
+        ssm_d_v=int(require_key(md, p + "ssm.inner_size", path)) // v_heads,
         ssm_conv=int(md.get(p + "ssm.conv_kernel", 4)),
         v_order="grouped" if arch == "qwen3next" else "tiled",
         gdn_gate="sigmoid" if arch == "qwen4exp" else "silu",
-        n_expert=int(_req(md, p + "expert_count", path)),
-        n_expert_used=int(_req(md, p + "expert_used_count", path)),
+        n_expert=int(require_key(md, p + "expert_count", path)),
+        n_expert_used=int(require_key(md, p + "expert_used_count", path)),
         expert_ff=int(md.get(p + "expert_feed_forward_length", 0)),
         shared_ff=int(md.get(p + "expert_shared_feed_forward_length", 0)),
         n_nextn=n_nextn,

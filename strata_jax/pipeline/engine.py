@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Callable, Iterator
+
 
 import jax
 import jax.numpy as jnp

@@ -12,7 +12,6 @@ other rows chose the expert (a row that did not choose it is computed too, and t
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from strata_jax.pallas.grouped_experts.reference import swiglu, weighted_sum

@@ -34,7 +34,6 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 
 from strata_jax.errors import UnsupportedError
 from strata_jax.pallas import dispatch

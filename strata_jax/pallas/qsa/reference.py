@@ -8,7 +8,6 @@ other rows. The selection itself is exact (integer top-k on scores computed row 
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 

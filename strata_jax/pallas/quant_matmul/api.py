@@ -29,7 +29,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from gguf.constants import GGMLQuantizationType as Q
 
 from strata_jax.errors import UnsupportedError
 from strata_jax.gguf import blocks
