@@ -107,6 +107,42 @@ def _prompt_ids(engine) -> tuple[list[int], bool]:
     return tok.encode(text), True
 
 
+def _check_flags() -> None:
+    """Flag checks that need no model: run before anything is loaded or downloaded."""
+    import math
+    import os
+
+    if FLAGS.batch == 1 and not FLAGS.prompts_file:
+        given = [n for n in ("prompt", "prompt_file", "prompt_ids") if getattr(FLAGS, n) is not None]
+        if len(given) != 1:
+            _fail("give exactly one of --prompt, --prompt_file, --prompt_ids"
+                  + (f" (got {', '.join('--' + g for g in given)})" if given else ""))
+        if FLAGS.prompt_ids is not None and FLAGS.chat:
+            _fail("--chat needs text: it cannot be combined with --prompt_ids")
+        if FLAGS.prompt_ids is not None and not FLAGS.prompt_ids.strip():
+            _fail("--prompt_ids is empty")
+        if FLAGS.prompt is not None and not FLAGS.prompt:
+            _fail("--prompt is empty")
+    if not math.isfinite(FLAGS.temperature):
+        _fail(f"--temperature {FLAGS.temperature}: must be a finite number (<= 0 is greedy)")
+    if not 0 <= FLAGS.top_k <= 64:
+        _fail(f"--top_k {FLAGS.top_k}: must lie in 0..64 (0 = 64)")
+    if not 0.0 < FLAGS.top_p <= 1.0:
+        _fail(f"--top_p {FLAGS.top_p}: must lie in (0, 1]")
+    if not 0.0 <= FLAGS.min_p <= 1.0:
+        _fail(f"--min_p {FLAGS.min_p}: must lie in [0, 1]")
+    if FLAGS.system is not None and not FLAGS.chat:
+        _fail("--system needs --chat")
+    if FLAGS.draft_model is not None and FLAGS.draft != "model":
+        _fail("--draft_model needs --draft model")
+    for name in ("dump_logits", "stats_json", "out_jsonl"):
+        path = getattr(FLAGS, name, None)
+        if path:
+            d = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(d) or not os.access(d, os.W_OK):
+                _fail(f"--{name} {path}: cannot write there ({d} is not a writable folder)")
+
+
 def main(argv) -> int:
     del argv
     from absl import logging as absl_logging
@@ -122,6 +158,7 @@ def main(argv) -> int:
     from strata_jax.pipeline.solo import generate
     from strata_jax.sampling import SamplingParams
 
+    _check_flags()
     path = resolve_model(FLAGS.model, FLAGS.cache_dir)
     engine = Engine(path, max_context=FLAGS.max_context, layer_split=FLAGS.layer_split,
                     kv_dtype=jnp.bfloat16 if FLAGS.kv_dtype == "bfloat16" else jnp.float32,
@@ -162,6 +199,7 @@ def main(argv) -> int:
         _fail(f"--spec {FLAGS.spec}: the window cap must lie in 2..8")
     proposer = make_proposer(FLAGS.draft, engine, draft_model=FLAGS.draft_model, spec=FLAGS.spec,
                              cache_dir=FLAGS.cache_dir)
+    compile_before = engine.cache.compile_seconds
     gen = generate(engine, ids, max_new_tokens=FLAGS.max_new_tokens, sampling=sampling, eos_ids=eos, stop=stop,
                    on_token=on_token, dump_logits=FLAGS.dump_logits is not None, proposer=proposer,
                    spec=FLAGS.spec if proposer is not None else 0, spec_min_p=FLAGS.spec_min_p,
@@ -171,9 +209,11 @@ def main(argv) -> int:
     out.write("\n")
     out.flush()
     st = gen.stats
+    st.discount_compile(engine.cache.compile_log_since(compile_before))
     line = (f"[load {engine.load_seconds:.2f} s | prompt {st.prompt_tokens} tok, {st.prefill_tok_s:.1f} tok/s | "
             f"generated {st.generated} tok, {st.decode_tok_s:.1f} tok/s | windows {st.windows} | "
-            f"compiles {engine.cache.compiles} ({engine.cache.compile_seconds:.1f} s) | stop: {st.stop_reason}]")
+            f"compiles {engine.cache.compiles} ({engine.cache.compile_seconds:.1f} s, not in the rates) | "
+            f"stop: {st.stop_reason}]")
     if st.spec:
         line = line[:-1] + f" | {st.spec_summary()}]"
     print(line, file=sys.stderr)
@@ -181,8 +221,8 @@ def main(argv) -> int:
         np.savez(FLAGS.dump_logits, prompt_ids=np.asarray(ids, np.int32), prefill_logits=gen.prefill_logits,
                  step_logits=gen.step_logits, tokens=np.asarray(gen.tokens, np.int32))
     if FLAGS.stats_json:
-        d = {"model": str(path), "load_seconds": engine.load_seconds, "compiles": engine.cache.compiles,
-             "compile_seconds": engine.cache.compile_seconds, **st.as_dict()}
+        d = {**st.as_dict(), "model": str(path), "load_seconds": engine.load_seconds,
+             "compiles": engine.cache.compiles, "compile_seconds": engine.cache.compile_seconds}
         with open(FLAGS.stats_json, "w") as f:
             json.dump(d, f, indent=1)
     return 0
@@ -203,9 +243,23 @@ def _main_with_errors(argv) -> None:
         sys.exit(130)
 
 
+def _parse_flags(argv):
+    """absl's parse, with bad flags reported as one `error:` line and exit status 2, and ``--help``/``-h`` listing
+    this module's flags (absl lists only ``__main__``'s, which for a console script is pip's wrapper)."""
+    if any(a in ("-h", "--help", "--helpshort") for a in argv[1:]):
+        print(__doc__)
+        print(FLAGS.module_help(sys.modules[__name__]))
+        sys.exit(0)
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
 def run() -> None:
     """Console entry point (``strata-generate``)."""
-    app.run(_main_with_errors)
+    app.run(_main_with_errors, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

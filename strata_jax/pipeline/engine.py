@@ -383,4 +383,4 @@ def _load_bar(n: int, progress: bool):
 
     from tqdm import tqdm
 
-    return tqdm(total=n, desc="loading stages", unit="stage", file=sys.stderr, leave=False)
+    return tqdm(total=n, desc="loading stages", unit="stage", file=sys.stderr, leave=False, disable=None)

@@ -509,28 +509,48 @@ def load_prompts_file(path: str, tokenizer, *, default_max_new: int, default_sam
             assert isinstance(d, dict)
         except Exception:
             raise StrataError(f"--prompts_file {path}:{n}: not a JSON object") from None
-        if "prompt_ids" in d:
-            ids, text = [int(t) for t in d["prompt_ids"]], ""
-        elif "prompt" in d:
-            text = str(d["prompt"])
-            if d.get("chat"):
-                msgs = ([{"role": "system", "content": system}] if system else []) + [
-                    {"role": "user", "content": text}]
-                text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
-            ids = tokenizer.encode(text)
-        else:
-            raise StrataError(f"--prompts_file {path}:{n}: needs 'prompt' or 'prompt_ids'")
-        ds = default_sampling
-        samp = SamplingParams(float(d.get("temperature", ds.temperature)), int(d.get("top_k", ds.top_k)),
-                              float(d.get("top_p", ds.top_p)), float(d.get("min_p", ds.min_p)),
-                              int(d.get("seed", ds.seed)))
-        reqs.append(Request(ids, int(d.get("max_new_tokens", default_max_new)), samp, tuple(stop_ids),
-                            float(d.get("arrival", d.get("arrival_offset", 0.0))), rid=d.get("id", len(reqs)),
-                            text=text))
+        try:
+            reqs.append(_request_from_json(d, tokenizer, default_max_new, default_sampling, system, stop_ids,
+                                           len(reqs)))
+        except StrataError as e:
+            raise StrataError(f"--prompts_file {path}:{n}: {e}") from None
+        except (TypeError, ValueError) as e:
+            raise StrataError(f"--prompts_file {path}:{n}: bad value ({e})") from None
     if not reqs:
         raise StrataError(f"--prompts_file {path}: no requests")
     return reqs
 
+
+
+def _request_from_json(d: dict, tokenizer, default_max_new: int, default_sampling: SamplingParams, system, stop_ids,
+                       index: int) -> "Request":
+    """One `Request` from a JSONL object (see `load_prompts_file`). Raises StrataError / TypeError / ValueError."""
+    if "prompt_ids" in d:
+        if isinstance(d["prompt_ids"], str):
+            raise StrataError("'prompt_ids' must be a list of integers")
+        ids, text = [int(t) for t in d["prompt_ids"]], ""
+        if not ids:
+            raise StrataError("'prompt_ids' is empty")
+    elif "prompt" in d:
+        if tokenizer is None:
+            raise StrataError("this model has no usable tokenizer: give 'prompt_ids'")
+        text = str(d["prompt"])
+        if d.get("chat"):
+            msgs = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": text}]
+            text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+        ids = tokenizer.encode(text)
+    else:
+        raise StrataError("needs 'prompt' or 'prompt_ids'")
+    ds = default_sampling
+    samp = SamplingParams(float(d.get("temperature", ds.temperature)), int(d.get("top_k", ds.top_k)),
+                          float(d.get("top_p", ds.top_p)), float(d.get("min_p", ds.min_p)),
+                          int(d.get("seed", ds.seed)))
+    max_new = int(d.get("max_new_tokens", default_max_new))
+    if max_new < 1:
+        raise StrataError(f"max_new_tokens {max_new}: must be >= 1")
+    return Request(ids, max_new, samp, tuple(stop_ids), float(d.get("arrival", d.get("arrival_offset", 0.0))),
+                   rid=d.get("id", index), text=text)
 
 def write_jsonl(path: str, results: list[RequestResult], tokenizer=None) -> None:
     """One JSON object per request: id, tokens, text (when a tokenizer is given), stop reason, slot, timings."""

@@ -46,6 +46,16 @@ class GenerationStats:
     compiles: int = 0
     policy: dict = dataclasses.field(default_factory=dict)
 
+    def discount_compile(self, compiles: list[tuple[str, float]]) -> None:
+        """Take the compiles made during this generation (``(kind, seconds)``, see
+        `strata_jax.pipeline.windows.CompileCache.compile_log_since`) out of the prefill and decode times, so that
+        the rates measure running, not compiling."""
+        for kind, dt in compiles:
+            if kind == "prefill":
+                self.prefill_seconds = max(self.prefill_seconds - dt, 0.0)
+            else:
+                self.decode_seconds = max(self.decode_seconds - dt, 0.0)
+
     @property
     def prefill_tok_s(self) -> float:
         return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
