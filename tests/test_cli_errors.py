@@ -39,8 +39,8 @@ def _tiny_gguf(path, arch="llama", embd_type=None):
     if embd_type is None:
         w.add_tensor("token_embd.weight", rng.standard_normal((16, 32)).astype(np.float32))
     else:
-        # raw bytes of a block format the engine does not read (Q8_1: 36 bytes per 32 values)
-        w.add_tensor("token_embd.weight", rng.integers(0, 255, (16, 36), dtype=np.uint8), raw_dtype=embd_type)
+        # raw bytes of a block format the engine does not read (Q8_1: 40 bytes per 32 values)
+        w.add_tensor("token_embd.weight", rng.integers(0, 255, (16, 40), dtype=np.uint8), raw_dtype=embd_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
