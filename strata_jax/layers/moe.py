@@ -94,13 +94,12 @@ class MoE(nnx.Module):
         B, T, D = x.shape
         logits = qcall(self.router, x, exact_rows)
         w, ids = self.route(logits)
-        if exact_rows:
-            # one row at a time: a row's products do not depend on B, T or the other rows
-            xf, wf, idf = x.reshape(B * T, 1, D), w.reshape(B * T, 1, -1), ids.reshape(B * T, 1, -1)
-            ys = jax.lax.map(lambda r: self._routed_rows(xf[r], wf[r], idf[r]), jnp.arange(B * T))
-            y = ys.reshape(B, T, D)
-        else:
-            y = self._routed_rows(x.reshape(B * T, D), w.reshape(B * T, -1), ids.reshape(B * T, -1)).reshape(B, T, D)
+        # one row at a time, in windows and in prefill: a row's products do not depend on B, T or the other rows,
+        # and a prefill chunk never holds [rows, k, F, D] dequantized experts at once (25 GB for a 128-row chunk of
+        # the full-size Qwen3.8-Flash-Next shape)
+        xf, wf, idf = x.reshape(B * T, 1, D), w.reshape(B * T, 1, -1), ids.reshape(B * T, 1, -1)
+        ys = jax.lax.map(lambda r: self._routed_rows(xf[r], wf[r], idf[r]), jnp.arange(B * T))
+        y = ys.reshape(B, T, D)
         if self.has_shared:
             hs = jax.nn.silu(qcall(self.sh_gate, x, exact_rows)) * qcall(self.sh_up, x, exact_rows)
             s = qcall(self.sh_down, hs, exact_rows)
