@@ -34,11 +34,12 @@ def seeded(seed: int) -> SamplingParams:
 
 
 def workload(prompts: list[list[int]], n_new: int, sampled: bool, cancel: bool = True) -> list[Request]:
-    """Requests with staggered arrival rounds; the second one is cancelled after a few rounds (if ``cancel``)."""
+    """Requests arriving one round apart; the second one is cancelled one round after it arrives (if ``cancel``),
+    before proposals can finish it, while the first is still decoding beside the third."""
     reqs = []
     for i, p in enumerate(prompts):
         reqs.append(Request(list(p), max_new_tokens=n_new, sampling=seeded(1000 + i) if sampled else GREEDY,
-                            arrival_round=2 * i, cancel_round=(2 * i + 3) if (cancel and i == 1) else None))
+                            arrival_round=i, cancel_round=(i + 1) if (cancel and i == 1) else None))
     return reqs
 
 

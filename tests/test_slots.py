@@ -41,7 +41,7 @@ def _prompts(eng, n):
     return [[t % V for t in BASE[:10 + 2 * i] + BASE[:6]] for i in range(n)]  # repeats: lookup proposes
 
 
-def _check_modes(eng, modes, sampled, n_new=5, proposer_factory=None):
+def _check_modes(eng, modes, sampled, n_new=8, proposer_factory=None):
     reqs = bx.workload(_prompts(eng, eng.n_slots + 1), n_new, sampled)
     solo = {i: bx.solo_tokens(eng, r) for i, r in enumerate(reqs)}
     for mode in modes:
