@@ -37,7 +37,7 @@ MAX_CONTEXT = 128
 
 def _need(path: Path):
     if not path.exists():
-        pytest.skip(f"fixture {path.name} not present")
+        pytest.fail(f"committed fixture {path.name} is missing (experiments/parity/make_hybrid_fixtures.py makes it)")
 
 
 class Driver:
@@ -230,7 +230,7 @@ def test_qwen4exp_ple_row_ids_match_hf():
     _need(FIX / "qwen4exp_f32.gguf")
     ref = np.load(FIX / "qwen4exp_ref.npz")
     if "ple_row_ids" not in ref:
-        pytest.skip("fixture predates ple_row_ids")
+        pytest.fail("fixture lacks ple_row_ids: regenerate it with experiments/parity/make_hybrid_fixtures.py")
     g = open_gguf(FIX / "qwen4exp_f32.gguf")
     cfg = config_from_gguf(g)
     tab = HybridStage.ple_table(g, cfg)
@@ -247,7 +247,7 @@ def test_qwen4exp_qsa_selection_matches_hf():
     _need(FIX / "qwen4exp_f32.gguf")
     ref = np.load(FIX / "qwen4exp_ref.npz")
     if "qsa_selected_mask" not in ref:
-        pytest.skip("fixture predates qsa_selected_mask")
+        pytest.fail("fixture lacks qsa_selected_mask: regenerate it with experiments/parity/make_hybrid_fixtures.py")
     d = _driver("qwen4exp", "f32")
     cfg = d.cfg
     L = [i for i in range(cfg.n_layer) if not cfg.layer_recurrent[i]][0]

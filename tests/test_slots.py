@@ -28,7 +28,7 @@ MODE_FLAGS = {"serial": dict(batch_groups=1, batch_groups_given=True), "pipeline
 
 def _engine(engine_for, name, k):
     if name == HYBRID and not Path(HYBRID).exists():
-        pytest.skip("hybrid fixture not present (experiments/parity/make_hybrid_fixtures.py makes it)")
+        pytest.fail("committed hybrid fixture is missing (experiments/parity/make_hybrid_fixtures.py makes it)")
     if len(jax.devices()) < k:
         pytest.skip(f"needs {k} devices (XLA_FLAGS=--xla_force_host_platform_device_count={k})")
     split = {("smollm2-135m", 2): "15", ("smollm2-135m", 4): "8,15,23", (HYBRID, 2): "2", (HYBRID, 4): "1,2,3"}

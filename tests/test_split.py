@@ -29,7 +29,7 @@ def _need(k: int):
 def _split_engine(engine_for, name, k):
     _need(k)
     if name == HYBRID and not Path(HYBRID).exists():
-        pytest.skip("hybrid fixture not present (experiments/parity/make_hybrid_fixtures.py makes it)")
+        pytest.fail("committed hybrid fixture is missing (experiments/parity/make_hybrid_fixtures.py makes it)")
     if k == 1:
         return engine_for(name, max_context=CTX, n_slots=2, devices=jax.devices()[:1])
     split = MODELS[name][0 if k == 2 else 1]
