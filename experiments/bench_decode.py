@@ -83,6 +83,37 @@ def time_prefill_and_decode(eng, prompt_tokens: int, decode_tokens: int) -> dict
     return r
 
 
+def time_windows(eng, pos: int, sizes, reps: int = 8) -> dict:
+    """Verify windows of T rows (the solo speculative path's call: window + commit of all T rows) at ``pos``:
+    ``{T: {"first_s", "ms"}}`` with ``ms`` the warm mean over ``reps`` (each waited for). The same positions are
+    re-verified each time, so the state stays consistent."""
+    from strata_jax.sampling import RowSampling, SamplingParams
+    from strata_jax.state import Rows
+
+    samp = RowSampling.make([SamplingParams(0.0)])
+    rng = np.random.default_rng(1)
+    out = {}
+    for T in sizes:
+        toks = rng.integers(100, min(eng.cfg.vocab_size, 30000), (1, T)).astype(np.int32)
+        rows = Rows.make([0], [pos], [T])
+        kind = "window" if T > 1 else "step"
+
+        def one():
+            res = eng.window(toks, rows, samp, kind=kind)
+            if kind == "window":
+                eng.commit(rows, res.pending, np.zeros((1,), np.int32) + 1)
+            jax.block_until_ready(eng.states)
+
+        t0 = time.perf_counter()
+        one()
+        first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            one()
+        out[T] = {"first_s": first, "ms": (time.perf_counter() - t0) / reps * 1e3}
+    return out
+
+
 def weight_bytes_per_token(engine) -> int:
     """Bytes of weights a decode step reads: everything except the embedding table, of which one row is read
     (a tied head reads the whole table as the head)."""

@@ -40,10 +40,13 @@ def main() -> None:
     ap.add_argument("--max_context", type=int, default=1024)
     ap.add_argument("--prompt_tokens", type=int, default=64)
     ap.add_argument("--decode_tokens", type=int, default=16)
+    ap.add_argument("--windows", default="", help="also time verify windows of these row counts, e.g. 2,4,8")
+    ap.add_argument("--mtp", type=int, default=0, help="add a random MTP block and run its chain of N drafts after "
+                    "every window (its cost is then in every timing)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    from bench_decode import time_prefill_and_decode
+    from bench_decode import time_prefill_and_decode, time_windows
     from strata_jax.models.random_weights import VirtualGGUF, load_geometry
     from strata_jax.pipeline.engine import Engine
     from strata_jax.state import tree_bytes
@@ -51,13 +54,17 @@ def main() -> None:
     devs = jax.devices()[: args.devices] if args.devices else jax.devices()
     geom = load_geometry(args.geometry)
     t0 = time.perf_counter()
-    v = VirtualGGUF(geom, n_layer=args.n_layer)
-    eng = Engine(v, max_context=args.max_context, layer_split=args.layer_split, devices=devs)
+    v = VirtualGGUF(geom, n_layer=args.n_layer, mtp=args.mtp > 0)
+    eng = Engine(v, max_context=args.max_context, layer_split=args.layer_split, devices=devs, progress=True)
+    if args.mtp:
+        eng.enable_mtp(args.mtp)
     jax.block_until_ready([s.params for s in eng.stages])
     t_build = time.perf_counter() - t0
     mem_after_load = mem_per_device(devs)
     t = time_prefill_and_decode(eng, args.prompt_tokens, args.decode_tokens)
     t_decode = t["decode_s_per_token"]
+    wins = time_windows(eng, args.prompt_tokens, [int(x) for x in args.windows.split(",") if x]) \
+        if args.windows else {}
     wbytes = sum(tree_bytes(s.params) for s in eng.stages)
     r = {
         "geometry": args.geometry, "n_layer": eng.cfg.n_layer, "layer_split": args.layer_split,
@@ -66,9 +73,13 @@ def main() -> None:
         "memory_after_load": mem_after_load, "memory_after_decode": mem_per_device(devs),
         "prefill_first_call_s": t["prefill_first_s"], "prefill_tok_s": args.prompt_tokens / t["prefill_s"],
         "step_first_call_s": t["step_first_s"], "decode_ms_per_token": t_decode * 1e3,
+        "mtp_drafts": args.mtp, "verify_windows": {str(k): v for k, v in wins.items()},
     }
     print(f"{args.geometry} n_layer={eng.cfg.n_layer} split={args.layer_split} build {t_build:.1f} s, "
           f"weights {wbytes / 1e9:.1f} GB, prefill {r['prefill_tok_s']:.1f} tok/s, decode {t_decode * 1e3:.2f} ms/token")
+    for T, w in wins.items():
+        print(f"  verify window T={T}: {w['ms']:.2f} ms (first call {w['first_s']:.1f} s)"
+              + (f", MTP chain of {args.mtp} included" if args.mtp else ""))
     for m in r["memory_after_decode"]:
         if m["bytes_in_use"] is not None:
             print(f"  {m['device']}: {m['bytes_in_use'] / 2**30:.1f} GiB in use, peak {m['peak_bytes_in_use'] / 2**30:.1f} GiB")

@@ -54,12 +54,14 @@ class VirtualGGUF:
       geom: a geometry dict (`load_geometry`).
       n_layer: override the layer count (smaller runs of the same shape).
       seed: random seed.
+      mtp: add one MTP draft block (block ``n_layer``, ``nextn_predict_layers`` = 1) in the dense format.
     """
 
     virtual = True
 
-    def __init__(self, geom: dict, n_layer: int | None = None, seed: int = 0):
+    def __init__(self, geom: dict, n_layer: int | None = None, seed: int = 0, mtp: bool = False):
         self.geom = dict(geom)
+        self.mtp = bool(mtp)
         if n_layer is not None:
             self.geom["n_layer"] = n_layer
         self.path = f"<random {geom['arch']} geometry>"
@@ -182,11 +184,7 @@ class VirtualGGUF:
         for i in range(L):
             b = f"blk.{i}."
             if A == "qwen4exp":
-                for half in ("attn", "ffn"):
-                    t(b + f"hc_{half}_inject.weight", (hc, hc * H), qm["small"])
-                    t(b + f"hc_{half}_norm.weight", (hc * H,), "F32")
-                    t(b + f"hc_{half}_down.weight", (g["hc_lowrank"], hc * H), qm["small"])
-                    t(b + f"hc_{half}_up.weight", (hc * H, g["hc_lowrank"]), qm["small"])
+                self._hc(b)
             else:
                 t(b + "attn_norm.weight", (H,), "F32")
                 t(b + "post_attention_norm.weight", (H,), "F32")
@@ -204,18 +202,7 @@ class VirtualGGUF:
                 t(b + "ssm_norm.weight", (DV,), "F32")
                 t(b + "ssm_out.weight", (H, inner), qm["dense"])
             else:
-                if A == "qwen4exp":
-                    IXH, IXD = g["indexer_heads"], g["indexer_head_dim"]
-                    t(b + "indexer.q_proj.weight", (IXH * IXD, H), qm["small"])
-                    t(b + "indexer.k_proj.weight", (IXD, H), qm["small"])
-                    t(b + "indexer.k_norm.weight", (IXD,), "F32")
-                    t(b + "indexer.q_norm.weight", (IXD,), "F32")
-                t(b + "attn_q.weight", (2 * NH * HD, H), qm["dense"])
-                t(b + "attn_k.weight", (NKV * HD, H), qm["dense"])
-                t(b + "attn_v.weight", (NKV * HD, H), qm["attn_v"])
-                t(b + "attn_output.weight", (H, NH * HD), qm["dense"])
-                t(b + "attn_q_norm.weight", (HD,), "F32")
-                t(b + "attn_k_norm.weight", (HD,), "F32")
+                self._attention(b, indexer=A == "qwen4exp")
             if A == "qwen4exp" and i in g.get("ple_layers", []):
                 t(b + "ple_conv1d.weight", (hc * H, 4), "F32")
                 t(b + "ple_key.weight", (hc * H, H), qm["small"])
@@ -223,14 +210,66 @@ class VirtualGGUF:
                 t(b + "ple_norm_key.weight", (hc * H,), "F32")
                 t(b + "ple_norm_query.weight", (hc * H,), "F32")
                 t(b + "ple_value.weight", (H, H), qm["small"])
-            t(b + "ffn_gate_inp.weight", (E, H), qm["router"])
-            t(b + "ffn_gate_exps.weight", (E, F, H), qm["exp_gate_up"])
-            t(b + "ffn_up_exps.weight", (E, F, H), qm["exp_gate_up"])
-            t(b + "ffn_down_exps.weight", (E, H, F), qm["exp_down"])
-            t(b + "ffn_gate_shexp.weight", (FS, H), qm["shexp_gate_up"])
-            t(b + "ffn_up_shexp.weight", (FS, H), qm["shexp_gate_up"])
-            t(b + "ffn_down_shexp.weight", (H, FS), qm["shexp_down"])
-            t(b + "ffn_gate_inp_shexp.weight", (1, H), qm["small"])
+            self._moe(b)
+        if self.mtp:
+            self._mtp_block()
+
+    def _hc(self, b: str):
+        g, qm, H, hc = self.geom, self.geom["quant"], self.geom["hidden"], self.geom.get("hc", 0)
+        for half in ("attn", "ffn"):
+            self._t(b + f"hc_{half}_inject.weight", (hc, hc * H), qm["small"])
+            self._t(b + f"hc_{half}_norm.weight", (hc * H,), "F32")
+            self._t(b + f"hc_{half}_down.weight", (g["hc_lowrank"], hc * H), qm["small"])
+            self._t(b + f"hc_{half}_up.weight", (hc * H, g["hc_lowrank"]), qm["small"])
+
+    def _attention(self, b: str, indexer: bool):
+        g, qm, t, H = self.geom, self.geom["quant"], self._t, self.geom["hidden"]
+        NH, NKV, HD = g["heads"], g["kv_heads"], g["head_dim"]
+        if indexer:
+            IXH, IXD = g["indexer_heads"], g["indexer_head_dim"]
+            t(b + "indexer.q_proj.weight", (IXH * IXD, H), qm["small"])
+            t(b + "indexer.k_proj.weight", (IXD, H), qm["small"])
+            t(b + "indexer.k_norm.weight", (IXD,), "F32")
+            t(b + "indexer.q_norm.weight", (IXD,), "F32")
+        t(b + "attn_q.weight", (2 * NH * HD, H), qm["dense"])
+        t(b + "attn_k.weight", (NKV * HD, H), qm["dense"])
+        t(b + "attn_v.weight", (NKV * HD, H), qm["attn_v"])
+        t(b + "attn_output.weight", (H, NH * HD), qm["dense"])
+        t(b + "attn_q_norm.weight", (HD,), "F32")
+        t(b + "attn_k_norm.weight", (HD,), "F32")
+
+    def _moe(self, b: str):
+        g, qm, t, H = self.geom, self.geom["quant"], self._t, self.geom["hidden"]
+        E, F, FS = g["experts"], g["expert_ff"], g["shared_ff"]
+        t(b + "ffn_gate_inp.weight", (E, H), qm["router"])
+        t(b + "ffn_gate_exps.weight", (E, F, H), qm["exp_gate_up"])
+        t(b + "ffn_up_exps.weight", (E, F, H), qm["exp_gate_up"])
+        t(b + "ffn_down_exps.weight", (E, H, F), qm["exp_down"])
+        t(b + "ffn_gate_shexp.weight", (FS, H), qm["shexp_gate_up"])
+        t(b + "ffn_up_shexp.weight", (FS, H), qm["shexp_gate_up"])
+        t(b + "ffn_down_shexp.weight", (H, FS), qm["shexp_down"])
+        t(b + "ffn_gate_inp_shexp.weight", (1, H), qm["small"])
+
+    def _mtp_block(self):
+        """One MTP draft block in block ``n_layer`` (the names `strata_jax.layers.mtp` reads)."""
+        g, A, qm, t, H = self.geom, self.geom["arch"], self.geom["quant"], self._t, self.geom["hidden"]
+        L = g["n_layer"]
+        b = f"blk.{L}."
+        self.metadata[f"{A}.block_count"] = L + 1
+        self.metadata[f"{A}.nextn_predict_layers"] = 1
+        if A == "qwen4exp":
+            hc = g["hc"]
+            self._hc(b)
+            t(b + "nextn.enorm.weight", (H,), "F32")
+            t(b + "nextn.hnorm.weight", (hc * H,), "F32")
+            t(b + "nextn.fc_embedding.weight", (H, H), qm["dense"])
+            t(b + "nextn.fc_hidden.weight", (H, H), qm["dense"])
+        else:
+            t(b + "nextn.eh_proj.weight", (H, 2 * H), qm["dense"])
+            for k in ("nextn.enorm", "nextn.hnorm", "nextn.shared_head_norm", "attn_norm", "post_attention_norm"):
+                t(b + k + ".weight", (H,), "F32")
+        self._attention(b, indexer=False)
+        self._moe(b)
 
     def weight_bytes(self) -> int:
         """Bytes of all tensors (the PLE table included)."""

@@ -22,7 +22,8 @@ from strata_jax.config import ModelConfig, config_from_gguf
 from strata_jax.errors import StrataError
 from strata_jax.gguf import open_gguf
 from strata_jax.models import build_stage
-from strata_jax.pipeline.stages import (Stage, build_commit_fn, build_stage_fn, make_stage, parse_layer_split)
+from strata_jax.pipeline.stages import (Stage, build_commit_fn, build_mtp_fn, build_stage_fn, make_stage,
+                                       parse_layer_split)
 from strata_jax.pipeline.windows import CompileCache
 from strata_jax.sampling import RowSampling, SamplingParams
 from strata_jax.state import Rows, tree_bytes
@@ -95,6 +96,11 @@ class Engine:
             self.ple_prev = [self.ple_table.start_prev() for _ in range(self.n_slots)]
             self._ple_window = {}
         self._commit_fns = {}
+        # the MTP draft layer (off until `enable_mtp`): module, params and per-slot K/V on the last stage's device
+        self.mtp = None
+        self.mtp_n = 0
+        self.mtp_state = None
+        self._mtp_last: dict[int, tuple] = {}
         self.load_seconds = time.perf_counter() - t0
         self._tokenizer = None
 
@@ -138,6 +144,8 @@ class Engine:
                                                         self._extra(stage, kind, tokens, rows))
             pendings.append(pending)
             x = out["hidden"]
+        if self.mtp is not None and kind != "prefill":
+            self._mtp_after(kind, out, jax.device_put(rows, self.stages[-1].device))
         return out, pendings
 
     def _extra(self, stage: Stage, kind: str, tokens, rows: Rows):
@@ -220,6 +228,11 @@ class Engine:
                 pick = int(out["picks"][0, len(chunk) - 1])
             else:
                 pick = int(out["picks"][0, 0])
+            if self.mtp is not None:  # the MTP layer reads the prompt too: row i with the token at i + 1
+                nxt = np.zeros((1, C), np.int32)
+                follow = list(ids[c0 + 1:c0 + C + 1]) if c0 + C < n else list(ids[c0 + 1:]) + [pick]
+                nxt[0, :len(follow)] = follow
+                self._mtp_after("prefill", out, jax.device_put(rows, self.stages[-1].device), nxt)
         return pick, (np.concatenate(logits_out) if all_logits else None)
 
     def window(self, tokens: np.ndarray, rows: Rows, sampling: RowSampling, kind: str = "window") -> WindowResult:
@@ -252,6 +265,8 @@ class Engine:
         out, self.states[index], pending = fn(stage.params, self.states[index], jax.device_put(x, dev),
                                               jax.device_put(rows, dev), jax.device_put(tokens, dev),
                                               jax.device_put(sampling, dev), self._extra(stage, kind, tokens, rows))
+        if stage.last and self.mtp is not None and kind != "prefill":
+            self._mtp_after(kind, out, jax.device_put(rows, dev))
         return out, pending
 
     def commit_stage(self, index: int, rows: Rows, pending, keep) -> None:
@@ -297,6 +312,62 @@ class Engine:
         self.states = [jax.device_put(s.module.init_state(n_slots, self.max_context, self.kv_dtype), s.device)
                        for s in self.stages]
         self._commit_fns = {k: v for k, v in self._commit_fns.items() if not isinstance(k, tuple)}
+        if self.mtp is not None:
+            self.mtp_state = self.mtp.init_state(n_slots, self.max_context, self.kv_dtype, self.stages[-1].device)
+            self._mtp_last = {}
+
+    # ---- MTP proposals (the model's draft layer on the last stage) ----------------------------------------------------
+    def enable_mtp(self, n_draft: int) -> None:
+        """Load the model's MTP layer on the last stage's device and, from now on, run its catch-up + draft chain
+        after every window, step and prefill chunk (`strata_jax.pipeline.stages.build_mtp_fn`): each slot's next
+        ``n_draft`` proposals wait on the device for `mtp_proposal`. Idempotent; a larger ``n_draft`` lengthens the
+        chain. Enable before the prompts are read (the MTP layer's K/V holds the prompt too).
+
+        Raises:
+          StrataError: the model has no MTP layer (``nextn_predict_layers`` = 0) or its tensors are missing;
+            UnsupportedError: a family without an MTP layer; ``n_draft`` outside 1..MAX_WINDOW - 1.
+        """
+        from flax import nnx
+
+        from strata_jax.layers.mtp import MTPHead
+
+        n_draft = int(n_draft)
+        if not 1 <= n_draft <= MAX_WINDOW - 1:
+            raise StrataError(f"MTP chain of {n_draft} drafts: must lie in 1..{MAX_WINDOW - 1}")
+        if self.mtp is None:
+            if int(getattr(self.cfg, "n_nextn", 0) or 0) <= 0:
+                raise StrataError(f"{self.gguf.path} ({self.cfg.arch}) has no MTP layer (nextn_predict_layers = 0)")
+            dev = self.stages[-1].device
+            self.mtp = MTPHead(self.gguf, self.cfg, dev)
+            self._mtp_graphdef, self._mtp_params = nnx.split(self.mtp)
+            self.mtp_state = self.mtp.init_state(self.n_slots, self.max_context, self.kv_dtype, dev)
+        self.mtp_n = max(self.mtp_n, n_draft)
+
+    def _mtp_after(self, kind: str, out: dict, rows: Rows, next_tokens=None) -> None:
+        """Launch the MTP step after the last stage's call (asynchronous; nothing read back here)."""
+        h = out["mtp_hidden"]
+        B, T = h.shape[:2]
+        if kind == "prefill":
+            nxt, n_use = jnp.asarray(next_tokens, jnp.int32), rows.n_valid
+        else:
+            nxt = out["picks"]
+            n_use = out["n_keep"] if kind == "window" else rows.n_valid
+        mode = "prefill" if kind == "prefill" else "window"
+        key = ("mtp", mode, B, T, self.mtp_n)
+        fn = self.cache.get(key, lambda: build_mtp_fn(self._mtp_graphdef, mode, self.mtp_n))
+        drafts, probs, self.mtp_state = fn(self._mtp_params, self.mtp_state, h, nxt, rows, n_use)
+        for b, s in enumerate(np.asarray(jax.device_get(rows.slot)).tolist()):
+            self._mtp_last[int(s)] = (drafts, probs, rows.pos0, n_use, b)
+
+    def mtp_proposal(self, slot: int) -> tuple[int, list[int], list[float]] | None:
+        """The MTP drafts waiting for ``slot``: (position of the token they follow, drafts, probabilities), or None
+        before the slot's first prompt. Reads them from the device (waits for the chain)."""
+        got = self._mtp_last.get(int(slot))
+        if got is None:
+            return None
+        drafts, probs, pos0, n_use, b = jax.device_get(got[:4]) + (got[4],)
+        pos = int(np.asarray(pos0)[b]) + int(np.asarray(n_use)[b])
+        return pos, np.asarray(drafts)[b].tolist(), np.asarray(probs)[b].astype(float).tolist()
 
     def handoff_bytes_per_row(self) -> int:
         """Bytes handed from one stage to the next per window row (hidden [D] float32)."""

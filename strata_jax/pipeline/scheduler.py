@@ -161,6 +161,7 @@ class BatchScheduler:
       proposer_factory: ``() -> Proposer`` per request, for the ``batch_mtp`` and ``piped_mtp`` modes (and the
         solo path in them); default prompt lookup.
       solo_return: a lone slot decodes on the solo path.
+      spec_min_p: cut each slot's proposals at the first one whose proposer probability is below it (0 = off).
       clock: seconds (default ``time.perf_counter``).
 
     Raises:
@@ -169,7 +170,8 @@ class BatchScheduler:
     """
 
     def __init__(self, engine: Engine, resolution: Resolution, *, proposer_factory: Callable | None = None,
-                 solo_return: bool = True, clock: Callable[[], float] = time.perf_counter):
+                 solo_return: bool = True, spec_min_p: float = 0.0,
+                 clock: Callable[[], float] = time.perf_counter):
         self.engine = engine
         self.res = resolution
         self.mode = resolution.mode
@@ -187,6 +189,7 @@ class BatchScheduler:
             proposer_factory = LookupProposer
         self.proposer_factory = proposer_factory
         self.solo_return = solo_return
+        self.spec_min_p = float(spec_min_p)
         self.clock = clock
         self.t0 = None
         self.round = 0
@@ -246,6 +249,8 @@ class BatchScheduler:
         a = _Active(req, res, slot, self.proposer_factory() if self.props_per_window else None)
         if a.proposer is not None:
             a.proposer.reset()
+            if hasattr(a.proposer, "bind"):
+                a.proposer.bind(slot)  # proposers that keep per-slot state on the device (MTP)
         res.first_token_s = self._now()
         self.stats["admissions"] += 1
         reason = a.emit(first, self.engine.max_context)
@@ -335,7 +340,14 @@ class BatchScheduler:
         room = a.room(cap, self.engine.max_context)
         if room <= 0 or a.proposer is None:
             return []
-        return [int(t) for t in a.proposer.propose(list(a.history), room)][:room]
+        props = [int(t) for t in a.proposer.propose(list(a.history), room, self.spec_min_p)][:room]
+        probs = a.proposer.last_probs
+        if self.spec_min_p > 0 and probs is not None:
+            n_ok = 0
+            while n_ok < len(props) and n_ok < len(probs) and probs[n_ok] >= self.spec_min_p:
+                n_ok += 1
+            props = props[:n_ok]
+        return props
 
     def _serial_window(self, P: int) -> None:
         """All active slots (at most 8 rows: ``8 // (1 + P)`` slots, rotating) in one window through every stage."""
@@ -567,23 +579,30 @@ def write_jsonl(path: str, results: list[RequestResult], tokenizer=None) -> None
             f.write(json.dumps(d) + "\n")
 
 
-def proposer_factory_for(engine: Engine, draft: str):
-    """``() -> Proposer`` for batch proposals: ``--draft lookup`` / ``mtp`` as asked; ``none`` picks MTP when the
-    model has it and `strata_jax.proposers.mtp` exists, else prompt lookup. Returns (factory, name)."""
+def proposer_factory_for(engine: Engine, draft: str, n_props: int = 1, draft_model: str | None = None,
+                         cache_dir=None):
+    """``() -> Proposer`` for batch proposals (up to ``n_props`` per window): ``--draft lookup`` / ``mtp`` / ``model``
+    as asked; ``none`` picks MTP when the model has an MTP layer, else prompt lookup. Returns (factory, name).
+
+    Raises:
+      StrataError: ``--draft mtp`` on a model without an MTP layer; ``model`` without ``--draft_model``.
+    """
     from strata_jax.proposers import LookupProposer, make_proposer
 
-    if draft in ("lookup", "none"):
-        if draft == "none" and int(getattr(engine.cfg, "n_nextn", 0) or 0) > 0:
-            try:
-                make_proposer("mtp", engine)
-                return (lambda: make_proposer("mtp", engine)), "mtp"
-            except StrataError:
-                pass
+    n_props = max(1, int(n_props))
+    if draft == "none":
+        draft = "mtp" if int(getattr(engine.cfg, "n_nextn", 0) or 0) > 0 else "lookup"
+    if draft == "lookup":
         return LookupProposer, "lookup"
     if draft == "mtp":
-        make_proposer("mtp", engine)  # raises when the model or the engine has none
-        return (lambda: make_proposer("mtp", engine)), "mtp"
-    raise StrataError(f"--draft {draft}: batch proposals come from lookup or mtp")
+        make_proposer("mtp", engine, spec=n_props + 1)  # loads the MTP layer once; raises when the model has none
+        return (lambda: make_proposer("mtp", engine, spec=n_props + 1)), "mtp"
+    if draft == "model":
+        shared = make_proposer("model", engine, draft_model=draft_model, spec=n_props + 1, cache_dir=cache_dir)
+        if shared.engine.n_slots != engine.n_slots:
+            shared.engine.set_slots(engine.n_slots)  # request in target slot s drafts in draft slot s
+        return shared.fork, "model"
+    raise StrataError(f"--draft {draft}: expected one of none, lookup, mtp, model")
 
 
 def run_batch_cli(engine: Engine, FLAGS) -> int:
@@ -605,11 +624,12 @@ def run_batch_cli(engine: Engine, FLAGS) -> int:
     engine.check_batch_fits(FLAGS.batch, limit)
     res = resolve_groups(FLAGS.batch, len(engine.stages), FLAGS.batch_groups,
                          FLAGS["batch_groups"].present > 0, FLAGS.batch_mtp, FLAGS.piped_mtp)
-    factory, pname = proposer_factory_for(engine, FLAGS.draft)
-    extra = f"; proposals: {pname}" if res.mode in ("batch_mtp", "piped_mtp") else ""
-    print(f"batch: {res.message}{extra}", file=sys.stderr)
     if engine.n_slots != FLAGS.batch:
         engine.set_slots(FLAGS.batch)
+    factory, pname = proposer_factory_for(engine, FLAGS.draft, max(res.piped_mtp, 1), FLAGS.draft_model,
+                                          FLAGS.cache_dir)
+    extra = f"; proposals: {pname}" if res.mode in ("batch_mtp", "piped_mtp") else ""
+    print(f"batch: {res.message}{extra}", file=sys.stderr)
     try:
         tok = engine.tokenizer
         eos = tuple(tok.eos_ids)
@@ -620,7 +640,7 @@ def run_batch_cli(engine: Engine, FLAGS) -> int:
                              default_sampling=SamplingParams(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p,
                                                              FLAGS.min_p, FLAGS.seed),
                              system=FLAGS.system, stop_ids=eos)
-    sch = BatchScheduler(engine, res, proposer_factory=factory)
+    sch = BatchScheduler(engine, res, proposer_factory=factory, spec_min_p=FLAGS.spec_min_p)
     t0 = time.perf_counter()
     results = sch.run(reqs)
     dt = time.perf_counter() - t0

@@ -209,6 +209,8 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
 
     aside0 = policy.stepped_aside if policy is not None else 0
     proposer.reset()
+    if hasattr(proposer, "bind"):
+        proposer.bind(slot)  # proposers that keep per-slot state on the device (MTP)
     t0 = time.perf_counter()
     first, prefill_logits = engine.prefill(slot, list(prompt_ids), sampling, all_logits=dump_logits)
     stats.prefill_seconds = time.perf_counter() - t0

@@ -147,3 +147,48 @@ def build_commit_fn(stage: Stage):
         return m.commit(state, pending, rows, keep)
 
     return jax.jit(fn, donate_argnums=(1,))
+
+
+def build_mtp_fn(graphdef, mode: str, n_draft: int):
+    """The jitted MTP proposer step of the last stage: catch up on a window's kept rows (or a prefill chunk's rows),
+    then chain ``n_draft`` greedy drafts (SERVING.md §3.3; llama.cpp ``draft-mtp``; Strata's MTP chain).
+
+    ``fn(params, state, h, next_tokens, rows, n_use) -> (drafts, probs, state)``:
+      h: the last stage's ``out["mtp_hidden"]`` [B, T, D] (or [B, T, hc, D] for qwen4exp) float32;
+      next_tokens: int32 [B, T], the token after each row (a window's picks; a prompt's next ids);
+      rows: the window's `Rows`; n_use: int32 [B], rows to catch up on (a window's ``n_keep``, else ``n_valid``).
+    The MTP cell of row i (position ``pos0 + i``) combines ``h_i`` with the token at ``pos0 + i + 1``; the last used
+    row's logits give draft 1 (the token after the bonus token); draft k >= 2 feeds the previous draft's hidden and
+    token at position ``q + k - 1`` (q = the last used row's position). Chain cells are overwritten by the next
+    catch-up before any query reads them. Returns drafts int32 [B, n_draft] (argmax, ties to the lower id) and each
+    draft's probability under the MTP head (float32 [B, n_draft]; for ``--spec_min_p``). ``state`` is donated.
+    """
+
+    def pick(lg):
+        d = jnp.argmax(lg, axis=-1).astype(jnp.int32)
+        p = jnp.exp(jnp.take_along_axis(lg, d[:, None], axis=1)[:, 0] - jax.nn.logsumexp(lg, axis=-1))
+        return d, p
+
+    def fn(params, state, h, next_tokens, rows: Rows, n_use):
+        m = nnx.merge(graphdef, params)
+        use = Rows(rows.slot, rows.pos0, n_use)
+        lg, nh, state = m.draft(state, h, next_tokens, use, mode)
+        B = h.shape[0]
+        last = jnp.maximum(n_use - 1, 0)
+        d, p = pick(lg[jnp.arange(B), last].astype(jnp.float32))
+        if n_draft == 1:
+            return d[:, None], p[:, None], state
+        q = rows.pos0 + last
+        ones = jnp.ones_like(n_use)
+
+        def body(carry, k):
+            st, hl, dl = carry
+            lg1, h1, st = m.draft(st, hl[:, None], dl[:, None], Rows(rows.slot, q + k, ones), "window")
+            d1, p1 = pick(lg1[:, 0].astype(jnp.float32))
+            return (st, h1[:, 0], d1), (d1, p1)
+
+        (state, _, _), (ds, ps) = jax.lax.scan(body, (state, nh[jnp.arange(B), last], d),
+                                               jnp.arange(1, n_draft, dtype=jnp.int32))
+        return (jnp.concatenate([d[:, None], ds.T], axis=1), jnp.concatenate([p[:, None], ps.T], axis=1), state)
+
+    return jax.jit(fn, donate_argnums=(1,))

@@ -1,8 +1,8 @@
 """Draft sources for speculative decoding on one sequence (SERVING.md §3.3).
 
 `Proposer` is the interface; `LookupProposer` (prompt lookup / suffix match), `DraftModelProposer` (a smaller GGUF
-with the same tokenizer) and `ScriptedProposer` (tests) implement it; `SpecPolicy` decides online when a proposer
-steps aside. `make_proposer` builds one from the command-line choice.
+with the same tokenizer), `MtpProposer` (the model's MTP layer) and `ScriptedProposer` (tests) implement it;
+`SpecPolicy` decides online when a proposer steps aside. `make_proposer` builds one from the command-line choice.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from strata_jax.errors import StrataError
 from strata_jax.proposers.base import Proposer, ScriptedProposer
 from strata_jax.proposers.draft_model import DraftModelProposer, check_same_tokenizer
 from strata_jax.proposers.lookup import LookupProposer
+from strata_jax.proposers.mtp import MtpProposer
 from strata_jax.proposers.policy import SpecPolicy
 
 DRAFT_KINDS = ("none", "lookup", "model", "mtp")
@@ -42,21 +43,14 @@ def make_proposer(kind: str, target, *, draft_model: str | None = None, spec: in
         path = resolve_model(draft_model, cache_dir)
         return DraftModelProposer.load(path, target, window=spec, **engine_kwargs)
     if kind == "mtp":
-        n_mtp = int(getattr(target.cfg, "n_nextn", 0) or 0)
-        try:
-            from strata_jax.proposers.mtp import MtpProposer  # noqa: F401
-        except ImportError:
-            MtpProposer = None
-        if n_mtp <= 0:
+        from strata_jax.proposers.mtp import MtpProposer
+
+        if int(getattr(target.cfg, "n_nextn", 0) or 0) <= 0:
             raise StrataError(f"--draft mtp: {target.gguf.path} ({target.cfg.arch}) has no MTP layer "
                               f"(nextn_predict_layers = 0); use --draft lookup or --draft model")
-        if MtpProposer is None:
-            raise StrataError(f"--draft mtp: {target.gguf.path} has {n_mtp} MTP layer(s), but MTP proposals are not "
-                              f"wired into the engine yet (no strata_jax.proposers.mtp); use --draft lookup or "
-                              f"--draft model")
-        return MtpProposer(target)
+        return MtpProposer(target, n_draft=max(1, min(int(spec), 8) - 1))
     raise StrataError(f"--draft {kind!r}: expected one of {', '.join(DRAFT_KINDS)}")
 
 
-__all__ = ["Proposer", "ScriptedProposer", "LookupProposer", "DraftModelProposer", "SpecPolicy", "check_same_tokenizer",
-           "make_proposer", "DRAFT_KINDS"]
+__all__ = ["Proposer", "ScriptedProposer", "LookupProposer", "DraftModelProposer", "MtpProposer", "SpecPolicy",
+           "check_same_tokenizer", "make_proposer", "DRAFT_KINDS"]

@@ -98,6 +98,27 @@ class DraftModelProposer(Proposer):
         super().reset()
         self.fed: list[int] = []  # tokens in the draft's cache at positions 0..len-1
 
+    def bind(self, slot: int) -> None:
+        """Draft in the draft engine's ``slot`` from now on (batch slots: one per request; forgets the cache).
+
+        Raises:
+          StrataError: a slot the draft engine does not have.
+        """
+        if not 0 <= int(slot) < self.engine.n_slots:
+            raise StrataError(f"draft slot {slot} outside the draft engine's {self.engine.n_slots} slots")
+        self.slot = int(slot)
+        self.reset()
+
+    def fork(self) -> "DraftModelProposer":
+        """Another proposer on the same draft engine (and its compiled functions), for another request."""
+        other = object.__new__(type(self))
+        Proposer.__init__(other)
+        other.engine, other.target_vocab, other.slot, other.window = self.engine, self.target_vocab, self.slot, \
+            self.window
+        other._samp, other.draft_seconds, other.draft_calls = self._samp, 0.0, 0
+        other.reset()
+        return other
+
     @staticmethod
     def _prob(logits_row) -> float:
         return float(jnp.max(jax.nn.softmax(logits_row)))
