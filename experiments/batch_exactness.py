@@ -9,8 +9,15 @@ Usage (CPU, 4 host devices):
   XLA_FLAGS=--xla_force_host_platform_device_count=4 python experiments/batch_exactness.py \
       --model smollm2-135m --stages 2 --modes serial,pipelined,batch_mtp,piped_mtp --new 8
   ... --model tests/fixtures/hybrid/qwen3next_f32.gguf --stages 2
+The anchor's workload (seed 000: 32 requests x 512 tokens, 4 concurrent), on GPUs, with MTP proposals:
+  python experiments/batch_exactness.py --model qwen4exp_mtp.gguf --stages 2 --slots 4 --requests 32 --new 512 \
+      --draft mtp --max_context 1024
+``--model`` may be a registry name, a .gguf path, or a header file made by experiments/random_gguf.py (random
+weights of the real shapes). ``--same_device`` puts every stage on the first device (exactness of the pipelined
+modes on a machine with fewer devices than stages; not a speed run).
 
-Prints one line per mode: requests exact / total, windows, solo windows, proposals accepted, seconds.
+Prints one line per mode: requests exact / total, windows, solo windows, proposals accepted, seconds; ``--out``
+writes the same as JSON.
 """
 
 from __future__ import annotations
@@ -50,9 +57,19 @@ def solo_tokens(engine: Engine, req: Request) -> list[int]:
                     eos_ids=req.stop_ids, slot=0).tokens
 
 
-def check(engine: Engine, mode_res, reqs: list[Request], solo: dict, proposer_factory=None):
+def make_prompts(n: int, vocab: int) -> list[list[int]]:
+    """``n`` prompts of 16-40 tokens; each ends by repeating its start, so prompt lookup has something to propose."""
+    base = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575]
+    out = []
+    for i in range(n):
+        body = [(t * (1 + i // 4) + 7 * i) % vocab for t in base[:10 + 2 * (i % 4)]]
+        out.append(body + body[:6])
+    return out
+
+
+def check(engine: Engine, mode_res, reqs: list[Request], solo: dict, proposer_factory=None, spec_min_p=0.0):
     """Run ``reqs`` in ``mode_res``'s mode; returns (results, list of mismatch descriptions, scheduler)."""
-    sch = BatchScheduler(engine, mode_res, proposer_factory=proposer_factory)
+    sch = BatchScheduler(engine, mode_res, proposer_factory=proposer_factory, spec_min_p=spec_min_p)
     import copy
 
     results = sch.run([copy.copy(r) for r in reqs])
@@ -71,35 +88,54 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--stages", type=int, default=2)
-    ap.add_argument("--slots", type=int, default=0, help="slots (default: one per stage)")
+    ap.add_argument("--same_device", action="store_true", help="every stage on the first device")
+    ap.add_argument("--slots", type=int, default=0, help="slots = concurrent requests (default: one per stage)")
+    ap.add_argument("--requests", type=int, default=0, help="requests (default: slots + 1)")
     ap.add_argument("--modes", default="serial,pipelined,batch_mtp,piped_mtp")
-    ap.add_argument("--new", type=int, default=8)
+    ap.add_argument("--new", type=int, default=8, help="tokens per request")
     ap.add_argument("--piped", type=int, default=2, help="proposals per window in piped_mtp")
+    ap.add_argument("--draft", default="lookup", choices=["lookup", "mtp"], help="proposals of the proposal modes")
+    ap.add_argument("--spec_min_p", type=float, default=0.0)
     ap.add_argument("--max_context", type=int, default=96)
     ap.add_argument("--sampled", default="0,1", help="0 = greedy, 1 = seeded; comma-separated")
+    ap.add_argument("--out", default=None, help="JSON results")
     a = ap.parse_args()
     path = a.model
-    if not path.endswith(".gguf"):
+    if path.endswith(".header"):
+        import random_gguf
+
+        path, src = "/tmp/strata_exactness_random.gguf", path
+        random_gguf.fill(src, path)
+    elif not path.endswith(".gguf"):
         from strata_jax.models_registry import fetch_model
 
         path = str(fetch_model(path, quiet=True))
-    devs = jax.devices()[:a.stages]
+    devs = [jax.devices()[0]] * a.stages if a.same_device else jax.devices()[:a.stages]
     n_slots = a.slots or max(a.stages, 2)
     t0 = time.perf_counter()
     eng = Engine(path, max_context=a.max_context, n_slots=n_slots, devices=devs,
                  layer_split=None if a.stages == 1 else ",".join(
                      str(round(i * _n_layer(path) / a.stages)) for i in range(1, a.stages)))
-    print(f"loaded {path} on {len(eng.stages)} stage(s), {n_slots} slots in {time.perf_counter() - t0:.1f} s")
+    print(f"loaded {path} on {len(eng.stages)} stage(s) {[str(s.device) for s in eng.stages]}, {n_slots} slots in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
     for line in eng.memory_lines():
         print(" ", line)
-    V = eng.cfg.vocab_size
-    base = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575]
-    # each prompt ends by repeating its start, so prompt lookup has something to propose
-    prompts = [[t % V for t in base[:10 + 2 * i] + base[:6]] for i in range(n_slots + 1)]
+    factory = None
+    if a.draft == "mtp":
+        from strata_jax.proposers import make_proposer
+
+        factory = lambda: make_proposer("mtp", eng, spec=max(a.piped, 1) + 1)  # noqa: E731
+        factory()  # loads the MTP layer before any prompt is read
+    prompts = make_prompts(a.requests or n_slots + 1, eng.cfg.vocab_size)
     ok_all = True
+    report = {"model": a.model, "stages": len(eng.stages), "devices": [str(s.device) for s in eng.stages],
+              "slots": n_slots, "requests": len(prompts), "new": a.new, "draft": a.draft, "runs": []}
     for sampled in [bool(int(s)) for s in a.sampled.split(",")]:
         reqs = workload(prompts, a.new, sampled)
+        t1 = time.perf_counter()
         solo = {i: solo_tokens(eng, r) for i, r in enumerate(reqs)}
+        print(f"solo references ({'seeded' if sampled else 'greedy'}): {len(reqs)} x {a.new} tokens in "
+              f"{time.perf_counter() - t1:.1f} s", flush=True)
         for mode in a.modes.split(","):
             kw = {"serial": dict(batch_groups=1, batch_groups_given=True),
                   "pipelined": dict(), "batch_mtp": dict(batch_mtp=True),
@@ -109,17 +145,30 @@ def main():
                 print(f"{mode}: resolves to {res.mode} here ({res.message}); skipped")
                 continue
             t1 = time.perf_counter()
-            results, bad, sch = check(eng, res, reqs, solo)
+            results, bad, sch = check(eng, res, reqs, solo, factory, a.spec_min_p)
+            dt = time.perf_counter() - t1
             n_ok = len(results) - len(bad)
             ok_all &= not bad
             prop = sum(r.proposed for r in results)
             acc = sum(r.accepted for r in results)
+            n_tok = sum(len(r.tokens) for r in results)
             print(f"{mode:9s} {'seeded' if sampled else 'greedy'}: {n_ok}/{len(results)} exact | "
                   f"windows {sch.stats['windows']} solo {sch.stats['solo_windows']} drains {sch.stats['drains']} | "
-                  f"proposals {acc}/{prop} | {time.perf_counter() - t1:.1f} s | {res.message}")
+                  f"proposals {acc}/{prop} | {n_tok} tokens in {dt:.1f} s | {res.message}", flush=True)
             for b in bad:
                 print("   MISMATCH", b)
+            report["runs"].append({"mode": mode, "sampled": sampled, "exact": n_ok, "requests": len(results),
+                                   "mismatches": bad, "windows": sch.stats["windows"],
+                                   "solo_windows": sch.stats["solo_windows"], "proposed": prop, "accepted": acc,
+                                   "tokens": n_tok, "seconds": dt,
+                                   "stop_reasons": [r.stop_reason for r in results]})
     print("ALL EXACT" if ok_all else "MISMATCHES")
+    report["all_exact"] = bool(ok_all)
+    if a.out:
+        import json
+
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1)
     return 0 if ok_all else 1
 
 
