@@ -162,19 +162,19 @@ def bench_gdn(b: Bench, small: bool, rng):
 def bench_moe(b: Bench, small: bool, rng):
     from strata_jax.pallas.grouped_experts import moe_experts
     E, H, F, k = (8, 256, 64, 2) if small else (512, 2560, 640, 10)
-    qts = (Q.Q4_K, Q.Q4_K, Q.Q8_0)
+    qts = (Q.Q2_K, Q.Q2_K, Q.Q4_0)  # Qwen3.8-Flash-Next experts (configs/geometries/qwen3.8-flash-next.json)
     gate = random_weight(rng, qts[0], F, H, lead=(E,))
     up = random_weight(rng, qts[1], F, H, lead=(E,))
     down = random_weight(rng, qts[2], H, F, lead=(E,))
     per_expert = (gate[0].size + up[0].size + down[0].size)
-    for m in (1, 4, 8):
+    for m in (1, 4, 8, 16):  # 16 rows: two 8-row groups (a window of several segments)
         ids = np.stack([rng.choice(E, k, replace=False) for _ in range(m)]).astype(np.int32)
         n_union = len(np.unique(ids))
         x = jnp.asarray(rng.standard_normal((m, H)), jnp.float32)
         w = jnp.asarray(rng.uniform(0.1, 1, (m, k)), jnp.float32)
         fns = {path: jax.jit(lambda *a, impl=impl: moe_experts(*a, qts, impl=impl))
                for path, impl in (("kernel", b.kernel_impl), ("jnp", "reference"))}
-        b.add("moe_experts", f"E={E} H={H} F={F} k={k} M={m} union={n_union}",
+        b.add("moe_experts", f"{qts[0].name}/{qts[2].name} E={E} H={H} F={F} k={k} M={m} union={n_union}",
               n_union * per_expert + x.size * 8, fns, (x, jnp.asarray(ids), w, gate, up, down))
 
 

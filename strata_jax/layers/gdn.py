@@ -27,8 +27,6 @@ Window mode reads both and writes neither: it returns the per-row k, v, g, beta 
 
 from __future__ import annotations
 
-import inspect
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -41,13 +39,9 @@ from strata_jax.state import Rows
 
 L2_EPS = 1e-6
 
-_HAS_EXACT = "exact_rows" in inspect.signature(QLinear.__call__).parameters
-
-
 def qcall(lin: QLinear, x: jax.Array, exact: bool) -> jax.Array:
-    """``lin(x)`` asking for row-exact arithmetic when ``exact`` (window mode), on either `QLinear` API: with an
-    ``exact_rows`` flag, or row-exact always."""
-    return lin(x, exact) if _HAS_EXACT else lin(x)
+    """``lin(x)`` with row-exact arithmetic for any row count when ``exact`` (window mode; see `QLinear.__call__`)."""
+    return lin(x, exact)
 
 
 def rowwise(fn, x: jax.Array, exact: bool = True) -> jax.Array:

@@ -80,11 +80,15 @@ class QLinear(nnx.Module):
         b = load_f32(g, bias, device) if bias and g.has(bias) else None
         return cls(w, qtype, shape[0], shape[1], b)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """x float [..., n_in] -> float32 [..., n_out]. Each row's arithmetic is independent of the other rows and of
-        the row count (`qmatmul`'s contract), which makes verify windows and batch rows exact."""
+    def __call__(self, x: jax.Array, exact_rows: bool = True) -> jax.Array:
+        """x float [..., n_in] -> float32 [..., n_out].
+
+        Each row's arithmetic is independent of the other rows and of the row count (`qmatmul`'s contract), which
+        makes verify windows and batch rows exact. ``exact_rows`` (verify windows; the default): on the Pallas
+        kernel path, more than 8 rows (windows of several segments) run as 8-row groups of the kernel, so every row
+        gets the bits of the row alone; ``False`` (prefill chunks): more than 8 rows take the reference GEMM."""
         lead = x.shape[:-1]
-        y = qmatmul(x.reshape(-1, self.n_in), self.w[...], self.qtype, self.n_out, self.n_in)
+        y = qmatmul(x.reshape(-1, self.n_in), self.w[...], self.qtype, self.n_out, self.n_in, row_groups=exact_rows)
         y = y.reshape(*lead, self.n_out)
         if self.b is not None:
             y = y + self.b[...]

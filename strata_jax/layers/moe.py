@@ -11,11 +11,14 @@ Per row ``x`` [D] (float32):
 GGUF tensors (``blk.N.``): ``ffn_gate_inp`` [E, D], ``ffn_{gate,up}_exps`` [E, F, D], ``ffn_down_exps`` [E, D, F]
 (numpy order), ``ffn_{gate,up,down}_shexp``, ``ffn_gate_inp_shexp`` [D] (or [1, D]).
 
-This is the plain-jnp reference: the stacked expert tensors stay in their block format on the device
-(uint8 [E, rows, row_bytes], or float for F32/F16/BF16); for each row the k selected experts' blocks are gathered
-and dequantized (`strata_jax.gguf.blocks.dequantize`), then multiplied. In window mode rows are computed one at a
-time (``lax.map`` over the B*T rows) and the router softmax / renormalisation use `strata_jax.layers.exact`, so a
-row's arithmetic does not depend on the other rows of the window, nor on B or T.
+The routed experts are `strata_jax.pallas.grouped_experts.moe_experts` (``impl="auto"``): on a GPU the Pallas
+kernel, which reads each selected expert's gate/up/down blocks once per window (the union over the window's rows;
+windows of more than 8 rows and prefill chunks in 8-row groups, each group's union once), elsewhere its plain-jnp
+reference (each (row, expert) pair dequantized and multiplied alone). The stacked expert tensors stay in their
+block format on the device (uint8 [E, rows, row_bytes], or float for F32/F16/BF16). Both paths compute a row the
+same way whatever the other rows of the call are (row m of an M-row call == the row alone, bit for bit), and the
+router softmax / renormalisation use `strata_jax.layers.exact`, so a row's arithmetic does not depend on the other
+rows of the window, nor on B or T.
 """
 
 from __future__ import annotations
@@ -24,13 +27,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from strata_jax.gguf import blocks
 from strata_jax.layers.exact import row_sum, softmax
 from strata_jax.layers.gdn import qcall, rowwise
 from strata_jax.layers.linear import QLinear, load_f32, load_raw
+from strata_jax.pallas.grouped_experts import moe_experts
 
 RENORM_MIN = 2.0 ** -14
-_HP = jax.lax.Precision.HIGHEST
 
 
 class StackedExperts(nnx.Module):
@@ -41,13 +43,6 @@ class StackedExperts(nnx.Module):
         self.w = nnx.Param(w)
         self.qtype = qtype
         self.E, self.n_out, self.n_in = (int(s) for s in shape)
-
-    def gather(self, idx: jax.Array) -> jax.Array:
-        """float32 [..., n_out, n_in]: experts ``idx`` (int32 [...]) dequantized."""
-        rows = jnp.take(self.w[...], idx, axis=0)
-        if rows.dtype == jnp.uint8:
-            return blocks.dequantize(rows, self.qtype, self.n_in)
-        return rows.astype(jnp.float32)
 
 
 class MoE(nnx.Module):
@@ -79,27 +74,19 @@ class MoE(nnx.Module):
             w = w / jnp.maximum(row_sum(w), RENORM_MIN)
         return w, ids
 
-    def _routed_rows(self, x, w, ids):
-        """x [N, D], w/ids [N, k] -> [N, D]."""
-        Wg = self.gate_exps.gather(ids)  # [N, k, F, D]
-        Wu = self.up_exps.gather(ids)
-        Wd = self.down_exps.gather(ids)  # [N, k, D, F]
-        hg = jnp.einsum("nd,nkfd->nkf", x, Wg, precision=_HP)
-        hu = jnp.einsum("nd,nkfd->nkf", x, Wu, precision=_HP)
-        y = jnp.einsum("nkf,nkdf->nkd", jax.nn.silu(hg) * hu, Wd, precision=_HP)
-        return jnp.einsum("nk,nkd->nd", w, y, precision=_HP)
+    def routed(self, x: jax.Array, w: jax.Array, ids: jax.Array, impl: str = "auto") -> jax.Array:
+        """The routed experts of rows x float32 [N, D] with weights / ids [N, k] -> float32 [N, D] (`moe_experts`)."""
+        qtypes = (self.gate_exps.qtype, self.up_exps.qtype, self.down_exps.qtype)
+        return moe_experts(x, ids, w, self.gate_exps.w[...], self.up_exps.w[...], self.down_exps.w[...], qtypes,
+                           impl=impl)
 
     def __call__(self, x: jax.Array, exact_rows: bool) -> jax.Array:
         """x float32 [B, T, D] -> float32 [B, T, D]."""
         B, T, D = x.shape
         logits = qcall(self.router, x, exact_rows)
         w, ids = self.route(logits)
-        # one row at a time, in windows and in prefill: a row's products do not depend on B, T or the other rows,
-        # and a prefill chunk never holds [rows, k, F, D] dequantized experts at once (25 GB for a 128-row chunk of
-        # the full-size Qwen3.8-Flash-Next shape)
-        xf, wf, idf = x.reshape(B * T, 1, D), w.reshape(B * T, 1, -1), ids.reshape(B * T, 1, -1)
-        ys = jax.lax.map(lambda r: self._routed_rows(xf[r], wf[r], idf[r]), jnp.arange(B * T))
-        y = ys.reshape(B, T, D)
+        # all B*T rows in one call: row-exact on both paths, and the kernel reads each expert once per 8-row group
+        y = self.routed(x.reshape(B * T, D), w.reshape(B * T, -1), ids.reshape(B * T, -1)).reshape(B, T, D)
         if self.has_shared:
             hs = jax.nn.silu(qcall(self.sh_gate, x, exact_rows)) * qcall(self.sh_up, x, exact_rows)
             s = qcall(self.sh_down, hs, exact_rows)

@@ -8,8 +8,9 @@ Per token ``x`` [D]: ``qg = W_q x`` reshaped [H, 2*hd] -> q = first hd, gate = l
 ``rope_dim`` dims); softmax attention over the slot's cells (GQA: head h reads KV head ``h // (H/Hkv)``), scale
 ``1/sqrt(hd)``; ``out = W_o (attn * sigmoid(gate))``.
 
-K/V cells are written in both window and prefill modes (`strata_jax.state.write_cells`); window rows attend one at
-a time (`attend_window`), so a row's result does not depend on the other rows.
+K/V cells are written in both window and prefill modes (`strata_jax.state.write_cells`). Without an indexer
+(qwen35moe, qwen3next) window rows attend one at a time in plain jnp (`attend_window`; there is no Pallas kernel for
+the dense attention), so a row's result does not depend on the other rows.
 
 qwen4exp's QSA adds a block indexer (`QSAIndexer`, HF ``Qwen4ExpTextQSAIndexer``, MODEL.md A§1.4) that restricts each
 query to the top ``budget / ratio`` complete blocks of ``ratio`` cells plus its unfinished tail:
@@ -19,12 +20,16 @@ query to the top ``budget / ratio`` complete blocks of ``ratio`` cells plus its 
   * pooled key of block b (cells ``b*ratio .. b*ratio+ratio-1``): ``RoPE(RMSNorm_k(mean of the raw keys))`` rotated
     at position ``b*ratio`` (the block's first cell), recomputed from the raw cache for every call;
   * indexer query: ``W_iq x`` [nI, dI], per-head RMSNorm, RoPE at the row's position;
-  * block score ``sum_h ReLU(q_h . pooled_b) / sqrt(dI)``; a query at position p sees the ``(p+1) // ratio``
-    complete blocks (block-causal in prefill: per query row), takes the top ``n_top`` of them (ties to the lower
-    block index, `jax.lax.top_k`) and always its tail ``nb*ratio .. p``. With ``nb <= n_top`` every cell is
-    attended.
+  * block score ``sum_h ReLU(q_h . pooled_b)`` (HF divides by ``sqrt(dI)``: the same ranking); a query at position
+    p sees the ``(p+1) // ratio`` complete blocks (block-causal in prefill: per query row), takes the top ``n_top``
+    of them (ties to the lower block index, `jax.lax.top_k`) and always its tail ``nb*ratio .. p``. With
+    ``nb <= n_top`` every cell is attended.
 The selection only masks cells of the ordinary causal softmax attention (HF fills unselected cells with the dtype's
-minimum before the softmax). In window mode each row is computed alone (``lax.map``), selection included.
+minimum before the softmax), so the attention runs over the selected cells only: selection and attention are
+`strata_jax.pallas.qsa.qsa_attention` (``impl="auto"``: the Pallas flash-decoding kernel over the selected cells on
+a GPU, its plain-jnp reference elsewhere), called once for all B*T rows of a window or prefill chunk (each row
+reads its own slot's part of the flat caches). Both paths compute every row alone (the row does not depend on the
+other rows, T or B), in window and prefill mode alike.
 """
 
 from __future__ import annotations
@@ -34,15 +39,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from strata_jax.layers.attention import attend_prefill, attend_window
-from strata_jax.layers.exact import row_sum, softmax
+from strata_jax.layers.exact import row_sum
 from strata_jax.layers.gdn import qcall
 from strata_jax.layers.linear import QLinear, load_f32
 from strata_jax.layers.norms import RMSNorm
 from strata_jax.layers.rope import apply_rope
+from strata_jax.pallas.qsa import qsa_attention
+from strata_jax.pallas.qsa.reference import select
 from strata_jax.state import Rows, write_cells
-
-
-_NEG = -1e30
 
 
 class QSAIndexer(nnx.Module):
@@ -82,38 +86,26 @@ class QSAIndexer(nnx.Module):
         starts = jnp.broadcast_to(jnp.arange(NB, dtype=jnp.int32) * self.ratio, (B, NB))
         return apply_rope(pk[:, :, None, :], starts, self.rope_dim, self.theta, True)[:, :, 0]
 
+    def row_limits(self, pos: jax.Array, max_context: int):
+        """(n_kv, n_complete), int32 like ``pos``: the cells 0..n_kv-1 a query at ``pos`` sees (``pos + 1``, clipped
+        to [1, max_context] for padding rows past the context) and its complete blocks ``n_kv // ratio``."""
+        n_kv = jnp.clip(pos + 1, 1, max_context)
+        return n_kv, n_kv // self.ratio
+
     def cell_mask(self, q: jax.Array, pooled: jax.Array, pos: jax.Array, n_cells: int) -> jax.Array:
-        """Selected cells of each query.
+        """The cells each query attends, as a dense mask (the selection `GatedAttention` uses, for tests).
 
         Args: q [B, t, nI, dI]; pooled [B, NB, dI]; pos int32 [B, t]; n_cells: cache cells (max_context + 1).
         Returns: bool [B, t, n_cells] (the causal limit ``cell <= pos`` is included).
         """
-        NB = pooled.shape[1]
-        s = jnp.einsum("bthd,bnd->btnh", q, pooled, precision=jax.lax.Precision.HIGHEST)
-        s = row_sum(jax.nn.relu(s))[..., 0] / (self.hd ** 0.5)  # [B, t, NB]
-        nb = (pos + 1) // self.ratio
-        blk = jnp.arange(NB, dtype=jnp.int32)
-        complete = blk[None, None, :] < nb[..., None]
-        s = jnp.where(complete, s, -1.0)  # scores are >= 0: incomplete blocks rank last
-        _, top = jax.lax.top_k(s, min(self.n_top, NB))  # ties -> lower block index
-        sel = jnp.any(blk[None, None, None, :] == top[..., None], axis=-2) & complete  # [B, t, NB]
-        cells = jnp.arange(n_cells, dtype=jnp.int32)
-        cblk = jnp.minimum(cells // self.ratio, NB - 1)
-        in_sel = jnp.take(sel, cblk, axis=-1) & (cells[None, None, :] < (nb * self.ratio)[..., None])
-        tail = (cells[None, None, :] >= (nb * self.ratio)[..., None]) & (cells[None, None, :] <= pos[..., None])
-        return in_sel | tail
-
-
-def _attend_rows(q, K, V, allowed, scale):
-    """q [B, t, Hq, D], K/V [B, S1, Hkv, D], allowed bool [B, t, S1] -> [B, t, Hq, D] (exact softmax)."""
-    B, t, Hq, D = q.shape
-    Hkv = K.shape[2]
-    g = Hq // Hkv
-    qg = q.reshape(B, t, Hkv, g, D)
-    s = jnp.einsum("btkgd,bskd->btkgs", qg, K) * scale
-    s = jnp.where(allowed[:, :, None, None, :], s, _NEG)
-    o = jnp.einsum("btkgs,bskd->btkgd", softmax(s), V)
-    return o.reshape(B, t, Hq, D)
+        B, t = pos.shape
+        n_kv, n_complete = self.row_limits(pos, n_cells - 1)
+        seg = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None], (B, t)).reshape(-1)
+        cells = select(q.reshape(B * t, self.nh, self.hd), pooled, n_kv.reshape(-1), n_complete.reshape(-1),
+                       top_blocks=self.n_top, block=self.ratio, seg=seg)
+        cells = jnp.where(cells >= 0, cells, n_cells)  # dropped below
+        mask = jnp.zeros((B * t, n_cells), bool).at[jnp.arange(B * t)[:, None], cells].set(True, mode="drop")
+        return mask.reshape(B, t, n_cells)
 
 
 class GatedAttention(nnx.Module):
@@ -157,26 +149,21 @@ class GatedAttention(nnx.Module):
             iq, ik = self.indexer.project(x, pos, exact)
             ic = write_cells(kv[2], rows, ik, max_context)
             new_kv = (kc, vc, ic)
-            o = self._attend_indexed(q, iq, kc, vc, ic, rows, pos, max_context, exact)
+            o = self._attend_indexed(q, iq, kc, vc, ic, rows, pos, max_context)
         o = (o * jax.nn.sigmoid(gate)).reshape(B, T, self.H * self.hd)
         return qcall(self.wo, o, exact), new_kv
 
-    def _attend_indexed(self, q, iq, kc, vc, ic, rows: Rows, pos, max_context: int, exact: bool):
-        """Softmax attention restricted to the indexer's selection; q [B, T, H, hd], iq [B, T, nI, dI]."""
-        K = kc[rows.slot].astype(jnp.float32)
-        V = vc[rows.slot].astype(jnp.float32)
-        pooled = self.indexer.pooled(ic[rows.slot], max_context)
-        n_cells = K.shape[1]
-        cells = jnp.arange(n_cells, dtype=jnp.int32)
-        scale = self.hd ** -0.5
-
-        def rows_out(qr, iqr, pr):  # [B, t, ...] -> [B, t, H, hd]
-            allowed = self.indexer.cell_mask(iqr, pooled, pr, n_cells) & (cells < max_context)
-            return _attend_rows(qr, K, V, allowed, scale)
-
-        if not exact:
-            return rows_out(q, iq, pos)
-        T = q.shape[1]
-        out = jax.lax.map(lambda t: rows_out(q[:, t][:, None], iq[:, t][:, None], pos[:, t][:, None])[:, 0],
-                          jnp.arange(T))  # [T, B, H, hd]
-        return jnp.transpose(out, (1, 0, 2, 3))
+    def _attend_indexed(self, q, iq, kc, vc, ic, rows: Rows, pos, max_context: int):
+        """QSA attention (`qsa_attention`) of all B*T rows in one call; q [B, T, H, hd], iq [B, T, nI, dI]."""
+        B, T = q.shape[:2]
+        idx = self.indexer
+        pooled = idx.pooled(ic[rows.slot], max_context)  # [B, NB, dI]
+        n_kv, n_complete = idx.row_limits(pos, max_context)
+        per_slot = kc.shape[1]  # the flat caches [n_slots * (max_context + 1), Hkv, hd] (a free reshape)
+        seg = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None], (B, T))
+        base = jnp.broadcast_to((rows.slot * per_slot)[:, None], (B, T))
+        rows_of = lambda a: a.reshape(B * T, *a.shape[2:])
+        o = qsa_attention(rows_of(q), kc.reshape(-1, *kc.shape[2:]), vc.reshape(-1, *vc.shape[2:]), rows_of(iq),
+                          pooled, rows_of(n_kv), rows_of(n_complete), top_blocks=idx.n_top, block=idx.ratio,
+                          scale=self.hd ** -0.5, seg=rows_of(seg), cell_base=rows_of(base), impl="auto")
+        return o.reshape(q.shape)

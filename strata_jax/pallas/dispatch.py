@@ -11,7 +11,11 @@
 * ``"interpret"``: the same Pallas kernel run by Pallas' interpreter (any backend; slow; what CI uses on CPU).
 
 The environment variable ``STRATA_PALLAS_IMPL`` (one of the four values) overrides ``"auto"`` (never an explicit
-choice): e.g. ``STRATA_PALLAS_IMPL=interpret`` runs every op's kernel in interpret mode on CPU.
+choice): e.g. ``STRATA_PALLAS_IMPL=interpret`` runs every op's kernel in interpret mode on CPU. Under the variable,
+a call the kernel cannot serve (a prefill GEMM of more than 8 rows, a format without a kernel) falls back to the
+reference with its reason printed once, as ``"auto"`` does on a GPU, so a whole model runs with the variable set;
+an explicit per-call ``impl="kernel"`` / ``"interpret"`` still raises. The variable is read when a call is traced:
+a function jitted before it changed keeps the path it was traced with.
 
 Poisoning (for tests): inside ``with poison_outputs():`` every kernel call pre-fills its outputs with NaN (floats) /
 the dtype's minimum (integers) through an aliased input buffer, so an element the kernel never writes shows up.
@@ -63,27 +67,29 @@ def resolve(op: str, impl: str, why_not: Callable[[], str | None]) -> str:
         power of two"``). Only called when the kernel is a candidate.
 
     Raises:
-      UnsupportedError: unknown ``impl``; ``"kernel"`` on a non-GPU backend or for shapes the kernel cannot serve;
-        ``"interpret"`` for shapes the kernel cannot serve.
+      UnsupportedError: unknown ``impl``; ``"kernel"`` on a non-GPU backend; an explicit ``"kernel"`` /
+        ``"interpret"`` for shapes the kernel cannot serve (``"auto"``, also when ``STRATA_PALLAS_IMPL`` names the
+        kernel, falls back to the reference instead).
     """
     if impl not in IMPLS:
         raise UnsupportedError(f"{op}: impl={impl!r} is not one of {IMPLS}")
+    fallback = False  # a kernel the caller did not name explicitly: fall back to the reference where it cannot serve
     if impl == "auto":
         env = os.environ.get("STRATA_PALLAS_IMPL", "auto")
         if env not in IMPLS:
             raise UnsupportedError(f"STRATA_PALLAS_IMPL={env!r} is not one of {IMPLS}")
         impl = env
+        fallback = True
     if impl == "reference":
         return "reference"
-    if impl == "auto":
-        if not on_gpu():
-            return "reference"
-        reason = why_not()
-        if reason is not None:
-            print_once(op, f"the Pallas kernel cannot serve this call ({reason}); using the plain-jnp reference")
-            return "reference"
-        return "kernel"
+    if impl == "auto" and not on_gpu():
+        return "reference"
     reason = why_not()
+    if reason is not None and fallback:
+        print_once(op, f"the Pallas kernel cannot serve this call ({reason}); using the plain-jnp reference")
+        return "reference"
+    if impl == "auto":
+        return "kernel"
     if reason is not None:
         raise UnsupportedError(f"{op}: the Pallas kernel cannot serve this call: {reason}")
     if impl == "kernel" and not on_gpu():

@@ -54,17 +54,47 @@ def test_accuracy(impl, rng):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_rows_independent(impl, rng):
-    x, ids, w, gate, up, down = make(rng, 8)
+    """Row m of an M-row call == the row alone; M > 8 runs 8-row groups, each with its own union of experts."""
+    x, ids, w, gate, up, down = make(rng, 20)
+    ms = {"reference": [2, 3, 5, 8, 20], "interpret": [3, 12]}.get(impl, [1, 2, 3, 4, 5, 6, 7, 8, 12, 20])
+    n = max(ms)
     alone = np.stack([np.asarray(moe_experts(x[i:i + 1], ids[i:i + 1], w[i:i + 1], gate, up, down, QT,
-                                             impl=impl))[0] for i in range(8)])
-    for M in {"reference": [2, 3, 5, 8], "interpret": [3, 8]}.get(impl, [1, 2, 3, 4, 5, 6, 7, 8]):
+                                             impl=impl))[0] for i in range(n)])
+    for M in ms:
         y = moe_experts(x[:M], ids[:M], w[:M], gate, up, down, QT, impl=impl)
         assert_bits_equal(y, alone[:M], f"M={M} vs rows alone")
     # neighbours with other experts and other activations do not change row 0
-    x2, ids2, w2, *_ = make(rng, 8)
+    x2, ids2, w2, *_ = make(rng, ms[-1])
     x2, ids2, w2 = x2.at[0].set(x[0]), ids2.at[0].set(ids[0]), w2.at[0].set(w[0])
     y2 = moe_experts(x2, ids2, w2, gate, up, down, QT, impl=impl)
     assert_bits_equal(y2[0], alone[0], "row 0 with other neighbours")
+
+
+QWEN38 = (Q.Q2_K, Q.Q2_K, Q.Q4_0)  # Qwen3.8-Flash-Next experts: gate/up Q2_K, down Q4_0
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_qwen38_expert_formats(impl, rng):
+    """The full-size model's expert formats (configs/geometries/qwen3.8-flash-next.json), 11 rows (two row groups
+    on the kernel), against float64."""
+    M, H2, F2 = 11, 256, 64
+    gate = jnp.asarray(random_weight(rng, QWEN38[0], F2, H2, lead=(E,)))
+    up = jnp.asarray(random_weight(rng, QWEN38[1], F2, H2, lead=(E,)))
+    down = jnp.asarray(random_weight(rng, QWEN38[2], H2, F2, lead=(E,)))
+    x = jnp.asarray(rng.standard_normal((M, H2)).astype(np.float32))
+    ids = jnp.asarray(np.stack([rng.choice(E, K, replace=False) for _ in range(M)]).astype(np.int32))
+    w = jnp.asarray(rng.uniform(0.1, 1, (M, K)).astype(np.float32))
+    with dispatch.poison_outputs():
+        y = moe_experts(x, ids, w, gate, up, down, QWEN38, impl=impl)
+    deq = lambda raw, q, n: np.asarray(dequantize(np.asarray(raw), q, n), np.float64)
+    x64 = np.asarray(x, np.float64)
+    want = np.zeros((M, H2))
+    for m in range(M):
+        for j in range(K):
+            e = int(ids[m, j])
+            g, u = deq(gate[e], QWEN38[0], H2) @ x64[m], deq(up[e], QWEN38[1], H2) @ x64[m]
+            want[m] += float(w[m, j]) * (deq(down[e], QWEN38[2], F2) @ (g / (1 + np.exp(-g)) * u))
+    assert_close_rel(y, want, 1e-5, f"{impl} Q2_K/Q2_K/Q4_0 experts")
 
 
 def test_errors(rng):

@@ -100,6 +100,21 @@ def test_prefill_block_causal_and_bf16(impl, rng):
     assert_close_rel(ob, want, 1e-2, f"{impl} bf16 operands")
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_several_sequences_one_call(impl, rng):
+    """Rows of two sequences in one call (flat caches, seg / cell_base) give each sequence's own call, bit for bit."""
+    a = make(rng, 48, [41, 42, 43])
+    b = make(rng, 48, [29, 30, 31])
+    o_a = qsa_attention(*a, top_blocks=TOP, block=BLOCK, impl=impl)
+    o_b = qsa_attention(*b, top_blocks=TOP, block=BLOCK, impl=impl)
+    cat = lambda i: jnp.concatenate([a[i], b[i]])
+    o = qsa_attention(cat(0), cat(1), cat(2), cat(3), jnp.stack([a[4], b[4]]), cat(5), cat(6), top_blocks=TOP,
+                      block=BLOCK, seg=jnp.asarray([0, 0, 0, 1, 1, 1], jnp.int32),
+                      cell_base=jnp.asarray([0, 0, 0, 48, 48, 48], jnp.int32), impl=impl)
+    assert_bits_equal(o[:3], o_a, "sequence a")
+    assert_bits_equal(o[3:], o_b, "sequence b")
+
+
 def test_errors(rng):
     q, k, v, iq, pooled, n_kv, n_complete = make(rng, 16, [10, 11])
     with pytest.raises(UnsupportedError):

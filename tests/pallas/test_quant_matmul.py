@@ -70,24 +70,33 @@ def test_qmatmul_bf16_operands(impl, rng):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_rows_independent(impl, rng):
-    """Row m of an M-row call == the row alone (M = 1), bit for bit, whatever the other rows hold."""
+    """Row m of an M-row call == the row alone (M = 1), bit for bit, whatever the other rows hold; M > 8 with row
+    groups (the kernel runs 8-row groups)."""
     qtype = Q.Q4_K
     w = jnp.asarray(random_weight(rng, qtype, N_OUT, K_IN))
-    ms = [1, 2, 3, 4, 5, 6, 7, 8, 16, 24]
+    ms = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24]
     X = jnp.asarray(rng.standard_normal((max(ms), K_IN)).astype(np.float32))
     if impl == "interpret":
-        ms = [3, 8]  # each M compiles its own interpreted kernel: keep CI short
-    elif impl == "kernel":
-        ms = [1, 2, 3, 4, 5, 6, 7, 8]  # the kernel serves 1..8 rows
+        ms = [3, 8, 12]  # each M compiles its own interpreted kernel: keep CI short
     alone = np.stack([np.asarray(qmatmul(X[i:i + 1], w, qtype, N_OUT, K_IN, impl=impl))[0]
                       for i in range(max(ms))])
     for M in ms:
-        Y = qmatmul(X[:M], w, qtype, N_OUT, K_IN, impl=impl)
+        Y = qmatmul(X[:M], w, qtype, N_OUT, K_IN, impl=impl, row_groups=True)
         assert_bits_equal(Y, alone[:M], f"M={M} vs rows alone")
     # other rows' contents do not matter
     X2 = X.at[1:].set(jnp.asarray(rng.standard_normal((X.shape[0] - 1, K_IN)).astype(np.float32)) * 100)
-    Y2 = qmatmul(X2[:ms[-1]], w, qtype, N_OUT, K_IN, impl=impl)
+    Y2 = qmatmul(X2[:ms[-1]], w, qtype, N_OUT, K_IN, impl=impl, row_groups=True)
     assert_bits_equal(Y2[0], alone[0], "row 0 with other neighbours")
+
+
+@pytest.mark.parametrize("impl", [i for i in IMPLS if i != "reference"])
+def test_single_tile_rows_independent(impl, rng):
+    """A weight of one output tile and one K split (a grid of one program for one row): alone vs in 8-row groups."""
+    w = jnp.asarray(random_weight(rng, Q.Q8_0, 6, 256))
+    X = jnp.asarray(rng.standard_normal((12, 256)).astype(np.float32))
+    Y = qmatmul(X, w, Q.Q8_0, 6, 256, impl=impl, row_groups=True)
+    for i in (0, 11):
+        assert_bits_equal(qmatmul(X[i:i + 1], w, Q.Q8_0, 6, 256, impl=impl)[0], Y[i], f"row {i} alone")
 
 
 def test_errors_and_auto(rng):
@@ -101,7 +110,7 @@ def test_errors_and_auto(rng):
         qmatmul(x, w, Q.Q8_0, N_OUT, K_IN, impl="nope")
     x9 = jnp.asarray(rng.standard_normal((9, K_IN)).astype(np.float32))
     with pytest.raises(UnsupportedError):
-        qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN, impl="interpret")  # the kernel serves 1..8 rows
+        qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN, impl="interpret")  # the kernel serves 1..8 rows (without row groups)
     assert qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN).shape == (9, N_OUT)  # auto: the reference
     iq = jnp.asarray(random_weight(rng, Q.IQ4_NL, N_OUT, K_IN))
     with pytest.raises(UnsupportedError):
@@ -110,3 +119,19 @@ def test_errors_and_auto(rng):
     if jax.default_backend() == "cpu":
         with pytest.raises(UnsupportedError):
             qmatmul(x, w, Q.Q8_0, N_OUT, K_IN, impl="kernel")
+
+
+def test_env_override_falls_back(rng, monkeypatch, capsys):
+    """STRATA_PALLAS_IMPL=interpret: the kernel where it serves, the reference (reason printed once) where it
+    cannot; an explicit impl= still raises."""
+    w = jnp.asarray(random_weight(rng, Q.Q8_0, N_OUT, K_IN))
+    x9 = jnp.asarray(rng.standard_normal((9, K_IN)).astype(np.float32))
+    monkeypatch.setenv("STRATA_PALLAS_IMPL", "interpret")
+    y = qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN)
+    np.testing.assert_array_equal(y, qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN, impl="reference"))
+    assert "cannot serve" in capsys.readouterr().err
+    with pytest.raises(UnsupportedError):
+        qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN, impl="interpret")
+    monkeypatch.setenv("STRATA_PALLAS_IMPL", "bogus")
+    with pytest.raises(UnsupportedError):
+        qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN)

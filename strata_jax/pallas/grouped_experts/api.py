@@ -16,8 +16,10 @@ HF transformers Qwen3-Next / Qwen3.5-MoE sparse MoE block; GGUF tensors ``ffn_{g
   summed in slot order j = 0..k-1. The shared expert and its sigmoid gate are not part of this op.
 
 Paths: the reference computes each (row, expert) pair with the row-chunked qmatmul reference; the kernel
-(M <= 8, formats with a quant_matmul kernel) reads each expert of the window's union once. Each path is
-row-independent (row m of an M-row call == the row alone, bit for bit); they agree to ~1e-5 relative, not bitwise.
+(formats with a quant_matmul kernel: Q2_K and Q4_0 of the Qwen3.8-Flash-Next experts included) reads each expert of
+the window's union once (M <= 8), or of each 8-row group's union once (M > 8: windows of several segments,
+prefill chunks). Each path is row-independent (row m of an M-row call == the row alone, bit for bit, for any M);
+they agree to ~1e-5 relative, not bitwise.
 
 Errors: `strata_jax.errors.UnsupportedError` for inconsistent shapes, an unknown impl, or impl="kernel"/"interpret"
 where the kernel cannot serve (see `strata_jax.pallas.quant_matmul.kernel.why_not`). Expert ids out of range are
@@ -66,7 +68,7 @@ def _why_not(x, topk_ids, gate, up, down, qtypes):
     M, H = x.shape
     E, n_ff = gate.shape[:2]
     for q, w, n, kk in ((qtypes[0], gate, n_ff, H), (qtypes[1], up, n_ff, H), (qtypes[2], down, H, n_ff)):
-        r = _qk.why_not(q, M, n, kk, x.dtype, w.dtype, n_mats=E)
+        r = _qk.why_not(q, M, n, kk, x.dtype, w.dtype, n_mats=E, row_groups=True)
         if r is not None:
             return r
     return None

@@ -4,7 +4,7 @@ Source: spec MODEL.md §1.4; Strata ``include/strata/kernels/qsa.hpp`` (``qsa_at
 lower index); mlx-vlm ``qwen4_exp/language.py`` (``Qwen4ExpQSAIndexer``, ``Qwen4ExpAttention``).
 
 ``qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks=512, block=4, scale=None,
-impl="auto") -> float32 [T, Hq, D]``
+seg=None, cell_base=None, impl="auto") -> float32 [T, Hq, D]``
 
 * ``q`` [T, Hq, D]: the query rows (normed and RoPE'd; D = 256 in qwen4exp, Hq = 24).
 * ``k_cache``, ``v_cache`` [N, Hkv, D] float32/bfloat16/float16: the cache cells 0..N-1 (Hkv = 2). GQA: query head h
@@ -20,6 +20,10 @@ impl="auto") -> float32 [T, Hq, D]``
   n_complete[t] <= top_blocks every complete block is chosen (so every visible cell is attended).
 * Attention: softmax of ``scale * q_h . k_c`` over the selected cells (scale defaults to D**-0.5), times v_c.
 * Result: float32 [T, Hq, D]; the caller applies the output gate and W_o.
+* Rows of several sequences in one call (the B segments of a verify window): ``pooled`` [S, NB, Di] with ``seg``
+  [T] int32 (row t scores the blocks ``pooled[seg[t]]``), and ``cell_base`` [T] int32: row t's cell c is
+  ``k_cache[cell_base[t] + c]`` (the caches given flat, [n_slots * cells_per_slot, Hkv, D], and cell_base =
+  slot * cells_per_slot). n_kv and n_complete stay relative to the row's own sequence.
 
 Paths: selection is plain jnp in both (`reference.select`); the attention is a dense gather + softmax per row
 (reference) or a Pallas flash-decoding kernel over the selected cells (kernel). Each is row-independent (row t of a
@@ -41,7 +45,7 @@ from strata_jax.pallas.qsa import kernel as _k
 from strata_jax.pallas.qsa import reference as _ref
 
 
-def _check(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, top_blocks, block):
+def _check(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, top_blocks, block, seg, cell_base):
     op = "qsa.qsa_attention"
     if q.ndim != 3 or k_cache.ndim != 3 or v_cache.shape != k_cache.shape:
         raise UnsupportedError(f"{op}: q {q.shape} must be [T, Hq, D], k/v caches {k_cache.shape} / "
@@ -49,8 +53,12 @@ def _check(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, top_blocks, block)
     T, Hq, D = q.shape
     if k_cache.shape[2] != D or Hq % k_cache.shape[1]:
         raise UnsupportedError(f"{op}: q {q.shape} does not fit the cache {k_cache.shape} (GQA needs Hq % Hkv == 0)")
-    if iq.ndim != 3 or iq.shape[0] != T or pooled.ndim != 2 or pooled.shape[1] != iq.shape[2]:
-        raise UnsupportedError(f"{op}: iq {iq.shape} must be [{T}, Hi, Di] and pooled {pooled.shape} [NB, Di]")
+    if iq.ndim != 3 or iq.shape[0] != T or pooled.ndim != (2 if seg is None else 3) or pooled.shape[-1] != iq.shape[2]:
+        raise UnsupportedError(f"{op}: iq {iq.shape} must be [{T}, Hi, Di] and pooled {pooled.shape} [NB, Di] "
+                               "(or [S, NB, Di] with seg)")
+    for name, a in (("seg", seg), ("cell_base", cell_base)):
+        if a is not None and a.shape != (T,):
+            raise UnsupportedError(f"{op}: {name} has shape {a.shape}, expected [{T}]")
     if n_kv.shape != (T,) or n_complete.shape != (T,):
         raise UnsupportedError(f"{op}: n_kv {n_kv.shape} and n_complete {n_complete.shape} must be [{T}]")
     if top_blocks < 1 or block < 1:
@@ -58,23 +66,25 @@ def _check(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, top_blocks, block)
 
 
 @functools.partial(jax.jit, static_argnames=("top_blocks", "block", "scale", "path", "poison"))
-def _qsa(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks, block, scale, path, poison):
+def _qsa(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, seg, cell_base, *, top_blocks, block, scale, path,
+         poison):
     if path == "reference":
         return _ref.qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, top_blocks=top_blocks,
-                                  block=block, scale=scale)
-    cells = _ref.select(iq, pooled, n_kv, n_complete, top_blocks=top_blocks, block=block)
+                                  block=block, scale=scale, seg=seg, cell_base=cell_base)
+    cells = _ref.select(iq, pooled, n_kv, n_complete, top_blocks=top_blocks, block=block, seg=seg,
+                        cell_base=cell_base)
     with dispatch.poison_outputs(poison):
         return _k.attend_kernel(q, k_cache, v_cache, cells, scale, interpret=path == "interpret")
 
 
 def qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks: int = 512, block: int = 4,
-                  scale: float | None = None, impl: str = "auto"):
+                  scale: float | None = None, seg=None, cell_base=None, impl: str = "auto"):
     """float32 [T, Hq, D]: QSA attention of T query rows. See the module docstring for the contract."""
-    _check(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, top_blocks, block)
+    _check(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, top_blocks, block, seg, cell_base)
     D = q.shape[2]
     scale = float(D ** -0.5 if scale is None else scale)
     path = dispatch.resolve(
         "qsa.qsa_attention", impl,
         lambda: _k.why_not(q.shape[1], k_cache.shape[1], D, k_cache.shape[0], [q.dtype, k_cache.dtype, v_cache.dtype]))
-    return _qsa(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, top_blocks=top_blocks, block=block, scale=scale,
-                path=path, poison=dispatch.poisoning())
+    return _qsa(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, seg, cell_base, top_blocks=top_blocks,
+                block=block, scale=scale, path=path, poison=dispatch.poisoning())

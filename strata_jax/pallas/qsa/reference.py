@@ -27,23 +27,25 @@ def _row_loop(n_rows: int, fn, out_shape):
     return out[:n_rows]
 
 
-def block_scores(iq, pooled):
+def block_scores(iq, pooled, seg=None):
     """Indexer scores: [T, NB] float32, ``score[t, b] = sum_h ReLU(iq[t, h] . pooled[b])`` (h summed in order).
 
-    iq [T, Hi, Di] (RMS-normed and RoPE'd indexer queries), pooled [NB, Di] (pooled block keys); any float dtype.
+    iq [T, Hi, Di] (RMS-normed and RoPE'd indexer queries), pooled [NB, Di] (pooled block keys), or [S, NB, Di]
+    with seg int32 [T] (row t scores the blocks pooled[seg[t]]: rows of several sequences); any float dtype.
     """
     iq = iq.astype(jnp.float32)
     pooled = pooled.astype(jnp.float32)
 
     def row(t):
         qt = lax.dynamic_index_in_dim(iq, t, axis=0, keepdims=False)            # [Hi, Di]
-        s = jnp.maximum(lax.dot_general(qt, pooled, (((1,), (1,)), ((), ())), precision=HP), 0.0)  # [Hi, NB]
+        pk = pooled if seg is None else lax.dynamic_index_in_dim(pooled, seg[t], axis=0, keepdims=False)
+        s = jnp.maximum(lax.dot_general(qt, pk, (((1,), (1,)), ((), ())), precision=HP), 0.0)  # [Hi, NB]
         acc = s[0]
         for h in range(1, s.shape[0]):
             acc = acc + s[h]
         return acc
 
-    return _row_loop(iq.shape[0], row, (pooled.shape[0],))
+    return _row_loop(iq.shape[0], row, (pooled.shape[-2],))
 
 
 def select_blocks(scores, n_complete, top_blocks: int):
@@ -104,14 +106,21 @@ def attend(q, k_cache, v_cache, cells, scale):
     return _row_loop(T, row, (Hq, D))
 
 
-def select(iq, pooled, n_kv, n_complete, *, top_blocks: int, block: int):
-    """Scores + selection + cell list (shared by the reference and the kernel path)."""
+def select(iq, pooled, n_kv, n_complete, *, top_blocks: int, block: int, seg=None, cell_base=None):
+    """Scores + selection + cell list (shared by the reference and the kernel path): int32 [T, C], -1 padded.
+
+    seg: see `block_scores`; cell_base int32 [T] (or None = 0) is added to every selected cell id of row t (rows of
+    several sequences attending their own part of one flat cache)."""
     n_kv = n_kv.astype(jnp.int32)
     n_complete = n_complete.astype(jnp.int32)
-    blocks = select_blocks(block_scores(iq, pooled), n_complete, top_blocks)
-    return selected_cells(blocks, n_kv, n_complete, block)
+    blocks = select_blocks(block_scores(iq, pooled, seg), n_complete, top_blocks)
+    cells = selected_cells(blocks, n_kv, n_complete, block)
+    if cell_base is not None:
+        cells = jnp.where(cells >= 0, cells + cell_base.astype(jnp.int32)[:, None], -1)
+    return cells
 
 
-def qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks: int, block: int, scale):
-    cells = select(iq, pooled, n_kv, n_complete, top_blocks=top_blocks, block=block)
+def qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks: int, block: int, scale,
+                  seg=None, cell_base=None):
+    cells = select(iq, pooled, n_kv, n_complete, top_blocks=top_blocks, block=block, seg=seg, cell_base=cell_base)
     return attend(q, k_cache, v_cache, cells, scale)

@@ -3,7 +3,7 @@
 Source: GGUF block layouts from ggml (``ggml/src/ggml-common.h`` structs, ``dequantize_row_*`` in
 ``ggml/src/ggml-quants.c``); spec MODEL.md §2.2 (which formats the shipped models use).
 
-``qmatmul(x, w_raw, qtype, n_out, k_in, *, impl="auto") -> float32 [M, n_out]``
+``qmatmul(x, w_raw, qtype, n_out, k_in, *, impl="auto", row_groups=False) -> float32 [M, n_out]``
 
 * ``x``: [M, k_in] float32 / bfloat16 / float16 activations (M = verify-window rows, or prefill tokens).
 * ``w_raw``: the GGUF matrix of logical shape [n_out, k_in] (numpy order; ggml ``ne`` = [k_in, n_out]) as stored:
@@ -11,16 +11,21 @@ Source: GGUF block layouts from ggml (``ggml/src/ggml-common.h`` structs, ``dequ
   float32 / float16 / bfloat16 [n_out, k_in] (or their raw bytes) for F32 / F16 / BF16.
 * ``qtype``: `gguf.GGMLQuantizationType` (or its int id); ``n_out``, ``k_in``: Python ints.
 * Result: ``y[m, n] = sum_k x[m, k] * W[n, k]`` with W the dequantized weight, accumulated in float32.
+* ``row_groups``: let the kernel serve M > 8 rows as groups of 8 rows in one launch (the weight is read once per
+  group): every row then gets the kernel's bits whatever M is. For verify windows of several segments (B * T > 8
+  rows), which must give each row the bits of the row alone; prefill chunks leave it off and take the reference
+  GEMM for M > 8.
 
 Paths (``impl``, see `strata_jax.pallas.dispatch`): the reference dequantizes with `strata_jax.gguf.blocks` and
-multiplies in fixed 8-row chunks at HIGHEST precision; the kernel (1..8 rows; formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F32, F16, BF16) decodes in registers and reads each weight byte once. The two are
-not bit-identical (different summation order); each is row-independent (row m of an M-row call == the row alone,
-bit for bit, for M <= 8 -- and the reference for any M) and within ~1e-5 relative of a float64 product.
+multiplies in fixed 8-row chunks at HIGHEST precision; the kernel (1..8 rows, or groups of 8 with ``row_groups``;
+formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F32, F16, BF16) decodes in registers and reads
+each weight byte once per row group. The two are not bit-identical (different summation order); each is
+row-independent (row m of an M-row call == the row alone, bit for bit: the kernel for M <= 8 and with row groups
+for any M, the reference for any M) and within ~1e-5 relative of a float64 product.
 
 Errors: `strata_jax.errors.UnsupportedError` for shape mismatches, formats `strata_jax.gguf.blocks` cannot decode,
-or impl="kernel"/"interpret" where the kernel cannot serve (format without a kernel, M > 8, K not a multiple of the
-sub-block); `StrataError` from `blocks.dequantize` for a wrong byte width.
+or impl="kernel"/"interpret" where the kernel cannot serve (format without a kernel, M > 8 without row groups, K
+not a multiple of the sub-block); `StrataError` from `blocks.dequantize` for a wrong byte width.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ def check_args(x, w_raw, qtype, n_out, k_in, op="quant_matmul.qmatmul"):
 
 
 @functools.partial(jax.jit, static_argnames=("qtype", "n_out", "k_in", "path", "poison"))
-def _qmatmul(x, w_raw, *, qtype, n_out, k_in, path, poison):
+def _qmatmul(x, w_raw, *, qtype, n_out, k_in, path, poison):  # the kernel takes any M (groups of 8 for M > 8)
     if path == "reference":
         return _ref.qmatmul(x, w_raw, qtype, n_out, k_in)
     with dispatch.poison_outputs(poison):
@@ -75,10 +80,11 @@ def _qmatmul(x, w_raw, *, qtype, n_out, k_in, path, poison):
                                  interpret=path == "interpret")
 
 
-def qmatmul(x, w_raw, qtype, n_out: int, k_in: int, *, impl: str = "auto"):
+def qmatmul(x, w_raw, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_groups: bool = False):
     """float32 [M, n_out] = x [M, k_in] @ dequantize(w_raw).T. See the module docstring for the full contract."""
     qtype = check_args(x, w_raw, qtype, n_out, k_in)
     path = dispatch.resolve(
         "quant_matmul.qmatmul", impl,
-        lambda: _k.why_not(qtype, x.shape[0], n_out, k_in, x.dtype, getattr(w_raw, "dtype", jnp.uint8)))
+        lambda: _k.why_not(qtype, x.shape[0], n_out, k_in, x.dtype, getattr(w_raw, "dtype", jnp.uint8),
+                           row_groups=row_groups))
     return _qmatmul(x, w_raw, qtype=qtype, n_out=n_out, k_in=k_in, path=path, poison=dispatch.poisoning())

@@ -79,9 +79,14 @@ def choose_config(qtype, n_out: int, k_in: int) -> Config:
     return BLOCK32_CONFIG
 
 
-def why_not(qtype, M: int, n_out: int, k_in: int, x_dtype, w_dtype, n_mats: int = 1) -> str | None:
+def why_not(qtype, M: int, n_out: int, k_in: int, x_dtype, w_dtype, n_mats: int = 1,
+            row_groups: bool = False) -> str | None:
+    """None when the kernel serves M rows of this weight, else the reason. ``row_groups``: M > 8 rows are run as
+    groups of 8 (`qmatmul_kernel`; the moe kernel's row groups)."""
     if qtype not in FORMATS and qtype not in FLOAT_TYPES:
         return f"block format {getattr(qtype, 'name', qtype)} has no Pallas kernel yet"
+    if row_groups:
+        M = min(M, M_MAX)
     if not 1 <= M <= M_MAX:
         return f"M={M} rows (the kernel is a GEMV for 1..{M_MAX} rows; larger M uses the reference GEMM)"
     W = sub_width(qtype)
@@ -160,6 +165,14 @@ def grouped_qmatmul_kernel(x, w_stacked, slot_expert, qtype, n_out: int, k_in: i
     Returns: float32 [U, M, n_out]. Each matrix a slot names is read once; rows never mix. Not jitted.
     """
     x_per_slot = x.ndim == 3
+    U_in = slot_expert.shape[0]
+    if interpret and U_in < 2:
+        # Interpret mode inlines the grid loop into XLA, which folds a grid of one program into straight-line code
+        # and rounds differently from the same program inside the loop (seen: a [6, 256] weight, 1 row alone vs in
+        # 8-row groups): an idle second slot keeps the loop.
+        slot_expert = jnp.concatenate([slot_expert.astype(jnp.int32), jnp.full((1,), -1, jnp.int32)])
+        if x_per_slot:
+            x = jnp.concatenate([x, x[:1]])
     U = slot_expert.shape[0]
     M_in = x.shape[-2]
     cfg = cfg or choose_config(qtype, n_out, k_in)
@@ -191,10 +204,22 @@ def grouped_qmatmul_kernel(x, w_stacked, slot_expert, qtype, n_out: int, k_in: i
     out = part[:, 0]
     for j in range(1, t["split"]):  # fixed order: row-independent
         out = out + part[:, j]
-    return jnp.swapaxes(out[:, :n_out, :M_in], 1, 2)
+    return jnp.swapaxes(out[:U_in, :n_out, :M_in], 1, 2)
 
 
 def qmatmul_kernel(x, w_raw, qtype, n_out: int, k_in: int, *, interpret: bool, cfg: Config | None = None):
-    """x [M, K] (M <= 8) times the decoded weight [n_out, K] transposed -> float32 [M, n_out]. Not jitted."""
-    return grouped_qmatmul_kernel(x, w_raw[None], jnp.zeros((1,), jnp.int32), qtype, n_out, k_in,
-                                  interpret=interpret, cfg=cfg)[0]
+    """x [M, K] times the decoded weight [n_out, K] transposed -> float32 [M, n_out]. Not jitted.
+
+    M <= 8: one GEMV. M > 8 (the row groups of `strata_jax.pallas.quant_matmul.qmatmul`): the rows are cut into
+    groups of 8 (the last one zero-padded), run in one launch as the slots of `grouped_qmatmul_kernel` (every slot
+    reads the same matrix, so the weight is read once per group); each row gets the instructions of an 8-row GEMV,
+    which are those of the row alone."""
+    M = x.shape[0]
+    if M <= M_MAX:
+        return grouped_qmatmul_kernel(x, w_raw[None], jnp.zeros((1,), jnp.int32), qtype, n_out, k_in,
+                                      interpret=interpret, cfg=cfg)[0]
+    G = -(-M // M_MAX)
+    xg = jnp.pad(x, [(0, G * M_MAX - M), (0, 0)]).reshape(G, M_MAX, k_in)
+    y = grouped_qmatmul_kernel(xg, w_raw[None], jnp.zeros((G,), jnp.int32), qtype, n_out, k_in,
+                               interpret=interpret, cfg=cfg)                       # [G, 8, n_out]
+    return y.reshape(G * M_MAX, n_out)[:M]
