@@ -23,6 +23,7 @@ writes the same as JSON.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import jax
@@ -100,6 +101,10 @@ def main():
     ap.add_argument("--sampled", default="0,1", help="0 = greedy, 1 = seeded; comma-separated")
     ap.add_argument("--out", default=None, help="JSON results")
     a = ap.parse_args()
+    if os.environ.get("STRATA_LOG"):
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # compile times
     path = a.model
     if path.endswith(".header"):
         import random_gguf

@@ -32,7 +32,7 @@ for part in "$@"; do
       python3 experiments/parity/add_mtp_block.py tests/fixtures/hybrid/qwen4exp_q8_0.gguf /tmp/qwen4exp_mtp.gguf >/dev/null
       timeout "${EXACT_TIMEOUT:-420}" python3 experiments/batch_exactness.py --model /tmp/qwen4exp_mtp.gguf --stages 2 \
         ${STAGE_ARGS:-} --slots 4 --requests 32 --new 512 --draft mtp --piped 3 --max_context 1024 \
-        --sampled "${SAMPLED:-0,1}" --out "$OUT/exactness_mtp.json" 2>&1 | tail -n 14 | tee "$OUT/exactness_mtp.txt" ;;
+        --sampled "${SAMPLED:-0,1}" --modes "${MODES:-piped_mtp,pipelined,batch_mtp,serial}" --out "$OUT/exactness_mtp.json" 2>&1 | tail -n 14 | tee "$OUT/exactness_mtp.txt" ;;
     exact) timeout 420 python3 experiments/batch_exactness.py ${EXACT_ARGS:-} 2>&1 | tail -n 30 | tee "$OUT/exactness.txt" ;;
     *) echo "unknown part $part" ;;
   esac
