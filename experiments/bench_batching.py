@@ -30,7 +30,8 @@ Model sets:
         devices, split at layer 24; MTP-style proposals at set rates: "synthetic acceptance". When the model has an
         MTP layer and the engine has ``enable_mtp``, the MTP chain runs after every window (its cost is timed; its
         drafts are replaced by the replayed ones); the JSON says whether it ran.
-  tiny  the committed tiny qwen4exp fixture on 2 CPU devices, a few tokens: a smoke run of the whole pipeline
+  tiny  the committed tiny qwen4exp fixture with a random MTP block appended (experiments/parity/add_mtp_block.py;
+        ``--no_mtp``: without) on 2 CPU devices, a few tokens: a smoke run of the whole pipeline, MTP chain included
         (CPU; no performance claim).
 
 Replayed acceptance (`ReplayProposer`): a first pass decodes every prompt once without proposals (exact: every
@@ -41,16 +42,20 @@ position, k) (numpy's SeedSequence), so every arm and repetition sees the same d
 target verifies every proposal.
 
 Usage:
-  # CPU smoke run of the whole pipeline (a few minutes on 2 cores)
+  # CPU smoke run of the whole pipeline (~30 min on the shared 2-core machine, mostly compiles)
   XLA_FLAGS=--xla_force_host_platform_device_count=2 python experiments/bench_batching.py --model_set tiny \\
-      --streams 1,2 --tokens 6 --reps 1 --out /tmp/bb_tiny
+      --streams 1,2 --tokens 8 --reps 2 --n_methods 4 --out /tmp/bb_tiny
   # record lookup / draft acceptance from the real 1.5B + 0.5B (CPU; numpy forward, see --record_backend)
-  python experiments/bench_batching.py --model_set a --record_acceptance experiments/data/acceptance_qwen2.5.json \\
-      --tokens 300
-  # GPU, 2 devices: model set a (random blocks, replayed acceptance) and b (full-size, synthetic acceptance)
-  python experiments/bench_batching.py --model_set a --weights random \\
-      --acceptance experiments/data/acceptance_qwen2.5.json --out $OUT/a
-  python experiments/bench_batching.py --model_set b --out $OUT/b
+  python experiments/bench_batching.py --model_set a --tokens 160 \\
+      --record_acceptance experiments/data/acceptance_qwen2.5-coder.json
+  # GPU, 2 devices: model set a (random blocks, replayed acceptance) and b (full-size, synthetic acceptance).
+  # build/ is git-ignored: the compile cache and the JSON that --resume continues stay on a warm machine between
+  # calls, so a run cut by --time_budget_s is finished by the next call.
+  python3 experiments/bench_batching.py --model_set a --weights random \\
+      --acceptance experiments/data/acceptance_qwen2.5-coder.json --compile_cache_dir build/jax_cache \\
+      --time_budget_s 480 --resume --out build/bench_a; cp -r build/bench_a $OUT/
+  python3 experiments/bench_batching.py --model_set b --compile_cache_dir build/jax_cache \\
+      --time_budget_s 480 --resume --out build/bench_b; cp -r build/bench_b $OUT/
 
 Timing: total output tok/s = tokens generated after each request's first token (which comes from its prefill),
 summed over the streams, over the decode wall time (from the last admission to the last token; all requests arrive
@@ -619,7 +624,7 @@ def _goal(name: str, workload: str, streams: int, arm: str | None, measured: flo
         g.update(met=True, note="met")
     else:
         short = target - measured
-        g.update(met=False, note=f"missed by {short:.2f}x ({100 * short / target:.0f}% below the goal; "
+        g.update(met=False, note=f"missed by {max(short, 0.01):.2f}x ({100 * short / target:.0f}% below the goal; "
                                  f"needs {100 * (target / measured - 1):.0f}% more)" if measured > 0 else
                  "missed (0 tok/s)")
     return g
@@ -752,7 +757,7 @@ def plot(rows: list[dict], path: str, title: str) -> str:
     axes[0][-1].legend(fontsize=6, ncol=2)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    fig.savefig(path, dpi=72)
     plt.close(fig)
     return f"wrote {path}"
 
@@ -1029,18 +1034,26 @@ def record_acceptance(args) -> int:
            "target_model": args.target_model, "draft_model": args.draft_model, "tokens": hi,
            "backend": args.record_backend, "max_k": MAX_PROPOSALS, "workloads": {}}
     refs: dict[str, list] = {}
+    partial = Path(str(args.record_acceptance) + ".partial")  # references so far: a killed run starts from here
+    if partial.exists():
+        got = json.loads(partial.read_text())
+        if got.get("tokens") == hi and got.get("target_model") == args.target_model:
+            refs.update(got["refs"])
+            print(f"  {len(refs)} reference(s) kept from {partial}", flush=True)
     print(f"recording: target {target_path} ({args.record_backend}), {hi} tokens per request", flush=True)
+    todo = [(w, i, p) for w in works for i, p in enumerate(prompts[w]) if f"{w}/{i}" not in refs]
     if args.record_backend == "numpy":
-        t0 = time.perf_counter()
-        m = NumpyDense(target_path)
-        print(f"  target dequantized in {time.perf_counter() - t0:.0f} s", flush=True)
-        for w in works:
-            for i, p in enumerate(prompts[w]):
+        if todo:
+            t0 = time.perf_counter()
+            m = NumpyDense(target_path)
+            print(f"  target dequantized in {time.perf_counter() - t0:.0f} s", flush=True)
+            for w, i, p in todo:
                 t0 = time.perf_counter()
                 refs[f"{w}/{i}"] = m.greedy(p, hi, stop)
                 print(f"  {w}/{i}: {len(p)} prompt tokens, {len(refs[f'{w}/{i}'])} generated in "
                       f"{time.perf_counter() - t0:.0f} s", flush=True)
-        del m
+                partial.write_text(json.dumps({"tokens": hi, "target_model": args.target_model, "refs": refs}))
+            del m
         d = NumpyDense(draft_path)
         teach = lambda ids: d.teacher_picks(ids)  # noqa: E731
     else:
@@ -1052,12 +1065,11 @@ def record_acceptance(args) -> int:
 
         ctx = max(len(p) for ps in prompts.values() for p in ps) + hi + 16
         eng = Engine(target_path, max_context=ctx)
-        for w in works:
-            for i, p in enumerate(prompts[w]):
-                g = generate(eng, p, max_new_tokens=hi, sampling=_greedy(), eos_ids=stop, proposer=LookupProposer(),
-                             spec=8)  # exact: the plain tokens, faster where lookup pays
-                refs[f"{w}/{i}"] = g.tokens
-                print(f"  {w}/{i}: {len(p)} prompt tokens, {len(g.tokens)} generated", flush=True)
+        for w, i, p in todo:
+            g = generate(eng, p, max_new_tokens=hi, sampling=_greedy(), eos_ids=stop, proposer=LookupProposer(),
+                         spec=8)  # exact: the plain tokens, faster where lookup pays
+            refs[f"{w}/{i}"] = g.tokens
+            print(f"  {w}/{i}: {len(p)} prompt tokens, {len(g.tokens)} generated", flush=True)
         del eng
         deng = Engine(draft_path, max_context=ctx)
 
@@ -1093,6 +1105,7 @@ def record_acceptance(args) -> int:
               f"{100 * lk['acceptance']:.0f}%; draft accepted {100 * dr['acceptance']:.0f}% "
               f"(first proposal {100 * dr['accept_given'][0]:.0f}%)", flush=True)
     out["seconds"] = time.perf_counter() - t_all
+    out["references"] = refs
     Path(args.record_acceptance).parent.mkdir(parents=True, exist_ok=True)
     with open(args.record_acceptance, "w") as f:
         json.dump(out, f, indent=1)
@@ -1135,6 +1148,16 @@ def _build(args) -> Setup:
         split = args.layer_split or "2"
         model, weights = str(TINY_MODEL.relative_to(ROOT)), "real (tiny random fixture)"
         src = str(TINY_MODEL)
+        if not args.no_mtp:  # append a random MTP block so that the MTP chain runs as on model set b
+            import importlib.util
+            import tempfile
+
+            spec = importlib.util.spec_from_file_location("add_mtp_block",
+                                                          ROOT / "experiments" / "parity" / "add_mtp_block.py")
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            src = mod.add_mtp_block(src, str(Path(tempfile.gettempdir()) / "bench_batching_tiny_mtp.gguf"), seed=1)
+            model += " + a random MTP block (experiments/parity/add_mtp_block.py)"
         names = args.arms.split(",") if args.arms else [a for a in ALL_ARMS if a != "piped_draft"]
         mtp_source, smoke = "rate", True
     elif args.model_set == "a":
@@ -1186,10 +1209,11 @@ def _build(args) -> Setup:
         from strata_jax.models.random_weights import VirtualGGUF, load_geometry
         import inspect
 
-        kw = {"mtp": True} if "mtp" in inspect.signature(VirtualGGUF.__init__).parameters else {}
+        kw = {"mtp": True} if "mtp" in inspect.signature(VirtualGGUF.__init__).parameters and not args.no_mtp else {}
         src = VirtualGGUF(load_geometry(args.geometry), n_layer=args.n_layer, **kw)
         if not kw:
-            notes.append("VirtualGGUF has no MTP block option here: the MTP chain cannot run")
+            notes.append("no MTP block in the random model (--no_mtp, or VirtualGGUF has no mtp option here): the MTP "
+                         "chain does not run")
     # the prompts decide the context
     from strata_jax.gguf import open_gguf
     from strata_jax.tokenizer import Tokenizer
@@ -1401,6 +1425,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup_tokens", type=int, default=6)
     ap.add_argument("--calib_reps", type=int, default=5)
     ap.add_argument("--no_solo", action="store_true", help="skip the solo-path baselines at one stream")
+    ap.add_argument("--no_mtp", action="store_true", help="sets b and tiny: no MTP block, so no MTP chain runs")
     ap.add_argument("--compile_cache_dir", default=None, help="JAX persistent compilation cache (kept across runs)")
     ap.add_argument("--time_budget_s", type=float, default=0, help="start no new timed run after this (0: none)")
     ap.add_argument("--resume", action="store_true",
@@ -1630,8 +1655,10 @@ def main(argv=None) -> int:
         setup.notes.append(f"**{div} replayed windows found the history off the reference** (exactness broke)")
     reads = sum(r.get("replay", {}).get("mtp_reads", 0) for r in timed)
     if any(r.get("mtp_chain") for r in timed):
-        setup.notes.append(f"MTP chain ran in the MTP-named arms; its drafts were read from the device {reads} times "
-                           f"(0: the scheduler here does not bind proposers to slots, so the read was not timed)")
+        setup.notes.append(f"the MTP chain ran in the MTP-named arms; the replay proposers read its drafts from the "
+                           f"device {reads} times, as MtpProposer does, and offered the replayed tokens instead"
+                           + (" (0 reads: this scheduler does not bind proposers to slots, so the read is not in "
+                              "the timing)" if reads == 0 else ""))
     rows = summarize(timed)
     goals = compute_goals(rows)
     state["summary"], state["goals"] = rows, goals
