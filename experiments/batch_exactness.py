@@ -144,7 +144,7 @@ def main():
         for mode in a.modes.split(","):
             kw = {"serial": dict(batch_groups=1, batch_groups_given=True),
                   "pipelined": dict(), "batch_mtp": dict(batch_mtp=True),
-                  "piped_mtp": dict(piped_mtp=a.piped)}[mode]
+                  "piped_mtp": dict(piped_mtp=a.piped, batch_groups=n_slots, batch_groups_given=True)}[mode]
             res = resolve_groups(n_slots, len(eng.stages), **kw)
             if res.mode != mode:
                 print(f"{mode}: resolves to {res.mode} here ({res.message}); skipped")

@@ -280,6 +280,8 @@ class BatchScheduler:
         for a in list(self.active.values()):
             if a.req.rid in self._cancel:
                 self._finish(a, "cancelled")
+        # handled: keep only cancellations of requests not submitted yet (a finished request's is a no-op)
+        self._cancel = {rid for rid in self._cancel if rid not in self.results}
 
     def _admit(self) -> None:
         for q, r in self._ready():
@@ -332,8 +334,9 @@ class BatchScheduler:
         self.round += 1
 
     def _cancel_due(self) -> bool:
-        return bool(self._cancel) or any(a.req.cancel_round is not None and a.req.cancel_round <= self.round
-                                         for a in self.active.values())
+        """A cancellation of an active request is waiting (a pipelined mode drains before applying it)."""
+        return any(a.req.rid in self._cancel or (a.req.cancel_round is not None and a.req.cancel_round <= self.round)
+                   for a in self.active.values())
 
     # ---- serial windows and the solo path -------------------------------------------------------------------------
     def _props(self, a: _Active, cap: int) -> list[int]:
