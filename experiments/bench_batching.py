@@ -1197,12 +1197,18 @@ def _build(args) -> Setup:
 
             src, dsrc = "/tmp/bench_batching_1p5b.gguf", "/tmp/bench_batching_0p5b.gguf"
             t0 = time.perf_counter()
-            random_gguf.fill(str(HEADER_1P5B), src)
+
+            def fill(header: Path, dst: str) -> None:  # once per machine: a marker says the file is complete
+                if not header.exists():
+                    raise SystemExit(f"{header} is missing (python experiments/random_gguf.py header <file.gguf> "
+                                     f"{header})")
+                if not os.path.exists(dst + ".done"):
+                    random_gguf.fill(str(header), dst)
+                    Path(dst + ".done").write_text("filled\n")
+
+            fill(HEADER_1P5B, src)
             if any(a.source == "draft" for a in arms):
-                if not HEADER_0P5B.exists():
-                    raise SystemExit(f"{HEADER_0P5B} is missing (python experiments/random_gguf.py header "
-                                     f"<qwen2.5-coder-0.5b.gguf> {HEADER_0P5B})")
-                random_gguf.fill(str(HEADER_0P5B), dsrc)
+                fill(HEADER_0P5B, dsrc)
             weights = f"random blocks from experiments/data/*.header ({time.perf_counter() - t0:.0f} s to write)"
         model = f"{args.target_model} (draft {args.draft_model})"
     elif args.model_set == "b":
@@ -1426,6 +1432,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calib_reps", type=int, default=5)
     ap.add_argument("--no_solo", action="store_true", help="skip the solo-path baselines at one stream")
     ap.add_argument("--no_mtp", action="store_true", help="sets b and tiny: no MTP block, so no MTP chain runs")
+    ap.add_argument("--dry_run", action="store_true", help="build the engines and prompts, print the plan, stop")
     ap.add_argument("--compile_cache_dir", default=None, help="JAX persistent compilation cache (kept across runs)")
     ap.add_argument("--time_budget_s", type=float, default=0, help="start no new timed run after this (0: none)")
     ap.add_argument("--resume", action="store_true",
@@ -1473,6 +1480,12 @@ def main(argv=None) -> int:
           f"arms {', '.join(a.name for a in setup.arms)}", flush=True)
     for n in setup.notes:
         print("  " + n, flush=True)
+    if args.dry_run:
+        print(json.dumps({k: meta[k] for k in ("model", "weights", "devices", "layer_split", "slots", "arms",
+                                                "prompt_tokens", "mtp_note")}, indent=1))
+        print(f"max_context {eng.max_context}; per run: streams {streams}, workloads {works}, tokens {args.tokens}; "
+              f"{len(setup.arms)} arms (+ solo baselines at one stream) x {args.reps} repetitions")
+        return 0
     records: list[dict] = []
     prev_refs: dict[str, list] = {}
     if args.resume and out_dir and (out_dir / "bench_batching.json").exists():
