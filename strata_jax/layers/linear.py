@@ -15,6 +15,7 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from strata_jax.gguf import blocks
 from strata_jax.pallas.quant_matmul import qmatmul
+from strata_jax.state import Rows
 
 _FLOAT_DTYPES = {Q.F32: np.float32, Q.F16: np.float16}
 
@@ -123,3 +124,14 @@ class Embedding(nnx.Module):
     def as_linear(self) -> QLinear:
         """The tied output head: the same stored table used as ``[vocab, D]`` weights."""
         return QLinear(self.w, self.qtype, self.vocab, self.dim)
+
+
+def head_logits(head, norm, h, rows: Rows, mode: str, which: str):
+    """Logits float32 of every row (``which="all"``, [B, T, V]) or of each segment's last valid row (``"last"``,
+    [B, 1, V], so that a long prefill chunk does not build [T, V] logits). ``h`` [B, T, ...] (any trailing shape
+    ``norm`` takes); the head's matmul is row-exact in windows (``mode == "window"``). Used by every family."""
+    if which == "last":
+        idx = jnp.clip(rows.n_valid - 1, 0, h.shape[1] - 1)
+        idx = idx.reshape((-1, 1) + (1,) * (h.ndim - 2))
+        h = jnp.take_along_axis(h, idx, axis=1)
+    return head(norm(h), mode == "window")

@@ -16,7 +16,7 @@ from flax import nnx
 
 from strata_jax.config import ModelConfig
 from strata_jax.layers.attention import attend_prefill, attend_window
-from strata_jax.layers.linear import Embedding, QLinear, load_f32
+from strata_jax.layers.linear import Embedding, QLinear, head_logits, load_f32
 from strata_jax.layers.norms import RMSNorm
 from strata_jax.layers.rope import apply_rope
 from strata_jax.layers.stack import group_runs
@@ -25,15 +25,6 @@ from strata_jax.state import Rows, write_cells
 
 def mlp_act(name: str):
     return jax.nn.silu if name == "silu" else (lambda x: jax.nn.gelu(x, approximate=True))
-
-
-def head_logits(head, norm, h, rows: Rows, mode: str, which: str):
-    """Logits of the last stage: every row (``which="all"``), or only each segment's last valid row
-    (``which="last"``, [B, 1, V]) so that a long prefill chunk does not build [T, V] logits."""
-    if which == "last":
-        idx = jnp.clip(rows.n_valid - 1, 0, h.shape[1] - 1)
-        h = jnp.take_along_axis(h, idx[:, None, None], axis=1)
-    return head(norm(h))
 
 
 class DenseBlock(nnx.Module):
@@ -65,10 +56,11 @@ class DenseBlock(nnx.Module):
         ``layer`` its index there. Returns (h, kv)."""
         cfg = self.cfg
         B, T, _ = h.shape
+        ex = mode == "window"  # row-exact matmuls in windows; prefill chunks take the GEMM
         a = self.attn_norm(h)
-        q = self.wq(a).reshape(B, T, cfg.n_head, cfg.head_dim)
-        k = self.wk(a).reshape(B, T, cfg.n_head_kv, cfg.head_dim)
-        v = self.wv(a).reshape(B, T, cfg.n_head_kv, cfg.head_dim)
+        q = self.wq(a, ex).reshape(B, T, cfg.n_head, cfg.head_dim)
+        k = self.wk(a, ex).reshape(B, T, cfg.n_head_kv, cfg.head_dim)
+        v = self.wv(a, ex).reshape(B, T, cfg.n_head_kv, cfg.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         pos = rows.positions(T)
@@ -82,12 +74,12 @@ class DenseBlock(nnx.Module):
         attend = attend_window if mode == "window" else attend_prefill
         window = jnp.where(local, cfg.sliding_window, 0) if cfg.sliding_window else 0
         o = attend(q, kc[layer], vc[layer], rows, scale=cfg.attn_scale, max_context=max_context, window=window)
-        o = self.wo(o.reshape(B, T, cfg.n_head * cfg.head_dim))
+        o = self.wo(o.reshape(B, T, cfg.n_head * cfg.head_dim), ex)
         if self.post_attn_norm is not None:
             o = self.post_attn_norm(o)
         h = h + o
         m = self.ffn_norm(h)
-        y = self.down(mlp_act(cfg.mlp_act)(self.gate(m)) * self.up(m))
+        y = self.down(mlp_act(cfg.mlp_act)(self.gate(m, ex)) * self.up(m, ex), ex)
         if self.post_ffw_norm is not None:
             y = self.post_ffw_norm(y)
         return h + y, (kc, vc)

@@ -39,9 +39,9 @@ from flax import nnx
 
 from strata_jax.config import ModelConfig, require_key, vocab_size
 from strata_jax.errors import StrataError, UnsupportedError
-from strata_jax.layers.gdn import GatedDeltaNet, conv_tail, qcall
+from strata_jax.layers.gdn import GatedDeltaNet, conv_tail
 from strata_jax.layers.hyper import GatedResidual, hc_write
-from strata_jax.layers.linear import Embedding, QLinear, load_f32
+from strata_jax.layers.linear import Embedding, QLinear, head_logits, load_f32
 from strata_jax.layers.moe import MoE
 from strata_jax.layers.norms import RMSNorm
 from strata_jax.layers.ple import PLEBlock, PLETable, dequant_rows
@@ -187,14 +187,6 @@ def hybrid_config_from_gguf(g) -> HybridConfig:
     )
 
 
-def head_logits(head, norm, h, rows: Rows, mode: str, which: str):
-    """Logits float32 of every row (``which="all"``, [B, T, V]) or of each segment's last valid row (``"last"``,
-    [B, 1, V]); as `strata_jax.models.dense.head_logits`. ``h`` [B, T, ...] (any trailing shape ``norm`` takes)."""
-    if which == "last":
-        idx = jnp.clip(rows.n_valid - 1, 0, h.shape[1] - 1)
-        idx = idx.reshape((-1, 1) + (1,) * (h.ndim - 2))
-        h = jnp.take_along_axis(h, idx, axis=1)
-    return qcall(head, norm(h), mode == "window")
 
 
 def make_mixer(g, cfg: HybridConfig, i: int, device=None):
