@@ -378,12 +378,15 @@ class Acceptance:
         return offered, acc
 
 
-def profile_from_positions(offered: list[int], accepted: list[int], max_k: int = MAX_PROPOSALS) -> dict:
+def profile_from_positions(offered: list[int], accepted: list[int], max_k: int = MAX_PROPOSALS,
+                           rooms: list[int] | None = None) -> dict:
     """A per-position acceptance profile from what a proposer offered / had accepted at every output position.
 
     Args:
       offered: o_j, proposals offered at position j (with room for ``max_k``).
       accepted: a_j <= o_j, the accepted prefix length at position j.
+      rooms: the room at each position (near the end of a reference it is below ``max_k``); P(o >= k) counts only
+        positions with room >= k, so the end of a recording does not pass for a proposer that offers less.
 
     Returns:
       {"offered_at_least": [P(o >= k)], "accept_given": [P(a >= k | o >= k, a >= k-1)], "positions": n,
@@ -395,9 +398,10 @@ def profile_from_positions(offered: list[int], accepted: list[int], max_k: int =
     if o.shape != a.shape or np.any(a > o) or np.any(a < 0):
         raise ValueError("offered/accepted: same length, 0 <= accepted <= offered")
     n = len(o)
+    r = np.full(n, max_k, np.int64) if rooms is None else np.asarray(rooms, np.int64)
     at_least, given = [], []
     for k in range(1, max_k + 1):
-        at_least.append(float(np.mean(o >= k)) if n else 0.0)
+        at_least.append(float(np.mean(o[r >= k] >= k)) if np.any(r >= k) else 0.0)
         den = np.sum((o >= k) & (a >= k - 1))
         given.append(float(np.sum((o >= k) & (a >= k)) / den) if den else 0.0)
     return {"offered_at_least": at_least, "accept_given": given, "positions": int(n), "offered": int(o.sum()),
@@ -1085,7 +1089,7 @@ def record_acceptance(args) -> int:
                 picks.append(np.asarray(o["picks"])[0, :len(chunk)])
             return np.concatenate(picks)
     for w in works:
-        lo_o, lo_a, dr_o, dr_a = [], [], [], []
+        lo_o, lo_a, dr_o, dr_a, rooms = [], [], [], [], []
         raw = {}
         for i, p in enumerate(prompts[w]):
             ref = refs[f"{w}/{i}"]
@@ -1096,10 +1100,11 @@ def record_acceptance(args) -> int:
             lo_a += a1
             dr_o += o2
             dr_a += a2
+            rooms += [min(MAX_PROPOSALS, len(ref) - 1 - j) for j in range(len(ref) - 1)]
             raw[str(i)] = {"prompt_tokens": len(p), "generated": len(ref), "lookup_offered": o1,
                            "lookup_accepted": a1, "draft_offered": o2, "draft_accepted": a2}
-        out["workloads"][w] = {"lookup": profile_from_positions(lo_o, lo_a),
-                               "draft": profile_from_positions(dr_o, dr_a), "requests": raw}
+        out["workloads"][w] = {"lookup": profile_from_positions(lo_o, lo_a, rooms=rooms),
+                               "draft": profile_from_positions(dr_o, dr_a, rooms=rooms), "requests": raw}
         lk, dr = out["workloads"][w]["lookup"], out["workloads"][w]["draft"]
         print(f"  {w}: lookup offers at {100 * lk['offered_at_least'][0]:.0f}% of positions, accepted "
               f"{100 * lk['acceptance']:.0f}%; draft accepted {100 * dr['acceptance']:.0f}% "
@@ -1180,7 +1185,6 @@ def _build(args) -> Setup:
                          f"(on a CPU: XLA_FLAGS=--xla_force_host_platform_device_count={n_stages})")
     arms = make_arms(names, mtp_source, args.piped_n)
     tokenizer, draft_engine = None, None
-    ctx_need = None
     if args.model_set == "a":
         from strata_jax.models_registry import resolve_model
 
@@ -1244,9 +1248,7 @@ def _build(args) -> Setup:
     ctx_need = max_prompt + hi + 2 * MAX_PROPOSALS + 4
     ctx = args.max_context or int(math.ceil(ctx_need / 256) * 256)
     engine = Engine(src, max_context=ctx, **eng_kw)
-    import jax as _jax
-
-    _jax.block_until_ready([s.params for s in engine.stages])
+    jax.block_until_ready([s.params for s in engine.stages])
     notes.append(f"engine built in {time.perf_counter() - t0:.0f} s; max_context {ctx}")
     if args.model_set == "a" and any(a.source == "draft" for a in arms):
         draft_engine = Engine(dsrc, max_context=ctx, n_slots=slots, devices=[devs[-1]], compile_cache_size=64)

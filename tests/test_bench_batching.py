@@ -52,6 +52,9 @@ def test_profile_from_positions_and_its_replay():
     assert (p["offered"], p["accepted"], p["positions"]) == (12, 9, 8)
     with pytest.raises(ValueError):
         bb.profile_from_positions([1], [2])
+    # near the end of a recording the room is smaller: those positions do not count against offering k
+    q = bb.profile_from_positions([3, 3, 2, 1], [3, 3, 2, 1], max_k=3, rooms=[3, 3, 2, 1])
+    assert q["offered_at_least"] == [1.0, 1.0, 1.0] and q["accept_given"] == [1.0, 1.0, 1.0]
     acc = bb.Acceptance.from_profile(p)
     draws = [acc.decide(1, j, 3) for j in range(4000)]
     assert abs(np.mean([o >= 1 for o, _ in draws]) - 5 / 8) < 0.03
