@@ -1,0 +1,152 @@
+"""Helpers of ``experiments/acceptance.ipynb``: speculative / plain runs, cached per run, and a lookup replay.
+
+Every run is stored in a JSON cache (default ``~/.cache/strata_jax/acceptance/runs.json``, key = model, workload,
+mode, T, token count), so a run made once (e.g. by ``python experiments/acceptance_lib.py`` in the background) is
+not repeated when the notebook executes; delete the file to recompute everything. The notebook prints, for every
+run, whether it was computed during its execution or loaded from the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for p in (ROOT, HERE, os.path.join(HERE, "parity")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+CACHE = os.environ.get("ACC_CACHE", os.path.expanduser("~/.cache/strata_jax/acceptance/runs.json"))
+CTX = 1024
+TINY_CTX = 256
+_engines: dict = {}
+
+
+def _load_cache() -> dict:
+    try:
+        with open(CACHE) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _save(key: str, rec: dict) -> None:
+    os.makedirs(os.path.dirname(CACHE), exist_ok=True)
+    c = _load_cache()
+    c[key] = rec
+    tmp = CACHE + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(c, f)
+    os.replace(tmp, CACHE)
+
+
+def engine(name: str, ctx: int):
+    from strata_jax.models_registry import resolve_model
+    from strata_jax.pipeline.engine import Engine
+
+    if (name, ctx) not in _engines:
+        path = name if name.endswith(".gguf") else resolve_model(name)
+        _engines[(name, ctx)] = Engine(path, max_context=ctx)
+    return _engines[(name, ctx)]
+
+
+def tiny_mtp_model(fixture: str = "qwen35moe", seed: int = 0) -> str:
+    """The tiny hybrid fixture + a random MTP block (written once under the cache folder)."""
+    from add_mtp_block import add_mtp_block
+
+    dst = os.path.join(os.path.dirname(CACHE), f"{fixture}_q8_0_mtp{seed}.gguf")
+    if not os.path.exists(dst):
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        add_mtp_block(os.path.join(ROOT, "tests", "fixtures", "hybrid", f"{fixture}_q8_0.gguf"), dst, seed)
+    return dst
+
+
+def prompts_real() -> dict[str, list[int]]:
+    from bench_spec import workloads
+
+    tok = engine("qwen2.5-coder-1.5b", CTX).tokenizer
+    return {name: tok.encode(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+            for name, text in workloads(small=False).items()}
+
+
+def prompts_tiny() -> dict[str, list[int]]:
+    """Token-id prompts for the tiny hybrid (vocabulary 512, no real tokenizer)."""
+    rep = [11, 12, 13, 14, 15, 16, 17, 18] * 5
+    return {"ids-ramp": list(range(20, 60)), "ids-repeat": rep}
+
+
+def run(model: str, ctx: int, workload: str, ids: list[int], mode: str, T: int, n_new: int,
+        draft_model: str | None = None) -> dict:
+    """One greedy generation; ``mode`` = ``plain`` | ``lookup`` | ``model`` | ``mtp``. Cached (see module doc)."""
+    key = f"{os.path.basename(model)}|{workload}|{mode}|T{T if mode != 'plain' else 0}|n{n_new}|{draft_model or ''}"
+    c = _load_cache()
+    if key in c:
+        rec = dict(c[key])
+        rec["source"] = "cache"
+        return rec
+    from strata_jax.pipeline.solo import generate
+    from strata_jax.proposers import make_proposer
+    from strata_jax.sampling import SamplingParams
+
+    eng = engine(model, ctx)
+    eos = () if model.endswith(".gguf") else eng.tokenizer.eos_ids  # tiny fixtures: no usable tokenizer
+    prop = None
+    if mode != "plain":
+        prop = make_proposer(mode, eng, draft_model=draft_model, spec=T)
+    t0 = time.perf_counter()
+    g = generate(eng, list(ids), max_new_tokens=n_new, sampling=SamplingParams(), eos_ids=eos, proposer=prop,
+                 spec=T if prop is not None else 0)
+    rec = dict(tokens=[int(t) for t in g.tokens], stats=g.stats.as_dict(), wall_s=time.perf_counter() - t0,
+               when=time.strftime("%Y-%m-%d %H:%M:%S"))
+    _save(key, rec)
+    rec["source"] = "computed"
+    return rec
+
+
+def replay_lookup(prompt: list[int], out: list[int], T: int) -> dict:
+    """Windows of the solo loop with `LookupProposer` on a known greedy output (greedy acceptance depends only on
+    the output and the proposer): proposed, accepted, tokens per window, accepted_at."""
+    from strata_jax.proposers import LookupProposer
+
+    lk = LookupProposer()
+    seq = list(prompt) + list(out)
+    n_p = len(prompt)
+    hl = n_p + 1  # the first token comes from the prefill
+    proposed = accepted = 0
+    per_window, acc_at = [], [0] * (T - 1)
+    while hl < len(seq):
+        room = min(T - 1, len(seq) - hl - 1)
+        props = list(lk.propose(seq[:hl], room)) if room > 0 else []
+        props = [int(p) for p in props[:room]]
+        a = 0
+        while a < len(props) and props[a] == seq[hl + a]:
+            a += 1
+        proposed += len(props)
+        accepted += a
+        for i in range(a):
+            acc_at[i] += 1
+        per_window.append(a + 1)
+        hl += a + 1
+    return dict(proposed=proposed, accepted=accepted, windows=len(per_window),
+                acceptance=accepted / proposed if proposed else 0.0,
+                tok_per_window=sum(per_window) / len(per_window) if per_window else 0.0, accepted_at=acc_at)
+
+
+if __name__ == "__main__":
+    # background pre-computation (same calls as the notebook): python experiments/acceptance_lib.py N_NEW
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 16
+    ps = prompts_real()
+    # optional second argument: the runs in order, e.g. rename:model,prose:model (default: all, workload by workload)
+    order = ([tuple(x.split(":")) for x in sys.argv[2].split(",")] if len(sys.argv) > 2 else
+             [(w, m) for w in ("code", "rename", "prose") for m in ("model", "lookup", "plain")])
+    for w, mode in order:
+        r = run("qwen2.5-coder-1.5b", CTX, w, ps[w], mode, 4, n, "qwen2.5-coder-0.5b" if mode == "model" else None)
+        print(w, mode, r["source"], round(r["wall_s"], 1), r["stats"]["accepted"], r["stats"]["proposed"], flush=True)
+    mtp = tiny_mtp_model()
+    for w, ids in prompts_tiny().items():
+        for mode in ("plain", "mtp"):
+            r = run(mtp, TINY_CTX, w, ids, mode, 4, 48)
+            print("tiny", w, mode, r["source"], round(r["wall_s"], 1), flush=True)
