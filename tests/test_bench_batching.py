@@ -104,6 +104,38 @@ def test_replay_offers_the_reference():
     assert prop.propose([7, 8, 9] + ref[:-1], 5) == [ref[-1]]  # no more than the reference holds
 
 
+def test_replay_runs_its_cost_proposer_and_forwards_the_hooks():
+    """The real proposer beside the replay (draft model on random weights) is asked, told, reset and bound; its
+    proposals are discarded."""
+    book, ref = _book()
+
+    class Cost:
+        def __init__(self):
+            self.calls = []
+
+        def propose(self, h, n, min_p=0.0):
+            self.calls.append(("propose", len(h), n))
+            return [999] * n
+
+        def observe(self, kept):
+            self.calls.append(("observe", list(kept)))
+
+        def reset(self):
+            self.calls.append(("reset",))
+
+        def bind(self, slot):
+            self.calls.append(("bind", slot))
+
+    cost = Cost()
+    prop = bb.ReplayProposer(book, bb.Acceptance.fixed(1.0), cost=cost)
+    prop.reset()
+    prop.bind(3)
+    assert prop.propose([7, 8, 9] + ref[:2], 2) == ref[2:4]
+    prop.observe(ref[2:5])
+    assert cost.calls == [("reset",), ("bind", 3), ("propose", 5, 2), ("observe", ref[2:5])]
+    assert prop.slot == 3 and prop.mtp_reads == 0
+
+
 def test_replay_rate_and_determinism():
     book, ref = _book()
     for p in (0.62, 0.88):
