@@ -1,5 +1,13 @@
 """Shared fixtures: real model files (fetched once into the cache by the registry, as a user would get them) and a
-session-wide engine per model so that compiled functions are reused across tests."""
+session-wide engine per model so that compiled functions are reused across tests.
+
+Most of the suite's time is XLA compiling, and compiled functions belong to one `Engine` (each engine has its own
+compile cache). Tests therefore share engines: ``engine_for`` keys them by what the engine is (model, context, slots,
+layer split and the devices its stages actually use), so ``devices=None`` and ``devices=jax.devices()[:1]`` give the
+same one-stage engine. Use ``CTX`` as the context unless a test needs another one: every file then shares the same
+engines (and the same compiled windows). ``plain_decode`` shares the plain (solo, T = 1) reference decodes that
+several files compare against (e.g. the dense HF fixtures' prompts: test_dense_parity, test_spec, test_windows).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,10 @@ import pytest
 
 from strata_jax.models_registry import fetch_model
 
+CTX = 96  # the context of the shared engines (tests/test_windows, test_spec, test_split, test_slots, ...)
+
 _ENGINES = {}
+_PLAIN = {}
 
 
 @pytest.fixture(scope="session")
@@ -18,17 +29,45 @@ def model_path():
     return get
 
 
+def _stage_devices(layer_split, devices):
+    """The devices the engine's stages run on: the first (number of stages) of ``devices`` (default: all)."""
+    import jax
+
+    devs = list(devices) if devices is not None else jax.devices()
+    n_stages = 1 + (len([s for s in str(layer_split).split(",") if s.strip()]) if layer_split else 0)
+    return tuple(str(d) for d in devs[:n_stages])
+
+
 @pytest.fixture(scope="session")
 def engine_for(model_path):
-    """engine_for(name, max_context=..., n_slots=...) -> a cached Engine (one per argument set)."""
+    """engine_for(name, max_context=CTX, n_slots=...) -> a cached Engine (one per distinct engine)."""
     from strata_jax.pipeline.engine import Engine
 
-    def get(name: str, max_context: int = 256, n_slots: int = 1, layer_split=None, devices=None):
-        key = (name, max_context, n_slots, layer_split, None if devices is None else tuple(str(d) for d in devices))
+    def get(name: str, max_context: int = CTX, n_slots: int = 1, layer_split=None, devices=None):
+        key = (name, max_context, n_slots, layer_split or None, _stage_devices(layer_split, devices))
         if key not in _ENGINES:
             path = name if name.endswith(".gguf") else model_path(name)
             _ENGINES[key] = Engine(path, max_context=max_context, n_slots=n_slots, layer_split=layer_split,
                                    devices=devices)
         return _ENGINES[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def plain_decode():
+    """plain_decode(engine, prompt_ids, n, sampling=greedy) -> a `Generation` of at least ``n`` tokens: the plain
+    decode (no EOS, logits dumped) of ``prompt_ids`` on ``engine``'s slot 0, computed once per (engine, prompt,
+    sampling). Decoding is causal, so its first ``n`` tokens and logits are those of an ``n``-token decode: slice."""
+    from strata_jax.pipeline.solo import generate
+    from strata_jax.sampling import SamplingParams
+
+    def get(engine, prompt_ids, n: int, sampling=SamplingParams(0.0)):
+        key = (id(engine), tuple(int(t) for t in prompt_ids), sampling)
+        g = _PLAIN.get(key)
+        if g is None or len(g.tokens) < n:
+            g = _PLAIN[key] = generate(engine, list(prompt_ids), max_new_tokens=n, sampling=sampling, eos_ids=(),
+                                       dump_logits=True)
+        return g
 
     return get

@@ -11,8 +11,6 @@ import numpy as np
 import pytest
 
 from strata_jax.models_registry import registry
-from strata_jax.pipeline.solo import generate
-from strata_jax.sampling import SamplingParams
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
@@ -23,12 +21,14 @@ def _rel(a, b):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
-def test_logits_and_greedy_match_hf(name, engine_for):
+def test_logits_and_greedy_match_hf(name, engine_for, plain_decode):
     fx = np.load(os.path.join(FIXTURES, f"dense_{name}.npz"))
     assert str(fx["model_sha256"]) == registry()[name]["sha256"]
-    eng = engine_for(name, max_context=128)
+    eng = engine_for(name, max_context=96, n_slots=2)  # the engine of tests/test_spec.py (and test_windows.py)
     prompt = fx["prompt_ids"].tolist()
-    gen = generate(eng, prompt, max_new_tokens=32, sampling=SamplingParams(0.0), eos_ids=(), dump_logits=True)
+    # the greedy decode (no EOS) with logits; test_spec and test_windows compare against the same decode
+    gen = plain_decode(eng, prompt, 32)
+    assert len(gen.tokens) == 32
     # prompt logits at the fixture's positions, on the reference's top-16 ids
     for i, p in enumerate(fx["prompt_positions"]):
         ours = gen.prefill_logits[p, fx["prompt_topk_ids"][i]]

@@ -43,11 +43,13 @@ def _need(path: Path):
 class Driver:
     """A stage with jitted forward / commit (params passed as arguments so the compile is reused)."""
 
-    def __init__(self, gguf_path: Path):
+    def __init__(self, gguf_path: Path, scan: bool = True):
         g = open_gguf(gguf_path)
         self.g = g
         self.cfg = config_from_gguf(g)
-        self.stage = build_stage(g, self.cfg, 0, self.cfg.n_layer)
+        # the engine's stage (scanned runs of identical periods), or the per-layer stage (scan=False)
+        self.stage = (build_stage(g, self.cfg, 0, self.cfg.n_layer) if scan
+                      else HybridStage(g, self.cfg, 0, self.cfg.n_layer, scan=False))
         self.table = HybridStage.ple_table(g, self.cfg) if self.stage.has_ple else None
         self.prev = {}  # slot -> committed PLE predecessors (host side)
         self._last = None  # (slot, ids) of the last window, for the host PLE advance at commit
@@ -107,9 +109,9 @@ class Driver:
         return np.stack(out), state
 
 
-@functools.lru_cache(maxsize=4)
-def _driver(family: str, quant: str) -> Driver:
-    return Driver(FIX / f"{family}_{quant}.gguf")
+@functools.lru_cache(maxsize=None)
+def _driver(family: str, quant: str, scan: bool = True) -> Driver:
+    return Driver(FIX / f"{family}_{quant}.gguf", scan)
 
 
 def _rel(a, ref):
@@ -176,29 +178,21 @@ def test_window_exact_and_commit(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_scan_equals_unrolled(family):
     """The scanned stage (runs of identical periods) computes what the per-layer stage computes: prefill logits,
-    then a T=3 window and its commit(keep=2)."""
+    then a T=4 window and its commit(keep=2), then a T=1 window. Both run jitted, in the shapes the tests above
+    compile (so the scanned stage reuses their functions)."""
     _need(FIX / f"{family}_f32.gguf")
     ref = np.load(FIX / f"{family}_ref.npz")
-    d = _driver(family, "f32")
-    flat = HybridStage(d.g, d.cfg, 0, d.cfg.n_layer, scan=False)
-    assert d.stage.scan and not flat.scan
-    ids = ref["prompt_ids"][:24]
-    ple = d._ple(ids, 0, True)
-    rows = Rows.make([0], [0], [len(ids)])
-    x = jnp.asarray(ids[None], jnp.int32)
+    d, flat = _driver(family, "f32"), _driver(family, "f32", scan=False)
+    assert d.stage.scan and not flat.stage.scan
+    P = len(ref["prompt_ids"])
+    ids = [int(t) for t in ref["step_ids"][:4]]
     outs = []
-    for st in (d.stage, flat):
-        o, s, _ = st(st.init_state(1, MAX_CONTEXT), x, rows, "prefill", MAX_CONTEXT, ple=ple)
-        w = [int(t) for t in ref["prompt_ids"][24:27]]
-        wr = Rows.make([0], [24], [3])
-        wple = None
-        if d.table is not None:
-            wple = jnp.asarray(d.table.gather(d.table.advance(d.table.start_prev(), ids, 24)[None], np.array([w])))
-        ow, s, pend = st(s, jnp.asarray([w], jnp.int32), wr, "window", MAX_CONTEXT, ple=wple)
-        s = st.commit(s, pend, wr, jnp.asarray([2], jnp.int32))
-        o2, _, _ = st(s, jnp.asarray([w[2:3]], jnp.int32), Rows.make([0], [26], [1]), "window", MAX_CONTEXT,
-                      ple=None if wple is None else wple[:, 2:3])
-        outs.append([np.asarray(o["logits"]), np.asarray(ow["logits"]), np.asarray(o2["logits"])])
+    for drv in (d, flat):
+        pre, s = drv.prefill(drv.init(), ref["prompt_ids"])
+        win, s, pend, rows = drv.window(s, ids, P)
+        s = drv.commit(s, pend, rows, 2)
+        nxt, _, _, _ = drv.window(s, ids[2:3], P + 2)
+        outs.append([pre, win, nxt])
     for a, b in zip(*outs):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max())
 
@@ -209,17 +203,19 @@ def test_qwen4exp_selection_matters():
     the block selection)."""
     _need(FIX / "qwen4exp_f32.gguf")
     ref = np.load(FIX / "qwen4exp_ref.npz")
-    d = _driver("qwen4exp", "f32")
-    stage = HybridStage(d.g, d.cfg, 0, d.cfg.n_layer, scan=False)
+    d = _driver("qwen4exp", "f32", scan=False)
+    stage = d.stage
     idx = [b.mixer.indexer for b in stage.blocks if not b.recurrent and b.mixer.indexer is not None]
     assert idx and idx[0].n_top * idx[0].ratio < len(ref["prompt_ids"])
     saved = idx[0].n_top
     try:
-        idx[0].n_top = 10 ** 6 // idx[0].ratio  # every complete block
+        idx[0].n_top = MAX_CONTEXT // idx[0].ratio  # every complete block of the context
+        gd, params = nnx.split(stage)  # n_top is static: a graph of its own, jitted once
         rows = Rows.make([0], [0], [len(ref["prompt_ids"])])
         ple = d._ple(ref["prompt_ids"], 0, True)
-        out, _, _ = stage(stage.init_state(1, MAX_CONTEXT), jnp.asarray(ref["prompt_ids"][None], jnp.int32), rows,
-                          "prefill", MAX_CONTEXT, ple=ple)
+        fwd = jax.jit(lambda p, st, x, r, pl: nnx.merge(gd, p)(st, x, r, "prefill", MAX_CONTEXT, ple=pl)[0])
+        out = fwd(params, stage.init_state(1, MAX_CONTEXT), jnp.asarray(ref["prompt_ids"][None], jnp.int32), rows,
+                  ple)
     finally:
         idx[0].n_top = saved
     assert _rel(np.asarray(out["logits"][0]), ref["prefill_logits"]) > 1e-2

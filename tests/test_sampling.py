@@ -6,7 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from strata_jax.sampling import RowSampling, SamplingParams, pick_tokens
+from strata_jax.sampling import RowSampling, SamplingParams
+from strata_jax.sampling import pick_tokens as _pick_tokens
+
+# jitted, as the engine's stage functions run it (one compile per shape instead of op-by-op dispatch on every call)
+pick_tokens = jax.jit(_pick_tokens)
 
 
 def _np_pick(logits, p: SamplingParams, counter):

@@ -3,8 +3,11 @@
 seed per request), with staggered admissions, a cancellation and slot reuse (more requests than slots), on 2 and 4
 CPU host devices, for SmolLM2 and the tiny qwen3next hybrid (proposals: prompt lookup).
 
+Each workload mixes greedy and seeded requests (request 0 greedy, 1 seeded and cancelled, 2 seeded, 3 greedy, ...),
+so greedy and seeded rows share windows, and one run per mode checks both kinds.
+
 The workload and the comparison live in experiments/batch_exactness.py. Engines are shared with tests/test_split.py
-(same keys), so compiled functions are reused.
+(same keys), so compiled functions are reused; the solo references are computed once per engine.
 """
 
 import sys
@@ -41,9 +44,30 @@ def _prompts(eng, n):
     return [[t % V for t in BASE[:10 + 2 * i] + BASE[:6]] for i in range(n)]  # repeats: lookup proposes
 
 
-def _check_modes(eng, modes, sampled, n_new=8, proposer_factory=None):
-    reqs = bx.workload(_prompts(eng, eng.n_slots + 1), n_new, sampled)
-    solo = {i: bx.solo_tokens(eng, r) for i, r in enumerate(reqs)}
+_SOLO: dict = {}
+
+
+def _workload(eng, n_new):
+    """n_slots + 1 requests one round apart (request 1 cancelled): greedy for requests 0 and 3, seeded otherwise."""
+    reqs = bx.workload(_prompts(eng, eng.n_slots + 1), n_new, sampled=True)
+    for i in (0, 3):
+        if i < len(reqs):
+            reqs[i].sampling = bx.GREEDY
+    assert {r.sampling.greedy for r in reqs if r.cancel_round is None} == {True, False}
+    return reqs
+
+
+def _solo(eng, reqs, n_new):
+    """The requests decoded alone on this engine, computed once per engine and shared by its tests."""
+    key = (id(eng), n_new)
+    if key not in _SOLO:
+        _SOLO[key] = {i: bx.solo_tokens(eng, r) for i, r in enumerate(reqs)}
+    return _SOLO[key]
+
+
+def _check_modes(eng, modes, n_new=8, proposer_factory=None):
+    reqs = _workload(eng, n_new)
+    solo = _solo(eng, reqs, n_new)
     for mode in modes:
         res = resolve_groups(eng.n_slots, len(eng.stages), **MODE_FLAGS[mode])
         assert res.mode == mode, res.message
@@ -64,32 +88,30 @@ def _echo_factory(eng):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
-def test_smollm2_two_stages_every_mode(engine_for, sampled):
+def test_smollm2_two_stages_every_mode(engine_for):
     eng = _engine(engine_for, "smollm2-135m", 2)
-    _check_modes(eng, ["serial", "pipelined", "batch_mtp", "piped_mtp"], sampled)
+    _check_modes(eng, ["serial", "pipelined", "batch_mtp", "piped_mtp"])
 
 
 @pytest.mark.slow
 def test_smollm2_two_stages_rejected_proposals(engine_for):
     eng = _engine(engine_for, "smollm2-135m", 2)
-    _check_modes(eng, ["batch_mtp", "piped_mtp"], True, proposer_factory=_echo_factory(eng))
+    _check_modes(eng, ["batch_mtp", "piped_mtp"], proposer_factory=_echo_factory(eng))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
-def test_hybrid_two_stages(engine_for, sampled):
+def test_hybrid_two_stages(engine_for):
     eng = _engine(engine_for, HYBRID, 2)
-    _check_modes(eng, ["serial", "pipelined", "piped_mtp"], sampled)
+    _check_modes(eng, ["serial", "pipelined", "piped_mtp"])
 
 
 @pytest.mark.slow
 def test_smollm2_four_stages_pipelined(engine_for):
     eng = _engine(engine_for, "smollm2-135m", 4)
-    _check_modes(eng, ["pipelined", "piped_mtp"], True)
+    _check_modes(eng, ["pipelined", "piped_mtp"])
 
 
 @pytest.mark.slow
 def test_hybrid_four_stages_pipelined(engine_for):
     eng = _engine(engine_for, HYBRID, 4)
-    _check_modes(eng, ["pipelined"], False)
+    _check_modes(eng, ["pipelined"])

@@ -2,11 +2,15 @@
 for token what plain decoding gives, greedy and seeded-sampled, on real models.
 
 Engines come from the session cache (``engine_for``) with two slots: slot 0 holds the sequence, slot 1 the
-self-drafting model's sequence, so the draft reuses the target's compiled functions.
+self-drafting model's sequence, so the draft reuses the target's compiled functions. They are the same engines as in
+tests/test_windows.py, test_dense_parity.py and test_split.py (context ``CTX``, two slots).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from strata_jax.errors import StrataError
@@ -15,34 +19,33 @@ from strata_jax.proposers import (DraftModelProposer, LookupProposer, ScriptedPr
                                   check_same_tokenizer, make_proposer)
 from strata_jax.sampling import SamplingParams
 
-CTX = 256
-N = 24
-PROMPT = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
-          "def mul(a, b):\n    return a * b\n\n\ndef div(a, b):\n")
+CTX = 96  # the shared engines' context (tests/conftest.py)
+N = 16
 GREEDY = SamplingParams()
 SAMPLED = SamplingParams(temperature=0.7, top_k=20, seed=1234)
 MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b"]
-
-_PLAIN: dict = {}
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _engine(engine_for, name):
     return engine_for(name, max_context=CTX, n_slots=2)
 
 
-def _plain(engine_for, name, samp, n=N):
-    key = (name, samp, n)
-    if key not in _PLAIN:
-        eng = _engine(engine_for, name)
-        ids = eng.tokenizer.encode(PROMPT)
-        _PLAIN[key] = (ids, generate(eng, ids, max_new_tokens=n, sampling=samp).tokens)
-    return _PLAIN[key]
+def _prompt(name):
+    """The dense HF fixture's chat prompt: its greedy plain decode is shared with tests/test_dense_parity.py, and its
+    continuation repeats prompt text (chat markers, the question's words), so prompt lookup proposes."""
+    return np.load(FIXTURES / f"dense_{name}.npz")["prompt_ids"].tolist()
+
+
+def _plain(engine_for, plain_decode, name, samp, n=N):
+    """(prompt ids, the plain decode's first ``n`` tokens)."""
+    ids = _prompt(name)
+    return ids, plain_decode(_engine(engine_for, name), ids, n, samp).tokens[:n]
 
 
 def _spec(engine_for, name, samp, proposer, spec=4, n=N, **kw):
-    eng = _engine(engine_for, name)
-    ids, _ = _plain(engine_for, name, samp, n)
-    return generate(eng, ids, max_new_tokens=n, sampling=samp, proposer=proposer, spec=spec, **kw)
+    return generate(_engine(engine_for, name), _prompt(name), max_new_tokens=n, sampling=samp, proposer=proposer,
+                    spec=spec, **kw)
 
 
 def _oracle(ids, plain, wrong_at=None):
@@ -60,11 +63,16 @@ def _oracle(ids, plain, wrong_at=None):
     return ScriptedProposer(fn, "oracle")
 
 
-@pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("samp", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("kind", ["lookup", "model"])
-def test_same_output_as_plain(engine_for, name, samp, kind):
-    ids, plain = _plain(engine_for, name, samp)
+# every (proposer, sampling) pair on SmolLM2; on Qwen2.5-Coder (the second dense family) both proposers greedy: its
+# plain reference is test_dense_parity's decode, and the sampler (tests/test_sampling.py) does not depend on the model
+CASES = [(name, samp, kind) for name in MODELS for samp in (GREEDY, SAMPLED) for kind in ("lookup", "model")
+         if name == MODELS[0] or samp.greedy]
+
+
+@pytest.mark.parametrize("name,samp,kind", CASES,
+                         ids=[f"{k}-{'greedy' if s.greedy else 'sampled'}-{n}" for n, s, k in CASES])
+def test_same_output_as_plain(engine_for, plain_decode, name, samp, kind):
+    ids, plain = _plain(engine_for, plain_decode, name, samp)
     eng = _engine(engine_for, name)
     prop = LookupProposer() if kind == "lookup" else DraftModelProposer(eng, eng, slot=1, window=4)
     g = _spec(engine_for, name, samp, prop, policy=SpecPolicy() if kind == "lookup" else None)
@@ -73,16 +81,16 @@ def test_same_output_as_plain(engine_for, name, samp, kind):
     assert st.generated == len(plain) and st.spec == 4 and st.proposer == kind
     assert st.accepted <= st.proposed and sum(st.accepted_at) == st.accepted and sum(st.offered_at) == st.proposed
     assert sum(k * v for k, v in st.window_tokens.items()) == len(plain) - 1
+    assert st.spec_windows > 0  # windows with proposals ran (not only one-row steps)
     if kind == "model":
-        assert st.spec_windows > 0
         if samp.greedy:  # a model drafting greedily for itself is always right
             assert st.accepted == st.proposed
             assert st.tokens_per_window > 2.5
 
 
 @pytest.mark.parametrize("name", MODELS[:1])
-def test_full_none_partial_acceptance(engine_for, name):
-    ids, plain = _plain(engine_for, name, GREEDY)
+def test_full_none_partial_acceptance(engine_for, plain_decode, name):
+    ids, plain = _plain(engine_for, plain_decode, name, GREEDY)
     full = _spec(engine_for, name, GREEDY, _oracle(ids, plain), spec=4)
     assert full.tokens == plain
     assert full.stats.accepted == full.stats.proposed > 0
@@ -97,8 +105,8 @@ def test_full_none_partial_acceptance(engine_for, name):
 
 
 @pytest.mark.parametrize("name", MODELS[:1])
-def test_eos_and_stop_inside_a_window(engine_for, name):
-    ids, plain = _plain(engine_for, name, GREEDY)
+def test_eos_and_stop_inside_a_window(engine_for, plain_decode, name):
+    ids, plain = _plain(engine_for, plain_decode, name, GREEDY)
     # pretend a token in the middle of the plain output is EOS: plain and speculative both end there, EOS included
     j = 9
     eos = {plain[j]}
@@ -117,7 +125,7 @@ def test_eos_and_stop_inside_a_window(engine_for, name):
 def test_context_end(engine_for):
     name = MODELS[0]
     eng = _engine(engine_for, name)
-    ids, plain = _plain(engine_for, name, GREEDY)
+    ids = _prompt(name)
     prompt = ids * ((CTX - 12) // len(ids)) + ids[:(CTX - 12) % len(ids)]
     assert len(prompt) == CTX - 12
     want = generate(eng, prompt, max_new_tokens=40, sampling=GREEDY)
@@ -126,10 +134,10 @@ def test_context_end(engine_for):
     assert g.tokens == want.tokens and g.stats.stop_reason == "context end"
 
 
-def test_spec_min_p_and_dump_logits(engine_for):
+def test_spec_min_p_and_dump_logits(engine_for, plain_decode):
     name = MODELS[0]
     eng = _engine(engine_for, name)
-    ids, plain = _plain(engine_for, name, GREEDY)
+    ids, plain = _plain(engine_for, plain_decode, name, GREEDY)
     prop = DraftModelProposer(eng, eng, slot=1, window=4)
     g = _spec(engine_for, name, GREEDY, prop, spec=4, spec_min_p=0.9, dump_logits=True)
     assert g.tokens == plain
