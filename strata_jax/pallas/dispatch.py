@@ -17,6 +17,10 @@ reference with its reason printed once, as ``"auto"`` does on a GPU, so a whole 
 an explicit per-call ``impl="kernel"`` / ``"interpret"`` still raises. The variable is read when a call is traced:
 a function jitted before it changed keeps the path it was traced with.
 
+``STRATA_PALLAS_OPS`` (comma-separated op-name prefixes, e.g. ``grouped_experts,gdn.gdn_window``), when set, limits
+``"auto"`` calls to the kernels of those ops; every other op runs its reference (for bisecting a compile-time or
+accuracy problem to one kernel: `experiments/compile_probe.py`).
+
 Poisoning (for tests): inside ``with poison_outputs():`` every kernel call pre-fills its outputs with NaN (floats) /
 the dtype's minimum (integers) through an aliased input buffer, so an element the kernel never writes shows up.
 Pallas' interpreter already does this for freshly allocated outputs; the context also covers compiled GPU runs.
@@ -80,6 +84,9 @@ def resolve(op: str, impl: str, why_not: Callable[[], str | None]) -> str:
             raise UnsupportedError(f"STRATA_PALLAS_IMPL={env!r} is not one of {IMPLS}")
         impl = env
         fallback = True
+        only = os.environ.get("STRATA_PALLAS_OPS")
+        if only is not None and not any(op.startswith(p.strip()) for p in only.split(",") if p.strip()):
+            return "reference"
     if impl == "reference":
         return "reference"
     if impl == "auto" and not on_gpu():

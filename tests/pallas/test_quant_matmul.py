@@ -135,3 +135,18 @@ def test_env_override_falls_back(rng, monkeypatch, capsys):
     monkeypatch.setenv("STRATA_PALLAS_IMPL", "bogus")
     with pytest.raises(UnsupportedError):
         qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN)
+
+
+def test_env_ops_filter(monkeypatch):
+    """STRATA_PALLAS_OPS limits the env-selected kernels to the named op prefixes; the others run their reference;
+    an explicit impl= is not filtered."""
+    from strata_jax.pallas import dispatch
+
+    monkeypatch.setenv("STRATA_PALLAS_IMPL", "interpret")
+    monkeypatch.setenv("STRATA_PALLAS_OPS", "gdn, grouped_experts")
+    assert dispatch.resolve("gdn.gdn_window", "auto", lambda: None) == "interpret"
+    assert dispatch.resolve("grouped_experts.moe_experts", "auto", lambda: None) == "interpret"
+    assert dispatch.resolve("qsa.qsa_attention", "auto", lambda: None) == "reference"
+    assert dispatch.resolve("qsa.qsa_attention", "interpret", lambda: None) == "interpret"
+    monkeypatch.delenv("STRATA_PALLAS_OPS")
+    assert dispatch.resolve("qsa.qsa_attention", "auto", lambda: None) == "interpret"
