@@ -98,6 +98,45 @@ def vocab_size(g, arch: str) -> int:
     return vocab
 
 
+def base_fields(g, *, n_layer: int, n_ff: int, rope_fraction: int = 1) -> dict[str, Any]:
+    """The `ModelConfig` fields every family reads the same way from an open GGUF (``<arch>.`` keys of llama.cpp's
+    converters): widths, heads, vocabulary, norm epsilon, RoPE base and width, context, tied head, special ids.
+
+    Args:
+      g: an open `GGUFFile`.
+      n_layer: trunk layers (the hybrids' ``block_count`` minus their MTP layers).
+      n_ff: the dense FFN width (0 for the MoE hybrids without one).
+      rope_fraction: without ``rope.dimension_count`` RoPE turns ``head_dim // rope_fraction`` dimensions (the
+        hybrids' partial RoPE: 4).
+
+    Raises:
+      StrataError: ``embedding_length`` or ``attention.head_count`` is missing.
+    """
+    md, arch, path = g.metadata, g.architecture, g.path
+    p = arch + "."
+    n_embd = int(require_key(md, p + "embedding_length", path))
+    n_head = int(require_key(md, p + "attention.head_count", path))
+    head_dim = int(md.get(p + "attention.key_length", n_embd // n_head))
+    return dict(
+        arch=arch,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=int(md.get(p + "attention.head_count_kv", n_head)),
+        head_dim=head_dim,
+        n_ff=n_ff,
+        vocab_size=vocab_size(g, arch),
+        rms_eps=float(md.get(p + "attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(md.get(p + "rope.freq_base", 10000.0)),
+        rope_dim=int(md.get(p + "rope.dimension_count", head_dim // rope_fraction)),
+        context_length=int(md.get(p + "context_length", 4096)),
+        tied_head=not g.has("output.weight"),
+        attn_scale=1.0 / math.sqrt(head_dim),
+        bos_id=int(md.get("tokenizer.ggml.bos_token_id", -1)),
+        eos_id=int(md.get("tokenizer.ggml.eos_token_id", -1)),
+    )
+
+
 def config_from_gguf(g) -> ModelConfig:
     """Build the `ModelConfig` of an open `GGUFFile`.
 
@@ -113,32 +152,10 @@ def config_from_gguf(g) -> ModelConfig:
 
         return hybrid_config_from_gguf(g)
     p = arch + "."
-    n_embd = int(require_key(md, p + "embedding_length", path))
-    n_head = int(require_key(md, p + "attention.head_count", path))
-    n_head_kv = int(md.get(p + "attention.head_count_kv", n_head))
-    head_dim = int(md.get(p + "attention.key_length", n_embd // n_head))
-    n_layer = int(require_key(md, p + "block_count", path))
-    vocab = vocab_size(g, arch)
-    kw = dict(
-        arch=arch,
-        n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        head_dim=head_dim,
-        n_ff=int(require_key(md, p + "feed_forward_length", path)),
-        vocab_size=vocab,
-        rms_eps=float(md.get(p + "attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(md.get(p + "rope.freq_base", 10000.0)),
-        rope_dim=int(md.get(p + "rope.dimension_count", head_dim)),
-        rope_neox=arch != "llama",
-        context_length=int(md.get(p + "context_length", 4096)),
-        tied_head=not g.has("output.weight"),
-        attn_bias=g.has("blk.0.attn_q.bias"),
-        attn_scale=1.0 / math.sqrt(head_dim),
-        bos_id=int(md.get("tokenizer.ggml.bos_token_id", -1)),
-        eos_id=int(md.get("tokenizer.ggml.eos_token_id", -1)),
-    )
+    kw = base_fields(g, n_layer=int(require_key(md, p + "block_count", path)),
+                     n_ff=int(require_key(md, p + "feed_forward_length", path)))
+    n_layer, n_embd, head_dim = kw["n_layer"], kw["n_embd"], kw["head_dim"]
+    kw.update(rope_neox=arch != "llama", attn_bias=g.has("blk.0.attn_q.bias"))
     if arch == "gemma3":
         window = int(md.get(p + "attention.sliding_window", 512))
         kw.update(

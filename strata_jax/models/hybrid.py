@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from strata_jax.config import ModelConfig, require_key, vocab_size
+from strata_jax.config import ModelConfig, base_fields, require_key
 from strata_jax.errors import StrataError, UnsupportedError
 from strata_jax.layers.gdn import GatedDeltaNet, conv_tail
 from strata_jax.layers.hyper import GatedResidual, hc_write
@@ -111,12 +111,9 @@ def hybrid_config_from_gguf(g) -> HybridConfig:
         raise UnsupportedError(f"{path}: hybrid architecture {arch!r} is not implemented "
                                "(qwen35moe, qwen3next, qwen4exp)")
     p = arch + "."
-    n_embd = int(require_key(md, p + "embedding_length", path))
-    n_head = int(require_key(md, p + "attention.head_count", path))
-    n_head_kv = int(md.get(p + "attention.head_count_kv", n_head))
-    head_dim = int(md.get(p + "attention.key_length", n_embd // n_head))
     n_nextn = int(md.get(p + "nextn_predict_layers", 0))
     n_layer = int(require_key(md, p + "block_count", path)) - n_nextn
+    base = base_fields(g, n_layer=n_layer, n_ff=int(md.get(p + "feed_forward_length", 0)), rope_fraction=4)
     rec = md.get(p + "attention.recurrent_layers")
     if rec is not None:
         rec = tuple(bool(r) for r in list(rec)[:n_layer])
@@ -124,7 +121,6 @@ def hybrid_config_from_gguf(g) -> HybridConfig:
         interval = int(md.get(p + "full_attention_interval", 4))
         rec = tuple((i + 1) % interval != 0 for i in range(n_layer))
     v_heads = int(require_key(md, p + "ssm.time_step_rank", path))
-    vocab = vocab_size(g, arch)
     extra = {}
     if arch == "qwen4exp":
         ratios = md.get(p + "attention.compress_ratios")
@@ -152,25 +148,10 @@ def hybrid_config_from_gguf(g) -> HybridConfig:
                 raise UnsupportedError(f"{path}: {len(extra['ple_layers'])} PLE layers (one table and one hash "
                                        "parameter set per file are read)")
     return HybridConfig(
+        **base,
         **extra,
-        arch=arch,
-        n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        head_dim=head_dim,
-        n_ff=int(md.get(p + "feed_forward_length", 0)),
-        vocab_size=vocab,
-        rms_eps=float(md.get(p + "attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(md.get(p + "rope.freq_base", 10000.0)),
-        rope_dim=int(md.get(p + "rope.dimension_count", head_dim // 4)),
         rope_neox=True,
-        context_length=int(md.get(p + "context_length", 4096)),
         layer_local=(False,) * n_layer,
-        tied_head=not g.has("output.weight"),
-        attn_scale=1.0 / math.sqrt(head_dim),
-        bos_id=int(md.get("tokenizer.ggml.bos_token_id", -1)),
-        eos_id=int(md.get("tokenizer.ggml.eos_token_id", -1)),
         layer_recurrent=rec,
         ssm_k_heads=int(require_key(md, p + "ssm.group_count", path)),
         ssm_v_heads=v_heads,
