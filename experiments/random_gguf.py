@@ -15,13 +15,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 from strata_jax.gguf import open_gguf
-
-# byte ranges of fp16 scales inside each block format's block (ggml-common.h structs)
-SCALE_BYTES = {Q.Q4_0: [(0, 2)], Q.Q4_1: [(0, 4)], Q.Q5_0: [(0, 2)], Q.Q5_1: [(0, 4)], Q.Q8_0: [(0, 2)],
-               Q.Q2_K: [(80, 84)], Q.Q3_K: [(108, 110)], Q.Q4_K: [(0, 4)], Q.Q5_K: [(0, 4)], Q.Q6_K: [(208, 210)],
-               Q.IQ4_NL: [(0, 2)], Q.IQ4_XS: [(0, 2)], Q.IQ2_XS: [(0, 2)], Q.IQ2_S: [(0, 2)],
-               Q.IQ3_XXS: [(0, 2)], Q.IQ3_S: [(0, 2)], Q.IQ2_XXS: [(0, 2)]}
-
+from strata_jax.models.random_weights import SCALE_BYTES, scale_pattern
 
 def write_header(src: str, out: str) -> None:
     g = open_gguf(src)
@@ -37,7 +31,7 @@ def fill(header: str, out: str, seed: int = 0) -> int:
         o.truncate(end)
     mm = np.memmap(out, dtype=np.uint8, mode="r+")
     rng = np.random.default_rng(seed)
-    scale = np.frombuffer(np.array([0.002], np.float16).tobytes(), np.uint8)
+    scale = scale_pattern()
     for t in g.tensors.values():
         a = mm[t.offset:t.offset + t.nbytes]
         if t.qtype == Q.F32:

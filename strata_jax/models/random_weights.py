@@ -24,9 +24,18 @@ from strata_jax.gguf.reader import TensorInfo
 
 GEOMETRIES = Path(__file__).resolve().parents[2] / "configs" / "geometries"
 
-# byte ranges of the fp16 scales inside a block (ggml-common.h)
-_SCALES = {Q.Q4_0: [(0, 2)], Q.Q8_0: [(0, 2)], Q.Q2_K: [(80, 84)], Q.Q4_K: [(0, 4)], Q.Q5_K: [(0, 4)],
-           Q.Q6_K: [(208, 210)], Q.Q3_K: [(108, 110)], Q.Q5_0: [(0, 2)]}
+# byte ranges of the fp16 scales inside each block format's block (ggml-common.h structs); random blocks get
+# RANDOM_SCALE there, so every dequantized value stays small and finite (also used by experiments/random_gguf.py)
+SCALE_BYTES = {Q.Q4_0: [(0, 2)], Q.Q4_1: [(0, 4)], Q.Q5_0: [(0, 2)], Q.Q5_1: [(0, 4)], Q.Q8_0: [(0, 2)],
+               Q.Q2_K: [(80, 84)], Q.Q3_K: [(108, 110)], Q.Q4_K: [(0, 4)], Q.Q5_K: [(0, 4)], Q.Q6_K: [(208, 210)],
+               Q.IQ4_NL: [(0, 2)], Q.IQ4_XS: [(0, 2)], Q.IQ2_XS: [(0, 2)], Q.IQ2_S: [(0, 2)],
+               Q.IQ3_XXS: [(0, 2)], Q.IQ3_S: [(0, 2)], Q.IQ2_XXS: [(0, 2)]}
+RANDOM_SCALE = 0.002
+
+
+def scale_pattern() -> np.ndarray:
+    """RANDOM_SCALE as its two little-endian fp16 bytes (uint8 [2])."""
+    return np.frombuffer(np.array([RANDOM_SCALE], np.float16).tobytes(), np.uint8)
 
 
 def load_geometry(name: str) -> dict:
@@ -107,8 +116,8 @@ class VirtualGGUF:
                 return b.reshape(*t.shape[:-1], -1) if len(t.shape) > 1 else b.reshape(-1)
             nblk = t.shape[-1] // block
             b = jax.random.bits(key, (rows, nblk, bsize), jnp.uint8)
-            scale = jnp.asarray(np.frombuffer(np.array([0.002], np.float16).tobytes(), np.uint8))
-            for lo, hi in _SCALES[t.qtype]:
+            scale = jnp.asarray(scale_pattern())
+            for lo, hi in SCALE_BYTES[t.qtype]:
                 b = b.at[:, :, lo:hi].set(jnp.tile(scale, (hi - lo) // 2))
             return b.reshape(*t.shape[:-1], nblk * bsize)
 
