@@ -792,21 +792,11 @@ class CallCounter:
 
 
 def set_mtp_chain(engine, n: int) -> int:
-    """Run the model's MTP chain with ``n`` drafts after every window (0: off); returns the chain length now running
-    (0 when the engine or the model has none). Uses ``Engine.enable_mtp`` where it exists; turning the chain off or
-    shortening it sets the engine's ``mtp`` / ``mtp_n`` attributes directly (no engine API for that yet)."""
-    if not hasattr(engine, "enable_mtp") or int(getattr(engine.cfg, "n_nextn", 0) or 0) <= 0:
+    """Run the model's MTP chain with ``n`` drafts after every window (0: off) through ``Engine.set_mtp_chain``;
+    returns the chain length now running (0 when the engine or the model has none)."""
+    if not hasattr(engine, "set_mtp_chain"):
         return 0
-    if n <= 0:
-        if getattr(engine, "mtp", None) is not None:
-            engine._bench_mtp = engine.mtp
-            engine.mtp = None
-        return 0
-    if getattr(engine, "mtp", None) is None and getattr(engine, "_bench_mtp", None) is not None:
-        engine.mtp = engine._bench_mtp
-    engine.enable_mtp(n)
-    engine.mtp_n = int(n)
-    return int(n)
+    return engine.set_mtp_chain(n)
 
 
 def _greedy():

@@ -111,9 +111,28 @@ def test_mtp_refusals(tmp_path_factory):
         make_proposer("mtp", plain)
     with pytest.raises(StrataError, match="no MTP layer"):
         plain.enable_mtp(2)
+    assert plain.set_mtp_chain(3) == 0 and not plain.mtp_active  # no MTP layer: nothing runs
     eng = _engine(tmp_path_factory, "qwen35moe")
     with pytest.raises(StrataError, match="1..7"):
         eng.enable_mtp(8)
+    with pytest.raises(StrataError, match="0..7"):
+        eng.set_mtp_chain(8)
+
+
+def test_set_mtp_chain_pauses_and_resumes(tmp_path_factory):
+    """``set_mtp_chain(0)`` stops the chain (no drafts are made while paused), ``set_mtp_chain(3)`` brings it back."""
+    eng = _engine(tmp_path_factory, "qwen35moe")
+    assert eng.set_mtp_chain(3) == 3 and eng.mtp_active and eng.mtp_n == 3
+    a, b = _prompt(eng, seed=7), _prompt(eng, seed=8)
+    generate(eng, a, max_new_tokens=4)
+    pos, drafts, _ = eng.mtp_proposal(0)
+    assert pos == len(a) + 4 - 1 and len(drafts) == 3  # the drafts follow the 4th new token (history end)
+    assert eng.set_mtp_chain(0) == 0 and not eng.mtp_active
+    generate(eng, b, max_new_tokens=4)
+    assert eng.mtp_proposal(0) == (pos, drafts, eng.mtp_proposal(0)[2])  # untouched while paused
+    assert eng.set_mtp_chain(3) == 3
+    generate(eng, b, max_new_tokens=4)
+    assert eng.mtp_proposal(0)[0] == len(b) + 4 - 1
 
 
 @pytest.mark.slow

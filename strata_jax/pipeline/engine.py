@@ -144,7 +144,7 @@ class Engine:
                                                         self._extra(stage, kind, tokens, rows))
             pendings.append(pending)
             x = out["hidden"]
-        if self.mtp is not None and kind != "prefill":
+        if self.mtp_active and kind != "prefill":
             self._mtp_after(kind, out, jax.device_put(rows, self.stages[-1].device))
         return out, pendings
 
@@ -228,7 +228,7 @@ class Engine:
                 pick = int(out["picks"][0, len(chunk) - 1])
             else:
                 pick = int(out["picks"][0, 0])
-            if self.mtp is not None:  # the MTP layer reads the prompt too: row i with the token at i + 1
+            if self.mtp_active:  # the MTP layer reads the prompt too: row i with the token at i + 1
                 nxt = np.zeros((1, C), np.int32)
                 follow = list(ids[c0 + 1:c0 + C + 1]) if c0 + C < n else list(ids[c0 + 1:]) + [pick]
                 nxt[0, :len(follow)] = follow
@@ -265,7 +265,7 @@ class Engine:
         out, self.states[index], pending = fn(stage.params, self.states[index], jax.device_put(x, dev),
                                               jax.device_put(rows, dev), jax.device_put(tokens, dev),
                                               jax.device_put(sampling, dev), self._extra(stage, kind, tokens, rows))
-        if stage.last and self.mtp is not None and kind != "prefill":
+        if stage.last and self.mtp_active and kind != "prefill":
             self._mtp_after(kind, out, jax.device_put(rows, dev))
         return out, pending
 
@@ -342,6 +342,31 @@ class Engine:
             self._mtp_graphdef, self._mtp_params = nnx.split(self.mtp)
             self.mtp_state = self.mtp.init_state(self.n_slots, self.max_context, self.kv_dtype, dev)
         self.mtp_n = max(self.mtp_n, n_draft)
+
+    @property
+    def mtp_active(self) -> bool:
+        """True while the MTP chain runs after every window (`enable_mtp` / `set_mtp_chain`)."""
+        return self.mtp is not None and self.mtp_n > 0
+
+    def set_mtp_chain(self, n_draft: int) -> int:
+        """Set the MTP chain to exactly ``n_draft`` drafts (loading the MTP layer on first use), or pause it with 0
+        (the layer stays loaded; `mtp_proposal` then returns what the last chain left). For benchmarks that compare
+        chain lengths on one engine. Change it between sequences: windows run while the chain is paused are not read
+        by the MTP layer, so its later drafts for that sequence are worse (never the output, which the verify
+        window decides). Returns the chain length now running (0 for a model without an MTP layer).
+
+        Raises:
+          StrataError: ``n_draft`` outside 0..MAX_WINDOW - 1.
+        """
+        n_draft = int(n_draft)
+        if not 0 <= n_draft <= MAX_WINDOW - 1:
+            raise StrataError(f"MTP chain of {n_draft} drafts: must lie in 0..{MAX_WINDOW - 1}")
+        if n_draft == 0 or int(getattr(self.cfg, "n_nextn", 0) or 0) <= 0:
+            self.mtp_n = 0
+            return 0
+        self.enable_mtp(n_draft)
+        self.mtp_n = n_draft
+        return n_draft
 
     def _mtp_after(self, kind: str, out: dict, rows: Rows, next_tokens=None) -> None:
         """Launch the MTP step after the last stage's call (asynchronous; nothing read back here)."""
