@@ -4,6 +4,12 @@ Every run is stored in a JSON cache (default ``~/.cache/strata_jax/acceptance/ru
 mode, T, token count), so a run made once (e.g. by ``python experiments/acceptance_lib.py`` in the background) is
 not repeated when the notebook executes; delete the file to recompute everything. The notebook prints, for every
 run, whether it was computed during its execution or loaded from the cache.
+
+The recorded data of the 1.5B (`DATA`, written by ``experiments/bench_batching.py --record_acceptance``: the real
+Qwen2.5-Coder-1.5B / 0.5B weights through a numpy forward, per output position what prompt lookup and the 0.5B draft
+offer and how many leading proposals match) is read by `load_recorded`; `simulate` replays the solo speculative
+loop from its per-position arrays for a window cap T, and `recorded_prompts` rebuilds the recorded prompts with the
+real tokenizer (only the tokenizer is loaded) for an exact cross-check with `replay_lookup`.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ for p in (ROOT, HERE, os.path.join(HERE, "parity")):
 CACHE = os.environ.get("ACC_CACHE", os.path.expanduser("~/.cache/strata_jax/acceptance/runs.json"))
 CTX = 1024
 TINY_CTX = 256
+DATA = os.path.join(HERE, "data", "acceptance_qwen2.5-coder.json")
 _engines: dict = {}
+_tokenizers: dict = {}
 
 
 def _load_cache() -> dict:
@@ -64,10 +72,22 @@ def tiny_mtp_model(fixture: str = "qwen35moe", seed: int = 0) -> str:
     return dst
 
 
+def tokenizer_real(name: str = "qwen2.5-coder-1.5b"):
+    """The tokenizer of a cached real model, read from its GGUF (no weights are loaded)."""
+    from strata_jax.gguf import open_gguf
+    from strata_jax.models_registry import resolve_model
+    from strata_jax.tokenizer import Tokenizer
+
+    if name not in _tokenizers:
+        _tokenizers[name] = Tokenizer.from_gguf(open_gguf(str(resolve_model(name))))
+    return _tokenizers[name]
+
+
 def prompts_real() -> dict[str, list[int]]:
+    """The prompts of the engine runs (the workloads of ``experiments/bench_spec.py``, chat template)."""
     from bench_spec import workloads
 
-    tok = engine("qwen2.5-coder-1.5b", CTX).tokenizer
+    tok = tokenizer_real("qwen2.5-coder-1.5b")
     return {name: tok.encode(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
             for name, text in workloads(small=False).items()}
 
@@ -78,12 +98,18 @@ def prompts_tiny() -> dict[str, list[int]]:
     return {"ids-ramp": list(range(20, 60)), "ids-repeat": rep}
 
 
+def run_key(model: str, workload: str, mode: str, T: int, n_new: int, draft_model: str | None = None) -> str:
+    """The cache key of a run."""
+    return f"{os.path.basename(model)}|{workload}|{mode}|T{T if mode != 'plain' else 0}|n{n_new}|{draft_model or ''}"
+
+
 def run(model: str, ctx: int, workload: str, ids: list[int], mode: str, T: int, n_new: int,
-        draft_model: str | None = None) -> dict:
-    """One greedy generation; ``mode`` = ``plain`` | ``lookup`` | ``model`` | ``mtp``. Cached (see module doc)."""
-    key = f"{os.path.basename(model)}|{workload}|{mode}|T{T if mode != 'plain' else 0}|n{n_new}|{draft_model or ''}"
+        draft_model: str | None = None, refresh: bool = False) -> dict:
+    """One greedy generation; ``mode`` = ``plain`` | ``lookup`` | ``model`` | ``mtp``. Cached (see module doc);
+    ``refresh``: compute it even when cached (and store the new run)."""
+    key = run_key(model, workload, mode, T, n_new, draft_model)
     c = _load_cache()
-    if key in c:
+    if key in c and not refresh:
         rec = dict(c[key])
         rec["source"] = "cache"
         return rec
@@ -115,10 +141,10 @@ def replay_lookup(prompt: list[int], out: list[int], T: int) -> dict:
     seq = list(prompt) + list(out)
     n_p = len(prompt)
     hl = n_p + 1  # the first token comes from the prefill
-    proposed = accepted = 0
-    per_window, acc_at = [], [0] * (T - 1)
+    proposed = accepted = spec_windows = 0
+    per_window, acc_at, off_at = [], [0] * (T - 1), [0] * (T - 1)
     while hl < len(seq):
-        room = min(T - 1, len(seq) - hl - 1)
+        room = min(T - 1, len(seq) - hl - 1)  # the solo loop's room: the window's bonus token ends the output
         props = list(lk.propose(seq[:hl], room)) if room > 0 else []
         props = [int(p) for p in props[:room]]
         a = 0
@@ -126,13 +152,79 @@ def replay_lookup(prompt: list[int], out: list[int], T: int) -> dict:
             a += 1
         proposed += len(props)
         accepted += a
+        spec_windows += bool(props)
+        for i in range(len(props)):
+            off_at[i] += 1
         for i in range(a):
             acc_at[i] += 1
         per_window.append(a + 1)
         hl += a + 1
-    return dict(proposed=proposed, accepted=accepted, windows=len(per_window),
+    return _window_stats(proposed, accepted, spec_windows, per_window, off_at, acc_at)
+
+
+def _window_stats(proposed, accepted, spec_windows, per_window, off_at, acc_at) -> dict:
+    wt: dict[int, int] = {}
+    for k in per_window:
+        wt[k] = wt.get(k, 0) + 1
+    n = len(per_window)
+    return dict(proposed=proposed, accepted=accepted, windows=n, spec_windows=spec_windows,
                 acceptance=accepted / proposed if proposed else 0.0,
-                tok_per_window=sum(per_window) / len(per_window) if per_window else 0.0, accepted_at=acc_at)
+                tok_per_window=sum(per_window) / n if n else 0.0,
+                offered_per_window=proposed / n if n else 0.0,
+                offered_at=off_at, accepted_at=acc_at, window_tokens=dict(sorted(wt.items())))
+
+
+def load_recorded(path: str = DATA) -> dict:
+    """The recorded acceptance of the real 1.5B + 0.5B (see the module doc)."""
+    with open(path) as f:
+        return json.load(f)
+
+
+def simulate(offered: list[int], accepted: list[int], T: int) -> dict:
+    """The solo speculative loop (`strata_jax.pipeline.solo`) from recorded per-position arrays.
+
+    Position ``p`` (0-based) of the arrays: the history ends after output token ``p``; ``offered[p]`` proposals
+    (recorded with room for up to 7) and ``accepted[p]`` of them, leading, equal the reference tokens ``p+1, ...``.
+    The output has ``len(offered) + 1`` tokens, the first from the prefill. A window at ``p`` offers
+    ``k = min(offered[p], T - 1, room)`` (room: what still fits before the last token, as in the solo loop; a
+    proposer's shorter proposal is a prefix of its longer one, so the cut is exact), keeps
+    ``min(accepted[p], k) + 1`` tokens (the accepted proposals and the target's bonus token), and the next window
+    starts at ``p + kept``; stops when every token is out. Returns `replay_lookup`'s statistics."""
+    n = len(offered) + 1
+    p = 0
+    proposed = acc = spec_windows = 0
+    per_window, off_at, acc_at = [], [0] * (T - 1), [0] * (T - 1)
+    while p < n - 1:
+        room = min(T - 1, n - 2 - p)
+        k = min(int(offered[p]), room)
+        a = min(int(accepted[p]), k)
+        proposed += k
+        acc += a
+        spec_windows += k > 0
+        for i in range(k):
+            off_at[i] += 1
+        for i in range(a):
+            acc_at[i] += 1
+        per_window.append(a + 1)
+        p += a + 1
+    return _window_stats(proposed, acc, spec_windows, per_window, off_at, acc_at)
+
+
+def recorded_prompts(rec: dict, tok=None) -> dict[str, list[int]]:
+    """The recorded prompts (request 0 of each workload), rebuilt as ``record_acceptance`` builds them
+    (`bench_batching.prompt_texts` / `encode_prompts`, chat template of the target's tokenizer); each is checked
+    against the recorded prompt length."""
+    import bench_batching as B
+
+    tok = tok or tokenizer_real(rec["target_model"])
+    out = {}
+    for w, wd in rec["workloads"].items():
+        ids = B.encode_prompts(tok, B.prompt_texts(w, 1), tok.vocab_size)[0]
+        n_rec = wd["requests"]["0"]["prompt_tokens"]
+        if len(ids) != n_rec:
+            raise ValueError(f"{w}: rebuilt prompt has {len(ids)} tokens, the recording {n_rec}")
+        out[w] = ids
+    return out
 
 
 if __name__ == "__main__":
