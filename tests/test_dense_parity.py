@@ -41,11 +41,20 @@ def test_logits_and_greedy_match_hf(name, engine_for, plain_decode):
 
 
 @pytest.mark.slow
-def test_chat_answer_end_to_end(model_path):
-    proc = subprocess.run([sys.executable, "-m", "strata_jax.run_generate", "--model", model_path("smollm2-135m"),
-                           "--chat", "--prompt", "What is the capital of France?", "--max_new_tokens", "24",
-                           "--max_context", "128"], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == "The capital of France is Paris."
-    stats = proc.stderr.strip().splitlines()[-1]
-    assert "tok/s" in stats and "stop: eos" in stats
+def test_chat_answer_end_to_end(model_path, tmp_path):
+    """The CLI answers a chat question with the real model's greedy text; the second run of the same command reads
+    its compiled functions from the persistent compilation cache (--xla_cache_dir) and answers the same."""
+    cache = tmp_path / "xla"
+    for run in range(2):
+        proc = subprocess.run([sys.executable, "-m", "strata_jax.run_generate", "--model", model_path("smollm2-135m"),
+                               "--chat", "--prompt", "What is the capital of France?", "--max_new_tokens", "24",
+                               "--max_context", "128", "--xla_cache_dir", str(cache)],
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.strip() == "The capital of France is Paris."
+        stats = proc.stderr.strip().splitlines()[-1]
+        assert "tok/s" in stats and "stop: eos" in stats
+        if run == 0:
+            entries = set(os.listdir(cache))
+            assert entries, "nothing was written to the compilation cache"
+    assert set(os.listdir(cache)) == entries  # the second run compiled nothing new

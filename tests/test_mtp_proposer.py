@@ -123,6 +123,9 @@ def test_set_mtp_chain_pauses_and_resumes(tmp_path_factory):
     """``set_mtp_chain(0)`` stops the chain (no drafts are made while paused), ``set_mtp_chain(3)`` brings it back."""
     eng = _engine(tmp_path_factory, "qwen35moe")
     assert eng.set_mtp_chain(3) == 3 and eng.mtp_active and eng.mtp_n == 3
+    # the MTP layer shares the trunk's head and embedding buffers on this device (no second copy)
+    trunk = eng.stages[-1].module
+    assert eng.mtp.head.w[...] is trunk.head.w[...] and eng.mtp.embed.w[...] is trunk.embed.w[...]
     a, b = _prompt(eng, seed=7), _prompt(eng, seed=8)
     generate(eng, a, max_new_tokens=4)
     pos, drafts, _ = eng.mtp_proposal(0)

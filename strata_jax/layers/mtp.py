@@ -54,17 +54,25 @@ def _attention(g, cfg, p, device):
                           device=device)
 
 
-def _head(g, cfg, p, device):
+def _head(g, cfg, p, device, reuse):
     if g.has(p + "nextn.shared_head_head.weight"):
         return QLinear.from_gguf(g, p + "nextn.shared_head_head.weight", device)
     if g.has("output.weight"):
+        if "output.weight" in reuse:  # the trunk's head, already on this device: the same buffer, no copy
+            h = reuse["output.weight"]
+            return QLinear(nnx.Param(h.w[...]), h.qtype, h.n_out, h.n_in)
         return QLinear.from_gguf(g, "output.weight", device)
-    return Embedding.from_gguf(g, "token_embd.weight", device).as_linear()
+    return _embed(g, p, device, reuse, own=False).as_linear()
 
 
-def _embed(g, p, device):
+def _embed(g, p, device, reuse, own: bool = True):
     name = p + "nextn.embed_tokens.weight"
-    return Embedding.from_gguf(g, name if g.has(name) else "token_embd.weight", device)
+    if own and g.has(name):
+        return Embedding.from_gguf(g, name, device)
+    if "token_embd.weight" in reuse:
+        e = reuse["token_embd.weight"]
+        return Embedding(e.w[...], e.qtype, e.vocab, e.dim)
+    return Embedding.from_gguf(g, "token_embd.weight", device)
 
 
 class _Base(nnx.Module):
@@ -84,7 +92,8 @@ class NextNMTP(_Base):
     Args: g: the open GGUF (holding block ``n_layer``); cfg: its `HybridConfig`; device.
     """
 
-    def __init__(self, g, cfg, device=None):
+    def __init__(self, g, cfg, device=None, reuse: dict | None = None):
+        reuse = reuse or {}
         n = cfg.n_layer
         p = f"blk.{n}."
         if not g.has(p + "nextn.eh_proj.weight"):
@@ -94,8 +103,8 @@ class NextNMTP(_Base):
         self.hnorm = RMSNorm(load_f32(g, p + "nextn.hnorm.weight", device), cfg.rms_eps)
         shn = p + "nextn.shared_head_norm.weight"
         self.head_norm = RMSNorm(load_f32(g, shn if g.has(shn) else "output_norm.weight", device), cfg.rms_eps)
-        self.embed = _embed(g, p, device)
-        self.head = _head(g, cfg, p, device)
+        self.embed = _embed(g, p, device, reuse)
+        self.head = _head(g, cfg, p, device, reuse)
         self.attn_norm = RMSNorm(load_f32(g, p + "attn_norm.weight", device), cfg.rms_eps)
         self.attn = _attention(g, cfg, p, device)
         self.ffn_norm = RMSNorm(load_f32(g, p + "post_attention_norm.weight", device), cfg.rms_eps)
@@ -122,7 +131,8 @@ class HCMTP(_Base):
     Args: g; cfg: the qwen4exp `HybridConfig`; device.
     """
 
-    def __init__(self, g, cfg, device=None):
+    def __init__(self, g, cfg, device=None, reuse: dict | None = None):
+        reuse = reuse or {}
         n = cfg.n_layer
         p = f"blk.{n}."
         if not g.has(p + "nextn.fc_hidden.weight"):
@@ -132,8 +142,8 @@ class HCMTP(_Base):
         self.hnorm = nnx.Param(load_f32(g, p + "nextn.hnorm.weight", device).reshape(-1))
         self.fc_e = QLinear.from_gguf(g, p + "nextn.fc_embedding.weight", device)
         self.fc_h = QLinear.from_gguf(g, p + "nextn.fc_hidden.weight", device)
-        self.embed = _embed(g, p, device)
-        self.head = _head(g, cfg, p, device)
+        self.embed = _embed(g, p, device, reuse)
+        self.head = _head(g, cfg, p, device, reuse)
         self.hc_attn = GatedResidual(g, p + "hc_attn_", hc=cfg.hc, eps=cfg.rms_eps, device=device)
         self.hc_ffn = GatedResidual(g, p + "hc_ffn_", hc=cfg.hc, eps=cfg.rms_eps, device=device)
         self.attn = _attention(g, cfg, p, device)
@@ -157,14 +167,18 @@ class HCMTP(_Base):
         return qcall(self.head, mixed, exact), R, state
 
 
-def MTPHead(g, cfg, device=None):
+def MTPHead(g, cfg, device=None, reuse: dict | None = None):
     """The MTP draft layer of ``cfg``'s family (`NextNMTP` or `HCMTP`).
+
+    ``reuse``: modules already loaded on ``device`` that the MTP layer shares instead of loading a second copy
+    (``"output.weight"``: the trunk's `QLinear` head; ``"token_embd.weight"``: its `Embedding`): the same device
+    buffers, e.g. ~0.5 GB of Q6_K head at the Qwen3.8-Flash-Next vocabulary.
 
     Raises:
       UnsupportedError: a family without MTP support; StrataError: the file has no MTP tensors.
     """
     if cfg.arch in ("qwen35moe", "qwen3next"):
-        return NextNMTP(g, cfg, device)
+        return NextNMTP(g, cfg, device, reuse)
     if cfg.arch == "qwen4exp":
-        return HCMTP(g, cfg, device)
+        return HCMTP(g, cfg, device, reuse)
     raise UnsupportedError(f"no MTP draft layer for architecture {cfg.arch!r}")

@@ -338,10 +338,23 @@ class Engine:
             if int(getattr(self.cfg, "n_nextn", 0) or 0) <= 0:
                 raise StrataError(f"{self.gguf.path} ({self.cfg.arch}) has no MTP layer (nextn_predict_layers = 0)")
             dev = self.stages[-1].device
-            self.mtp = MTPHead(self.gguf, self.cfg, dev)
+            self.mtp = MTPHead(self.gguf, self.cfg, dev, reuse=self._loaded_on(dev))
             self._mtp_graphdef, self._mtp_params = nnx.split(self.mtp)
             self.mtp_state = self.mtp.init_state(self.n_slots, self.max_context, self.kv_dtype, dev)
         self.mtp_n = max(self.mtp_n, n_draft)
+
+    def _loaded_on(self, device) -> dict:
+        """The head and embedding modules the stages already hold on ``device`` (shared with the MTP layer)."""
+        got = {}
+        for st in self.stages:
+            if st.device != device:
+                continue
+            m = st.module
+            if getattr(m, "embed", None) is not None:
+                got["token_embd.weight"] = m.embed
+            if st.last and not self.cfg.tied_head and getattr(m, "head", None) is not None:
+                got["output.weight"] = m.head
+        return got
 
     @property
     def mtp_active(self) -> bool:
