@@ -89,3 +89,17 @@ def test_memory_report_and_refusal(model_path):
         eng.check_batch_fits(4, limit)
     eng.set_slots(3)
     assert eng.n_slots == 3 and eng.state_bytes_per_slot()[0] == rep["stages"][0]["slot_bytes"]
+
+
+def test_set_slots_resizes_ple_history():
+    """qwen4exp keeps each slot's PLE predecessor ids on the host: `set_slots` must resize them with the state (a
+    batch on a qwen4exp file crashed in slot 1's prefill). The same prompt read into either slot gives one pick."""
+    from strata_jax.pipeline.engine import Engine
+
+    eng = Engine(str(Path(__file__).parent / "fixtures" / "hybrid" / "qwen4exp_q8_0.gguf"), max_context=CTX)
+    assert eng.ple_table is not None and len(eng.ple_prev) == 1
+    eng.set_slots(2)
+    assert len(eng.ple_prev) == 2
+    prompt = [int(t) for t in np.random.default_rng(4).integers(3, eng.cfg.vocab_size, 12)]
+    picks = [eng.prefill(s, prompt, SamplingParams(0.0))[0] for s in (0, 1)]
+    assert picks[0] == picks[1]

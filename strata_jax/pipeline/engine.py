@@ -312,6 +312,9 @@ class Engine:
         self.states = [jax.device_put(s.module.init_state(n_slots, self.max_context, self.kv_dtype), s.device)
                        for s in self.stages]
         self._commit_fns = {k: v for k, v in self._commit_fns.items() if not isinstance(k, tuple)}
+        if self.ple_table is not None:  # qwen4exp: each slot's committed PLE predecessor ids (host side)
+            self.ple_prev = [self.ple_table.start_prev() for _ in range(n_slots)]
+            self._ple_window = {}
         if self.mtp is not None:
             self.mtp_state = self.mtp.init_state(n_slots, self.max_context, self.kv_dtype, self.stages[-1].device)
             self._mtp_last = {}
