@@ -24,7 +24,21 @@ from pathlib import Path
 
 from strata_jax.errors import StrataError
 
-CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+def configs_dir() -> Path:
+    """The ``configs/`` folder: the checkout's (editable installs, runs from the repository), else the copy a wheel
+    installs under ``<prefix>/share/strata_jax/configs``.
+
+    Raises:
+      StrataError: neither holds ``models.json``.
+    """
+    for d in (Path(__file__).resolve().parent.parent / "configs", Path(sys.prefix) / "share" / "strata_jax" / "configs"):
+        if (d / "models.json").exists():
+            return d
+    raise StrataError("configs/models.json not found next to the package nor under "
+                      f"{Path(sys.prefix) / 'share' / 'strata_jax'}: install from a checkout (pip install -e .)")
+
+
+CONFIGS_DIR = configs_dir()
 DEFAULT_MODEL = "smollm2-135m"
 
 

@@ -12,7 +12,6 @@ that draws the tensor's bytes with `jax.random` directly on that device, then wr
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,8 +20,9 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 from strata_jax.errors import StrataError
 from strata_jax.gguf.reader import TensorInfo
+from strata_jax.models_registry import configs_dir
 
-GEOMETRIES = Path(__file__).resolve().parents[2] / "configs" / "geometries"
+GEOMETRIES = configs_dir() / "geometries"
 
 # byte ranges of the fp16 scales inside each block format's block (ggml-common.h structs); random blocks get
 # RANDOM_SCALE there, so every dequantized value stays small and finite (also used by experiments/random_gguf.py)
