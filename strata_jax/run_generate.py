@@ -30,15 +30,18 @@ flags.DEFINE_string("prompt", None, "The prompt text.")
 flags.DEFINE_string("prompt_file", None, "Read the prompt text from this file.")
 flags.DEFINE_string("prompt_ids", None, "The prompt as comma-separated token ids (for files without a usable "
                     "tokenizer); output is then printed as ids.")
-flags.DEFINE_bool("chat", False, "Wrap the prompt in the model's chat template as one user message.")
-flags.DEFINE_string("system", None, "With --chat: a system message.")
+flags.DEFINE_bool("chat", False, "Wrap the prompt in the model's chat template as one user message. With "
+                  "--prompts_file: the default for requests without a \"chat\" key (text prompts only).")
+flags.DEFINE_string("system", None, "With --chat: a system message (with --prompts_file: for every chat request).")
 flags.DEFINE_integer("max_new_tokens", 256, "Most tokens to generate.", lower_bound=1)
 flags.DEFINE_float("temperature", 0.0, "Sampling temperature; <= 0 is greedy.")
 flags.DEFINE_integer("top_k", 40, "Keep the k most likely tokens (1..64; 0 = 64).")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: keep the smallest set with this much probability.")
 flags.DEFINE_float("min_p", 0.0, "Keep tokens with p >= min_p * p_max.")
-flags.DEFINE_integer("seed", 0, "Sampling seed; draws are keyed by (seed, position).")
-flags.DEFINE_multi_string("stop", [], "Stop when the generated text contains this string (repeatable).")
+flags.DEFINE_integer("seed", 0, "Sampling seed, 0..2**32-1; draws are keyed by (seed, position).")
+flags.DEFINE_multi_string("stop", [], "Stop when the generated text contains this non-empty string (repeatable; "
+                          "needs the model's tokenizer; not with --prompts_file: the batch scheduler stops only at "
+                          "EOS and max_new_tokens).")
 flags.DEFINE_integer("max_context", 4096, "Cells of K/V cache per sequence (prompt + generated).", lower_bound=2)
 flags.DEFINE_string("layer_split", None, "First layer of each later stage, e.g. 12,24,36 (one device per stage).")
 flags.DEFINE_enum("kv_dtype", "float32", ["float32", "bfloat16"], "K/V cache dtype.")
@@ -47,23 +50,30 @@ flags.DEFINE_string("xla_cache_dir", os.path.join(os.path.expanduser("~"), ".cac
                     "JAX's persistent compilation cache: compiled windows are kept here and reused by later runs of "
                     "the same model and shapes (a second run starts in seconds). Empty string: off.")
 flags.DEFINE_string("dump_logits", None, "Write prompt_ids, prefill_logits [T,V], step_logits [S,V], tokens [S] "
-                    "to this .npz.")
-flags.DEFINE_string("stats_json", None, "Write the run's statistics to this JSON file.")
+                    "to this .npz (one prompt only: not with --prompts_file).")
+flags.DEFINE_string("stats_json", None, "Write the run's statistics to this JSON file (with --prompts_file: the "
+                    "batch run's statistics and one entry per request).")
 flags.DEFINE_bool("verbose", False, "Log compiles and show tracebacks.")
 flags.DEFINE_enum("draft", "none", ["none", "lookup", "model", "mtp"], "Speculative decoding proposals: none, "
                   "lookup (prompt lookup / suffix match), model (--draft_model drafts greedily), mtp (the model's MTP "
                   "layer). The output is the same as without.")
 flags.DEFINE_string("draft_model", None, "With --draft model: a registry name or .gguf path with the same tokenizer.")
-flags.DEFINE_integer("spec", 4, "Speculative window cap T (2..8): the last token + up to T-1 proposals.")
-flags.DEFINE_float("spec_min_p", 0.0, "Cut proposals at the first one below this proposer probability (0 = off).")
+flags.DEFINE_integer("spec", 4, "Speculative window cap T (2..8): the last token + up to T-1 proposals (one prompt "
+                     "only; with --prompts_file use --batch_mtp or --piped_mtp).")
+flags.DEFINE_float("spec_min_p", 0.0, "Cut proposals at the first one below this proposer probability, in [0, 1] "
+                   "(0 = off).")
 flags.DEFINE_integer("batch", 1, "Batch slots: requests decode together (needs --prompts_file when > 1).", lower_bound=1)
-flags.DEFINE_string("prompts_file", None, "JSONL requests for --batch: prompt (or prompt_ids), chat, max_new_tokens, "
-                    "seed, temperature, top_k, top_p, arrival (offset in seconds), id.")
+flags.DEFINE_string("prompts_file", None, "JSONL requests for --batch, one object per line: prompt (or "
+                    "prompt_ids), chat, max_new_tokens, seed, temperature, top_k, top_p, min_p, arrival (offset in "
+                    "seconds), id (unique string or number; default: the line's index among the requests). Missing "
+                    "keys take the flags' values; each value follows the flag's rules; unknown keys are refused. "
+                    "Not combined with --prompt, --prompt_file, --prompt_ids, --stop, --dump_logits.")
 flags.DEFINE_string("batch_groups", "auto", "Slot groups on a layer split: 1 (serial windows), G (pipelined groups; "
                     "G divides --batch) or auto (one group per stage).")
 flags.DEFINE_bool("batch_mtp", False, "Batch proposals: each slot's token + 1 proposal per serial window.")
-flags.DEFINE_integer("piped_mtp", 0, "Proposals per window in pipelined groups of one slot (0 = off).")
-flags.DEFINE_string("out_jsonl", None, "With --batch: write one JSON object per request (tokens, text, timings).")
+flags.DEFINE_integer("piped_mtp", 0, "Proposals per window in pipelined groups of one slot, 0..7 (0 = off).")
+flags.DEFINE_string("out_jsonl", None, "With --prompts_file: write one JSON object per request (tokens, text, "
+                    "timings). Refused without --prompts_file (for one prompt use --stats_json).")
 flags.DEFINE_float("memory_limit_gib", None, "Device memory per stage for the batch-fit check (default: the "
                    "device's own limit where known).")
 
@@ -74,80 +84,145 @@ def _fail(msg: str) -> None:
     raise StrataError(msg)
 
 
-def _prompt_ids(engine) -> tuple[list[int], bool]:
-    """The prompt's token ids, and whether a tokenizer renders the output."""
-    given = [n for n in ("prompt", "prompt_file", "prompt_ids") if getattr(FLAGS, n) is not None]
-    if len(given) != 1:
-        _fail("give exactly one of --prompt, --prompt_file, --prompt_ids" + (f" (got {', '.join('--' + g for g in given)})"
-                                                                             if given else ""))
-    if FLAGS.prompt_ids is not None:
-        if FLAGS.chat:
-            _fail("--chat needs text: it cannot be combined with --prompt_ids")
-        try:
-            ids = [int(s) for s in FLAGS.prompt_ids.split(",") if s.strip()]
-        except ValueError:
-            _fail(f"--prompt_ids {FLAGS.prompt_ids!r}: expected comma-separated integers")
-        bad = [i for i in ids if not 0 <= i < engine.cfg.vocab_size]
-        if not ids or bad:
-            _fail(f"--prompt_ids: ids must lie in 0..{engine.cfg.vocab_size - 1}" + (f" (got {bad[:3]})" if bad else ""))
-        try:
-            engine.tokenizer
-            return ids, True
-        except Exception:
-            return ids, False
-    if FLAGS.prompt_file is not None:
-        try:
-            with open(FLAGS.prompt_file, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            _fail(f"--prompt_file {FLAGS.prompt_file}: {e.strerror}")
-    else:
-        text = FLAGS.prompt
-    tok = engine.tokenizer
-    if FLAGS.chat:
-        msgs = ([{"role": "system", "content": FLAGS.system}] if FLAGS.system else []) + [
-            {"role": "user", "content": text}]
-        text = tok.apply_chat_template(msgs, add_generation_prompt=True)
-    return tok.encode(text), True
+def _flag_label(key: str) -> str:
+    return "--" + key
 
 
-def _check_flags() -> None:
-    """Flag checks that need no model: run before anything is loaded or downloaded."""
+def _check_model_arg(flag: str, spec: str) -> None:
+    """A model flag names an existing file or a registry name (checked without fetching anything)."""
+    from strata_jax.models_registry import registry
+
+    if spec.endswith(".gguf") or os.sep in spec or os.path.exists(spec):
+        if not os.path.exists(spec):
+            _fail(f"--{flag} {spec}: no such file")
+    elif spec not in registry():
+        _fail(f"--{flag}: unknown model {spec!r}; known models: {', '.join(sorted(registry()))} (or pass a path to a "
+              f".gguf file)")
+
+
+def _check_flags(argv) -> dict:
+    """Checks that need no model, run before anything is loaded or downloaded. Returns the prompt as read here:
+    ``text`` (--prompt / --prompt_file), ``ids`` (--prompt_ids) or ``lines`` (--prompts_file, checked)."""
     import math
 
-    if FLAGS.batch == 1 and not FLAGS.prompts_file:
-        given = [n for n in ("prompt", "prompt_file", "prompt_ids") if getattr(FLAGS, n) is not None]
+    from strata_jax.pipeline.engine import MAX_WINDOW
+    from strata_jax.pipeline.scheduler import check_request_values, read_prompts_file
+
+    extra = list(argv[1:])
+    if extra:
+        _fail(f"unexpected argument{'s' if len(extra) > 1 else ''} {' '.join(repr(a) for a in extra)}: each flag "
+              f"takes one value; put text with spaces in quotes, e.g. --prompt \"hello there\"")
+    plan: dict = {"text": None, "ids": None, "lines": None}
+    given = [n for n in ("prompt", "prompt_file", "prompt_ids") if getattr(FLAGS, n) is not None]
+    batch = FLAGS.prompts_file is not None
+    if FLAGS.batch > 1 and not batch:
+        _fail(f"--batch {FLAGS.batch} needs --prompts_file (JSONL, one request per line)")
+    if batch:
+        if given:
+            _fail(f"--prompts_file gives the prompts: it cannot be combined with "
+                  f"{', '.join('--' + g for g in given)}")
+        if FLAGS.stop:
+            _fail("--stop is not supported with --prompts_file (the batch scheduler stops only at EOS and "
+                  "max_new_tokens)")
+        if FLAGS.dump_logits is not None:
+            _fail("--dump_logits records one prompt: it cannot be combined with --prompts_file")
+        if FLAGS["spec"].present:
+            _fail("--spec is the solo window cap: with --prompts_file use --batch_mtp or --piped_mtp N")
+    else:
         if len(given) != 1:
-            _fail("give exactly one of --prompt, --prompt_file, --prompt_ids"
+            _fail("give exactly one of --prompt, --prompt_file, --prompt_ids, --prompts_file"
                   + (f" (got {', '.join('--' + g for g in given)})" if given else ""))
-        if FLAGS.prompt_ids is not None and FLAGS.chat:
-            _fail("--chat needs text: it cannot be combined with --prompt_ids")
-        if FLAGS.prompt_ids is not None and not FLAGS.prompt_ids.strip():
-            _fail("--prompt_ids is empty")
-        if FLAGS.prompt is not None and not FLAGS.prompt:
-            _fail("--prompt is empty")
-    if not math.isfinite(FLAGS.temperature):
-        _fail(f"--temperature {FLAGS.temperature}: must be a finite number (<= 0 is greedy)")
-    if not 0 <= FLAGS.top_k <= 64:
-        _fail(f"--top_k {FLAGS.top_k}: must lie in 0..64 (0 = 64)")
-    if not 0.0 < FLAGS.top_p <= 1.0:
-        _fail(f"--top_p {FLAGS.top_p}: must lie in (0, 1]")
-    if not 0.0 <= FLAGS.min_p <= 1.0:
-        _fail(f"--min_p {FLAGS.min_p}: must lie in [0, 1]")
+        for name, on in (("out_jsonl", FLAGS.out_jsonl is not None), ("batch_mtp", FLAGS.batch_mtp),
+                         ("piped_mtp", FLAGS.piped_mtp != 0), ("batch_groups", FLAGS["batch_groups"].present > 0),
+                         ("memory_limit_gib", FLAGS.memory_limit_gib is not None)):
+            if on:
+                _fail(f"--{name} needs --prompts_file (batch mode)"
+                      + (": for one prompt use --stats_json" if name == "out_jsonl" else ""))
+        if FLAGS.prompt_ids is not None:
+            if FLAGS.chat:
+                _fail("--chat needs text: it cannot be combined with --prompt_ids")
+            parts = [p.strip() for p in FLAGS.prompt_ids.split(",")]
+            if not any(parts):
+                _fail(f"--prompt_ids {FLAGS.prompt_ids!r}: no token ids (expected comma-separated integers, e.g. "
+                      f"1,2,3)")
+            try:
+                ids = [int(p) for p in parts if p]
+            except ValueError:
+                _fail(f"--prompt_ids {FLAGS.prompt_ids!r}: expected comma-separated integers, e.g. 1,2,3")
+            check_request_values({"prompt_ids": ids}, _flag_label)
+            plan["ids"] = ids
+        elif FLAGS.prompt_file is not None:
+            try:
+                with open(FLAGS.prompt_file, encoding="utf-8") as f:
+                    text = f.read()
+            except OSError as e:
+                _fail(f"--prompt_file {FLAGS.prompt_file}: {e.strerror}")
+            except UnicodeDecodeError as e:
+                _fail(f"--prompt_file {FLAGS.prompt_file}: not UTF-8 text (byte {e.start}: {e.reason})")
+            check_request_values({"prompt": text}, lambda k: f"--prompt_file {FLAGS.prompt_file}")
+            plan["text"] = text
+        else:
+            check_request_values({"prompt": FLAGS.prompt}, _flag_label)
+            plan["text"] = FLAGS.prompt
+        if FLAGS.draft != "none" and not 2 <= FLAGS.spec <= MAX_WINDOW:
+            _fail(f"--spec {FLAGS.spec}: the window cap must lie in 2..{MAX_WINDOW}")
+    check_request_values({"max_new_tokens": FLAGS.max_new_tokens, "temperature": FLAGS.temperature,
+                          "top_k": FLAGS.top_k, "top_p": FLAGS.top_p, "min_p": FLAGS.min_p, "seed": FLAGS.seed},
+                         _flag_label)
+    if not (math.isfinite(FLAGS.spec_min_p) and 0.0 <= FLAGS.spec_min_p <= 1.0):
+        _fail(f"--spec_min_p {FLAGS.spec_min_p}: must lie in [0, 1] (0 = off)")
+    if any(s == "" for s in FLAGS.stop):
+        _fail("--stop '': a stop string must not be empty")
     if FLAGS.system is not None and not FLAGS.chat:
         _fail("--system needs --chat")
     if FLAGS.draft_model is not None and FLAGS.draft != "model":
         _fail("--draft_model needs --draft model")
+    if FLAGS.draft == "model":
+        if not FLAGS.draft_model:
+            _fail("--draft model needs --draft_model NAME_OR_PATH (a smaller GGUF with the same tokenizer)")
+        _check_model_arg("draft_model", FLAGS.draft_model)
     for name in ("dump_logits", "stats_json", "out_jsonl"):
         path = getattr(FLAGS, name, None)
-        if path:
+        if path is not None:
+            if not path:
+                _fail(f"--{name}: empty path")
+            if os.path.isdir(path):
+                _fail(f"--{name} {path}: is a folder (give a file path)")
             d = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(d) or not os.access(d, os.W_OK):
                 _fail(f"--{name} {path}: cannot write there ({d} is not a writable folder)")
+    if batch:
+        from strata_jax.pipeline.groups import resolve_groups
+
+        n_stages = 1 + len([p for p in (FLAGS.layer_split or "").split(",") if p.strip()])
+        resolve_groups(FLAGS.batch, n_stages, FLAGS.batch_groups, FLAGS["batch_groups"].present > 0,
+                       FLAGS.batch_mtp, FLAGS.piped_mtp)  # impossible group flags: before the model is loaded
+        plan["lines"] = read_prompts_file(FLAGS.prompts_file)
+    return plan
+
+
+def _prompt_ids(engine, plan: dict):
+    """The prompt's token ids, and the tokenizer that renders the output (None: output printed as ids)."""
+    from strata_jax.pipeline.scheduler import check_prompt_ids_vocab, usable_tokenizer
+
+    tok, why = usable_tokenizer(engine)
+    if plan["ids"] is not None:
+        check_prompt_ids_vocab(plan["ids"], engine.cfg.vocab_size, "--prompt_ids")
+        return plan["ids"], tok
+    if tok is None:
+        _fail(f"this model has no usable tokenizer ({why}): give the prompt as --prompt_ids")
+    text = plan["text"]
+    if FLAGS.chat:
+        msgs = ([{"role": "system", "content": FLAGS.system}] if FLAGS.system else []) + [
+            {"role": "user", "content": text}]
+        text = tok.apply_chat_template(msgs, add_generation_prompt=True)
+    ids = list(tok.encode(text))
+    if not ids:
+        _fail("the prompt gives no tokens")
+    return ids, tok
 
 
 def main(argv) -> int:
-    del argv
     from absl import logging as absl_logging
 
     # absl logs at INFO by default (JAX's backend probing included): keep the output to text + stats unless asked
@@ -161,7 +236,7 @@ def main(argv) -> int:
     from strata_jax.pipeline.solo import generate
     from strata_jax.sampling import SamplingParams
 
-    _check_flags()
+    plan = _check_flags(argv)
     path = resolve_model(FLAGS.model, FLAGS.cache_dir)
     if FLAGS.xla_cache_dir:
         import jax
@@ -171,17 +246,18 @@ def main(argv) -> int:
     engine = Engine(path, max_context=FLAGS.max_context, layer_split=FLAGS.layer_split,
                     kv_dtype=jnp.bfloat16 if FLAGS.kv_dtype == "bfloat16" else jnp.float32,
                     compile_cache_size=FLAGS.compile_cache_size, progress=True)
-    if FLAGS.batch > 1 or FLAGS.prompts_file:
+    if FLAGS.prompts_file:
         from strata_jax.pipeline.scheduler import run_batch_cli
 
-        return run_batch_cli(engine, FLAGS)
-    ids, has_tok = _prompt_ids(engine)
+        return run_batch_cli(engine, FLAGS, plan["lines"])
+    ids, tok = _prompt_ids(engine, plan)
     if len(ids) >= FLAGS.max_context:
         _fail(f"prompt of {len(ids)} tokens is longer than --max_context {FLAGS.max_context}")
+    if FLAGS.stop and tok is None:
+        _fail("--stop needs the model's tokenizer, and this model has no usable one")
     sampling = SamplingParams(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, FLAGS.min_p, FLAGS.seed)
     out = sys.stdout
-    if has_tok:
-        tok = engine.tokenizer
+    if tok is not None:
         dec = tok.stream_decoder(skip_special=True)
         eos = tok.eos_ids
 
@@ -197,30 +273,29 @@ def main(argv) -> int:
             out.write(f"{t} ")
             out.flush()
     stop = None
-    if FLAGS.stop and has_tok:
+    if FLAGS.stop:
         def stop(tokens):
-            text = engine.tokenizer.decode(tokens, skip_special=True)
+            text = tok.decode(tokens, skip_special=True)
             return any(s in text for s in FLAGS.stop)
     from strata_jax.proposers import SpecPolicy, make_proposer
 
-    if FLAGS.draft != "none" and not 2 <= FLAGS.spec <= 8:
-        _fail(f"--spec {FLAGS.spec}: the window cap must lie in 2..8")
     proposer = make_proposer(FLAGS.draft, engine, draft_model=FLAGS.draft_model, spec=FLAGS.spec,
                              cache_dir=FLAGS.cache_dir)
-    compile_before = engine.cache.compile_seconds
     gen = generate(engine, ids, max_new_tokens=FLAGS.max_new_tokens, sampling=sampling, eos_ids=eos, stop=stop,
                    on_token=on_token, dump_logits=FLAGS.dump_logits is not None, proposer=proposer,
                    spec=FLAGS.spec if proposer is not None else 0, spec_min_p=FLAGS.spec_min_p,
                    policy=SpecPolicy() if proposer is not None else None)
-    if has_tok:
+    if tok is not None:
         out.write(dec.flush())
     out.write("\n")
     out.flush()
     st = gen.stats
-    st.discount_compile(engine.cache.compile_log_since(compile_before))
-    line = (f"[load {engine.load_seconds:.2f} s | prompt {st.prompt_tokens} tok, {st.prefill_tok_s:.1f} tok/s | "
-            f"generated {st.generated} tok, {st.decode_tok_s:.1f} tok/s | windows {st.windows} | "
-            f"compiles {engine.cache.compiles} ({engine.cache.compile_seconds:.1f} s, not in the rates) | "
+    n_dec = st.decode_tokens_measured
+    rate = f"{st.decode_tok_s:.1f} tok/s" if st.decode_tok_s > 0 else "n/a tok/s"
+    line = (f"[load {engine.load_seconds:.2f} s | prompt {st.prompt_tokens} tok, {st.prefill_tok_s:.1f} tok/s"
+            f"{' incl. compile' if st.prefill_compiled else ''} | generated {st.generated} tok, decode {rate} over "
+            f"{n_dec} tok | windows {st.windows} ({st.compiled_windows} compiled, left out of the decode rate and "
+            f"ms/window) | compiles {engine.cache.compiles} ({engine.cache.compile_seconds:.1f} s) | "
             f"stop: {st.stop_reason}]")
     if st.spec:
         line = line[:-1] + f" | {st.spec_summary()}]"
@@ -246,6 +321,15 @@ def _main_with_errors(argv) -> None:
             raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except BrokenPipeError:
+        # the reader of stdout went away (e.g. `| head`): stop quietly; stdout goes to /dev/null so that the
+        # interpreter's final flush does not complain again
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        sys.exit(141)  # 128 + SIGPIPE, as a program killed by the broken pipe
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         sys.exit(130)
@@ -256,7 +340,10 @@ def _parse_flags(argv):
     this module's flags (absl lists only ``__main__``'s, which for a console script is pip's wrapper)."""
     if any(a in ("-h", "--help", "--helpshort") for a in argv[1:]):
         print(__doc__)
-        print(FLAGS.module_help(sys.modules[__name__]))
+        text = FLAGS.module_help(sys.modules[__name__])
+        if text.lstrip().startswith("__main__:"):  # run as `python -m strata_jax.run_generate`
+            text = text.replace("__main__:", "strata_jax.run_generate:", 1)
+        print(text)
         sys.exit(0)
     try:
         return FLAGS(argv)

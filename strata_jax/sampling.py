@@ -23,13 +23,15 @@ from flax import struct
 from strata_jax.layers.exact import softmax
 
 TOP_K_MAX = 64
+SEED_MAX = 2 ** 32 - 1  # seeds are 32-bit (the device key); the command line refuses others
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """One request's sampler settings (host side).
 
-    Attributes: temperature (<= 0: greedy), top_k (1..64; 0 = 64), top_p (1.0 = off), min_p (0 = off), seed.
+    Attributes: temperature (<= 0: greedy), top_k (1..64; 0 = 64), top_p (1.0 = off), min_p (0 = off), seed
+    (0..SEED_MAX; `RowSampling.make` keeps the low 32 bits of any other, so the command line refuses them).
     """
 
     temperature: float = 0.0

@@ -42,7 +42,7 @@ import numpy as np
 from strata_jax.errors import StrataError
 from strata_jax.pipeline.engine import MAX_WINDOW, Engine
 from strata_jax.pipeline.groups import Resolution
-from strata_jax.sampling import RowSampling, SamplingParams
+from strata_jax.sampling import SEED_MAX, RowSampling, SamplingParams
 from strata_jax.state import Rows
 
 log = logging.getLogger("strata_jax")
@@ -498,74 +498,216 @@ class BatchScheduler:
 
 
 # ---- command line helpers (strata_jax.run_generate --batch) ---------------------------------------------------------
-def load_prompts_file(path: str, tokenizer, *, default_max_new: int, default_sampling: SamplingParams,
-                      system: str | None = None, stop_ids=()) -> list[Request]:
-    """Requests from a JSONL file, one object per line.
+REQUEST_KEYS = ("prompt", "prompt_ids", "chat", "max_new_tokens", "seed", "temperature", "top_k", "top_p", "min_p",
+                "arrival", "arrival_offset", "id")
 
-    Keys: ``prompt`` (text; or ``prompt_ids``: list[int]), ``chat`` (bool: wrap in the chat template),
-    ``max_new_tokens``, ``seed``, ``temperature``, ``top_k``, ``top_p``, ``arrival`` (offset in seconds), ``id``.
-    Missing keys take the command line's values.
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+
+def check_request_values(values: dict, label: Callable[[str], str]) -> None:
+    """The rules one request's settings must follow, shared by the solo flags (``label = lambda k: "--" + k``) and
+    the lines of ``--prompts_file`` (``label = lambda k: repr(k)``): types and ranges of ``temperature`` (finite),
+    ``top_k`` (0..64), ``top_p`` ((0, 1]), ``min_p`` ([0, 1]), ``seed`` (0..2**32-1), ``max_new_tokens`` (>= 1),
+    ``arrival`` (finite, >= 0), ``prompt`` (non-empty text), ``prompt_ids`` (non-empty list of ids >= 0; the
+    vocabulary bound is `check_prompt_ids_vocab`), ``chat`` (bool), ``id`` (a string or a number).
 
     Raises:
-      StrataError: unreadable file, a line that is not a JSON object, or one without a prompt.
+      StrataError: the first value that breaks a rule, named with ``label(key)``.
+    """
+    import math
+
+    for key, v in values.items():
+        name = label(key)
+        if key in ("temperature", "top_p", "min_p", "arrival", "arrival_offset"):
+            if not _is_num(v):
+                raise StrataError(f"{name} {v!r}: must be a number")
+            if not math.isfinite(float(v)):
+                raise StrataError(f"{name} {v}: must be a finite number" + (" (<= 0 is greedy)"
+                                                                            if key == "temperature" else ""))
+            if key == "top_p" and not 0.0 < v <= 1.0:
+                raise StrataError(f"{name} {v}: must lie in (0, 1]")
+            if key == "min_p" and not 0.0 <= v <= 1.0:
+                raise StrataError(f"{name} {v}: must lie in [0, 1]")
+            if key in ("arrival", "arrival_offset") and v < 0:
+                raise StrataError(f"{name} {v}: must be >= 0 (seconds after the start)")
+        elif key in ("top_k", "seed", "max_new_tokens"):
+            if not _is_int(v):
+                raise StrataError(f"{name} {v!r}: must be an integer")
+            if key == "top_k" and not 0 <= v <= 64:
+                raise StrataError(f"{name} {v}: must lie in 0..64 (0 = 64)")
+            if key == "seed" and not 0 <= v <= SEED_MAX:
+                raise StrataError(f"{name} {v}: must lie in 0..{SEED_MAX} (2**32 - 1)")
+            if key == "max_new_tokens" and v < 1:
+                raise StrataError(f"{name} {v}: must be >= 1")
+        elif key == "prompt":
+            if not isinstance(v, str):
+                raise StrataError(f"{name} {v!r}: must be a string")
+            if not v:
+                raise StrataError(f"{name} is empty")
+        elif key == "prompt_ids":
+            if not isinstance(v, (list, tuple)) or not all(_is_int(t) for t in v):
+                raise StrataError(f"{name} {v!r}: must be a list of integer token ids")
+            if not v:
+                raise StrataError(f"{name} is empty")
+            bad = [int(t) for t in v if t < 0]
+            if bad:
+                raise StrataError(f"{name}: token ids must be >= 0 (got {bad[:3]})")
+        elif key == "chat":
+            if not isinstance(v, bool):
+                raise StrataError(f"{name} {v!r}: must be true or false")
+        elif key == "id":
+            if not (isinstance(v, str) or (_is_num(v) and math.isfinite(float(v)))):
+                raise StrataError(f"{name} {v!r}: must be a string or a number")
+        else:
+            raise StrataError(f"unknown key {name} (known: {', '.join(REQUEST_KEYS)})")
+
+
+def check_prompt_ids_vocab(ids, vocab_size: int, name: str) -> None:
+    """Raises StrataError when a token id lies outside the model's vocabulary 0..vocab_size-1."""
+    bad = [int(t) for t in ids if not 0 <= int(t) < vocab_size]
+    if bad:
+        raise StrataError(f"{name}: token ids must lie in 0..{vocab_size - 1} (got {bad[:3]})")
+
+
+def usable_tokenizer(engine: Engine):
+    """``(tokenizer, None)``, or ``(None, reason)`` when the model's tokenizer cannot be built (no tokenizer in the
+    file, or one the tokenizer library refuses)."""
+    try:
+        return engine.tokenizer, None
+    except StrataError as e:
+        return None, str(e)
+    except Exception as e:  # the tokenizers library's own errors (e.g. "Error while initializing BPE")
+        return None, f"cannot build it: {type(e).__name__}: {e}"
+
+
+@dataclasses.dataclass
+class PromptLine:
+    """One validated line of ``--prompts_file`` (before tokenization): ``where`` is ``path:line``, ``rid`` the
+    request's id, ``d`` the JSON object."""
+
+    where: str
+    rid: Any
+    d: dict
+
+
+def read_prompts_file(path: str) -> list[PromptLine]:
+    """Read and check ``--prompts_file`` without a model: every line a JSON object with known keys, values of the
+    right type and range (`check_request_values`, the solo flags' rules), one of ``prompt`` / ``prompt_ids``, unique
+    scalar ids (a line without ``id`` gets its index among the requests).
+
+    Raises:
+      StrataError: unreadable or non-UTF-8 file, or a bad line, named as ``--prompts_file PATH:LINE``.
     """
     import json
 
-    reqs = []
     try:
-        lines = open(path, encoding="utf-8").read().splitlines()
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
     except OSError as e:
         raise StrataError(f"--prompts_file {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise StrataError(f"--prompts_file {path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    out: list[PromptLine] = []
+    seen: dict = {}
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        where = f"{path}:{n}"
         try:
             d = json.loads(line)
-            assert isinstance(d, dict)
-        except Exception:
-            raise StrataError(f"--prompts_file {path}:{n}: not a JSON object") from None
+        except ValueError:
+            d = None
+        if not isinstance(d, dict):
+            raise StrataError(f"--prompts_file {where}: not a JSON object")
         try:
-            reqs.append(_request_from_json(d, tokenizer, default_max_new, default_sampling, system, stop_ids,
-                                           len(reqs)))
+            check_request_values(d, repr)
+            if "prompt" in d and "prompt_ids" in d:
+                raise StrataError("give one of 'prompt', 'prompt_ids', not both")
+            if "prompt" not in d and "prompt_ids" not in d:
+                raise StrataError("needs 'prompt' or 'prompt_ids'")
+            if "prompt_ids" in d and d.get("chat"):
+                raise StrataError("'chat' needs text: it cannot be combined with 'prompt_ids'")
+            if "arrival" in d and "arrival_offset" in d:
+                raise StrataError("give one of 'arrival', 'arrival_offset', not both")
         except StrataError as e:
-            raise StrataError(f"--prompts_file {path}:{n}: {e}") from None
-        except (TypeError, ValueError) as e:
-            raise StrataError(f"--prompts_file {path}:{n}: bad value ({e})") from None
-    if not reqs:
+            raise StrataError(f"--prompts_file {where}: {e}") from None
+        rid = d.get("id", len(out))
+        if rid in seen:
+            raise StrataError(f"--prompts_file {where}: duplicate id {rid!r} (already used on line {seen[rid]}; "
+                              f"a line without 'id' gets its request index)")
+        seen[rid] = n
+        out.append(PromptLine(where, rid, d))
+    if not out:
         raise StrataError(f"--prompts_file {path}: no requests")
+    return out
+
+
+def build_requests(lines: list[PromptLine], tokenizer, *, default_max_new: int, default_sampling: SamplingParams,
+                   default_chat: bool = False, system: str | None = None, stop_ids=(), vocab_size: int | None = None,
+                   max_context: int | None = None, no_tokenizer_reason: str | None = None) -> list[Request]:
+    """The `Request` of each checked line (`read_prompts_file`): text prompts tokenized (``chat``, default
+    ``default_chat``, wraps them in the chat template with ``system``), ids checked against ``vocab_size``, every
+    prompt checked against ``max_context``; missing keys take the defaults.
+
+    Raises:
+      StrataError: the first bad request, named as ``--prompts_file PATH:LINE`` and its id.
+    """
+    reqs = []
+    for pl in lines:
+        d = pl.d
+        try:
+            if "prompt_ids" in d:
+                ids, text = [int(t) for t in d["prompt_ids"]], ""
+                if vocab_size is not None:
+                    check_prompt_ids_vocab(ids, vocab_size, "'prompt_ids'")
+            else:
+                if tokenizer is None:
+                    raise StrataError(f"this model has no usable tokenizer ({no_tokenizer_reason or 'none'}): "
+                                      f"give 'prompt_ids'")
+                text = d["prompt"]
+                if d.get("chat", default_chat):
+                    msgs = ([{"role": "system", "content": system}] if system else []) + [
+                        {"role": "user", "content": text}]
+                    text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+                ids = list(tokenizer.encode(text))
+                if not ids:
+                    raise StrataError("'prompt' gives no tokens")
+            if max_context is not None and len(ids) >= max_context:
+                raise StrataError(f"prompt of {len(ids)} tokens is longer than --max_context {max_context}")
+        except StrataError as e:
+            raise StrataError(f"--prompts_file {pl.where}: request {pl.rid!r}: {e}") from None
+        ds = default_sampling
+        samp = SamplingParams(float(d.get("temperature", ds.temperature)), int(d.get("top_k", ds.top_k)),
+                              float(d.get("top_p", ds.top_p)), float(d.get("min_p", ds.min_p)),
+                              int(d.get("seed", ds.seed)))
+        reqs.append(Request(ids, int(d.get("max_new_tokens", default_max_new)), samp, tuple(stop_ids),
+                            float(d.get("arrival", d.get("arrival_offset", 0.0))), rid=pl.rid, text=text))
     return reqs
 
 
+def load_prompts_file(path: str, tokenizer, *, default_max_new: int, default_sampling: SamplingParams,
+                      system: str | None = None, stop_ids=(), default_chat: bool = False,
+                      vocab_size: int | None = None, max_context: int | None = None) -> list[Request]:
+    """Requests from a JSONL file, one object per line (`read_prompts_file` + `build_requests`).
 
-def _request_from_json(d: dict, tokenizer, default_max_new: int, default_sampling: SamplingParams, system, stop_ids,
-                       index: int) -> "Request":
-    """One `Request` from a JSONL object (see `load_prompts_file`). Raises StrataError / TypeError / ValueError."""
-    if "prompt_ids" in d:
-        if isinstance(d["prompt_ids"], str):
-            raise StrataError("'prompt_ids' must be a list of integers")
-        ids, text = [int(t) for t in d["prompt_ids"]], ""
-        if not ids:
-            raise StrataError("'prompt_ids' is empty")
-    elif "prompt" in d:
-        if tokenizer is None:
-            raise StrataError("this model has no usable tokenizer: give 'prompt_ids'")
-        text = str(d["prompt"])
-        if d.get("chat"):
-            msgs = ([{"role": "system", "content": system}] if system else []) + [
-                {"role": "user", "content": text}]
-            text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
-        ids = tokenizer.encode(text)
-    else:
-        raise StrataError("needs 'prompt' or 'prompt_ids'")
-    ds = default_sampling
-    samp = SamplingParams(float(d.get("temperature", ds.temperature)), int(d.get("top_k", ds.top_k)),
-                          float(d.get("top_p", ds.top_p)), float(d.get("min_p", ds.min_p)),
-                          int(d.get("seed", ds.seed)))
-    max_new = int(d.get("max_new_tokens", default_max_new))
-    if max_new < 1:
-        raise StrataError(f"max_new_tokens {max_new}: must be >= 1")
-    return Request(ids, max_new, samp, tuple(stop_ids), float(d.get("arrival", d.get("arrival_offset", 0.0))),
-                   rid=d.get("id", index), text=text)
+    Keys: ``prompt`` (text; or ``prompt_ids``: list[int]), ``chat`` (bool: wrap in the chat template; default
+    ``default_chat``), ``max_new_tokens``, ``seed``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``arrival``
+    (offset in seconds), ``id`` (a string or a number, unique). Missing keys take the command line's values.
+
+    Raises:
+      StrataError: unreadable file, a line that is not a JSON object, an unknown key, a bad value, a duplicate id,
+        a line without a prompt, a prompt longer than ``max_context``.
+    """
+    return build_requests(read_prompts_file(path), tokenizer, default_max_new=default_max_new,
+                          default_sampling=default_sampling, default_chat=default_chat, system=system,
+                          stop_ids=stop_ids, vocab_size=vocab_size, max_context=max_context)
+
 
 def write_jsonl(path: str, results: list[RequestResult], tokenizer=None) -> None:
     """One JSON object per request: id, tokens, text (when a tokenizer is given), stop reason, slot, timings."""
@@ -608,19 +750,39 @@ def proposer_factory_for(engine: Engine, draft: str, n_props: int = 1, draft_mod
     raise StrataError(f"--draft {draft}: expected one of none, lookup, mtp, model")
 
 
-def run_batch_cli(engine: Engine, FLAGS) -> int:
-    """The ``--batch`` branch of ``strata-generate``: memory report and fit check, group resolution (one log line),
-    the requests of ``--prompts_file`` through `BatchScheduler`, a summary line, ``--out_jsonl``.
+def run_batch_cli(engine: Engine, FLAGS, lines: list[PromptLine] | None = None) -> int:
+    """The ``--prompts_file`` branch of ``strata-generate``: the requests (``lines`` from `read_prompts_file`, read
+    here when None) tokenized and checked against the context, memory report and fit check, group resolution (one
+    log line), the requests through `BatchScheduler`, one ``[id] text`` line per request, a summary line,
+    ``--out_jsonl`` and ``--stats_json``.
+
+    The summary's rate follows the solo stats line's rule: scheduler steps during which something compiled are left
+    out of both the token count and the time (their count and seconds are reported; ``--stats_json`` has both
+    rates).
 
     Raises:
-      StrataError: no --prompts_file, a batch that does not fit, impossible group flags, bad requests.
+      StrataError: no --prompts_file, a bad request, a prompt longer than --max_context, a batch that does not fit,
+        impossible group flags.
     """
+    import json
     import sys
 
     from strata_jax.pipeline.groups import resolve_groups
 
     if not FLAGS.prompts_file:
         raise StrataError(f"--batch {FLAGS.batch} needs --prompts_file (JSONL, one request per line)")
+    if lines is None:
+        lines = read_prompts_file(FLAGS.prompts_file)
+    tok, why = usable_tokenizer(engine)
+    if tok is not None:
+        eos = tuple(tok.eos_ids)
+    else:
+        eos = (engine.cfg.eos_id,) if engine.cfg.eos_id >= 0 else ()
+    reqs = build_requests(lines, tok, default_max_new=FLAGS.max_new_tokens,
+                          default_sampling=SamplingParams(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, FLAGS.min_p,
+                                                          FLAGS.seed),
+                          default_chat=bool(FLAGS.chat), system=FLAGS.system, stop_ids=eos,
+                          vocab_size=engine.cfg.vocab_size, max_context=engine.max_context, no_tokenizer_reason=why)
     for line in engine.memory_lines():
         print(line, file=sys.stderr)
     limit = int(FLAGS.memory_limit_gib * 2 ** 30) if FLAGS.memory_limit_gib else None
@@ -633,28 +795,61 @@ def run_batch_cli(engine: Engine, FLAGS) -> int:
                                           FLAGS.cache_dir)
     extra = f"; proposals: {pname}" if res.mode in ("batch_mtp", "piped_mtp") else ""
     print(f"batch: {res.message}{extra}", file=sys.stderr)
-    try:
-        tok = engine.tokenizer
-        eos = tuple(tok.eos_ids)
-    except Exception:
-        tok = None
-        eos = (engine.cfg.eos_id,) if engine.cfg.eos_id >= 0 else ()
-    reqs = load_prompts_file(FLAGS.prompts_file, tok, default_max_new=FLAGS.max_new_tokens,
-                             default_sampling=SamplingParams(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p,
-                                                             FLAGS.min_p, FLAGS.seed),
-                             system=FLAGS.system, stop_ids=eos)
     sch = BatchScheduler(engine, res, proposer_factory=factory, spec_min_p=FLAGS.spec_min_p)
+    # BatchScheduler.run, step by step, to leave the steps that compiled out of the rate
+    caches = [engine.cache]
+    d_eng = getattr(getattr(factory, "__self__", None), "engine", None)  # --draft model: the draft engine compiles too
+    if d_eng is not None and d_eng is not engine:
+        caches.append(d_eng.cache)
+
+    def n_compiles() -> int:
+        return sum(c.compiles for c in caches)
+
+    def n_tokens() -> int:
+        return sum(len(r.tokens) for r in sch.results.values())
+
+    compile_s0 = engine.cache.compile_seconds
+    for r in reqs:
+        sch.submit(r)
+    compiled_steps, compiled_s, compiled_tok = 0, 0.0, 0
     t0 = time.perf_counter()
-    results = sch.run(reqs)
+    while sch.queue or sch.active or sch._flights:
+        c0, k0, ts = n_compiles(), n_tokens(), time.perf_counter()
+        sch.step()
+        if n_compiles() != c0:
+            compiled_steps += 1
+            compiled_s += time.perf_counter() - ts
+            compiled_tok += n_tokens() - k0
     dt = time.perf_counter() - t0
+    results = [sch.results[rid] for rid in sch.order]
     for r in results:
         text = tok.decode(r.tokens, skip_special=True) if tok is not None else " ".join(map(str, r.tokens))
         print(f"[{r.rid}] {text}")
+    sys.stdout.flush()
     n = sum(len(r.tokens) for r in results)
     prop, acc = sum(r.proposed for r in results), sum(r.accepted for r in results)
-    print(f"[batch {FLAGS.batch} {res.mode} | {len(results)} requests, {n} tokens in {dt:.2f} s, {n / dt:.1f} tok/s | "
+    n_run, t_run = n - compiled_tok, dt - compiled_s
+    rate = f"{n_run / t_run:.1f} tok/s" if n_run > 0 and t_run > 0 else "n/a tok/s"
+    print(f"[batch {FLAGS.batch} {res.mode} | {len(results)} requests, {n} tokens in {dt:.2f} s | {rate} without the "
+          f"{compiled_steps} step{'' if compiled_steps == 1 else 's'} that compiled ({compiled_tok} tok, {compiled_s:.1f} s) | "
           f"windows {sch.stats['windows']} solo {sch.stats['solo_windows']} | proposals {acc}/{prop} | "
           f"compiles {engine.cache.compiles} ({engine.cache.compile_seconds:.1f} s)]", file=sys.stderr)
     if FLAGS.out_jsonl:
         write_jsonl(FLAGS.out_jsonl, results, tok)
+    if FLAGS.stats_json:
+        d = {"mode": res.mode, "batch": FLAGS.batch, "requests": len(results), "tokens": n, "seconds": dt,
+             "tok_s": n_run / t_run if n_run > 0 and t_run > 0 else None,
+             "tok_s_with_compiles": n / dt if dt > 0 else None,
+             "rate_rule": "tok_s leaves out the scheduler steps during which something compiled (their tokens and "
+                          "their time); tok_s_with_compiles counts everything",
+             "compiled_steps": compiled_steps, "compiled_step_tokens": compiled_tok,
+             "compiled_step_seconds": compiled_s, **{k: v for k, v in sch.stats.items()},
+             "proposed": prop, "accepted": acc, "model": str(FLAGS.model),
+             "load_seconds": engine.load_seconds, "compiles": engine.cache.compiles,
+             "compile_seconds": engine.cache.compile_seconds,
+             "compile_seconds_during_run": engine.cache.compile_seconds - compile_s0,
+             "per_request": [{k: v for k, v in r.as_dict().items() if k != "tokens"} | {"generated": len(r.tokens)}
+                             for r in results]}
+        with open(FLAGS.stats_json, "w") as f:
+            json.dump(d, f, indent=1)
     return 0

@@ -45,26 +45,32 @@ class GenerationStats:
     propose_seconds: float = 0.0
     compiles: int = 0
     policy: dict = dataclasses.field(default_factory=dict)
-
-    def discount_compile(self, compiles: list[tuple[str, float]]) -> None:
-        """Take the compiles made during this generation (``(kind, seconds)``, see
-        `strata_jax.pipeline.windows.CompileCache.compile_log_since`) out of the prefill and decode times, so that
-        the rates measure running, not compiling."""
-        for kind, dt in compiles:
-            if kind == "prefill":
-                self.prefill_seconds = max(self.prefill_seconds - dt, 0.0)
-            else:
-                self.decode_seconds = max(self.decode_seconds - dt, 0.0)
+    # windows during which something compiled (first call of a window shape: compile + its own run): the rates
+    # and ms/window leave them out, their tokens and their time both (see `decode_tok_s`)
+    compiled_windows: int = 0
+    compiled_window_tokens: int = 0
+    compiled_window_seconds: float = 0.0   # their engine calls (as window_seconds counts them)
+    compiled_round_seconds: float = 0.0    # their whole rounds, proposing included (as decode_seconds counts them)
+    prefill_compiled: bool = False
 
     @property
     def prefill_tok_s(self) -> float:
+        """Prompt tokens per second of the prefill; when the prefill compiled (``prefill_compiled``) the time
+        includes that compile (there is no other run to measure)."""
         return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
 
     @property
+    def decode_tokens_measured(self) -> int:
+        """Tokens the decode rate counts: those of the windows after the prefill that did not compile."""
+        return max(self.generated - 1 - self.compiled_window_tokens, 0)
+
+    @property
     def decode_tok_s(self) -> float:
-        # the first token comes from the prefill; decode speed counts the windows after it
-        n = max(self.generated - 1, 0)
-        return n / self.decode_seconds if self.decode_seconds > 0 else 0.0
+        """Decode rate over the windows that did not compile (their tokens / their time); 0.0 when every window
+        compiled (nothing measured)."""
+        n = self.decode_tokens_measured
+        t = self.decode_seconds - self.compiled_round_seconds
+        return n / t if n > 0 and t > 0 else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -78,14 +84,18 @@ class GenerationStats:
 
     @property
     def window_ms(self) -> float:
-        """Mean wall time of a decode window (engine call + commit), in ms."""
-        return self.window_seconds * 1e3 / self.windows if self.windows else 0.0
+        """Mean wall time of a decode window (engine call + commit), in ms, over the windows that did not compile
+        (0.0 when every window compiled)."""
+        n = self.windows - self.compiled_windows
+        return (self.window_seconds - self.compiled_window_seconds) * 1e3 / n if n > 0 else 0.0
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.update(prefill_tok_s=self.prefill_tok_s, decode_tok_s=self.decode_tok_s,
                  acceptance_rate=self.acceptance_rate, tokens_per_window=self.tokens_per_window,
-                 window_ms=self.window_ms)
+                 window_ms=self.window_ms, decode_tokens_measured=self.decode_tokens_measured,
+                 rate_rule="decode_tok_s and window_ms leave out the windows that compiled (their tokens and their "
+                           "time); prefill_tok_s includes the compile when prefill_compiled")
         d["window_tokens"] = {str(k): v for k, v in sorted(self.window_tokens.items())}
         return d
 
@@ -146,8 +156,10 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
     eos = set(int(e) for e in eos_ids)
     t0 = time.perf_counter()
+    c0 = engine.cache.compiles
     first, prefill_logits = engine.prefill(slot, list(prompt_ids), sampling, all_logits=dump_logits)
     stats.prefill_seconds = time.perf_counter() - t0
+    stats.prefill_compiled = engine.cache.compiles != c0
     tokens: list[int] = []
     step_logits: list[np.ndarray] = []
     if dump_logits:
@@ -173,9 +185,16 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
             stats.stop_reason = "context end"
             break
         tw = time.perf_counter()
+        c0 = engine.cache.compiles
         res = engine.window(np.array([[token]], np.int32), Rows.make([slot], [pos], [1]), samp, kind="step")
-        stats.window_seconds += time.perf_counter() - tw
+        dtw = time.perf_counter() - tw
+        stats.window_seconds += dtw
         stats.windows += 1
+        if engine.cache.compiles != c0:  # its one token is the next one appended
+            stats.compiled_windows += 1
+            stats.compiled_window_tokens += 1
+            stats.compiled_window_seconds += dtw
+            stats.compiled_round_seconds += dtw
         if dump_logits:
             step_logits.append(np.asarray(res.device_out["logits"][0, 0]))
         token = int(res.picks[0, 0])
@@ -212,8 +231,10 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
     if hasattr(proposer, "bind"):
         proposer.bind(slot)  # proposers that keep per-slot state on the device (MTP)
     t0 = time.perf_counter()
+    c_pre = n_compiles()
     first, prefill_logits = engine.prefill(slot, list(prompt_ids), sampling, all_logits=dump_logits)
     stats.prefill_seconds = time.perf_counter() - t0
+    stats.prefill_compiled = n_compiles() != c_pre
     history: list[int] = list(prompt_ids)
     n_prompt = len(history)
     tokens: list[int] = []
@@ -286,6 +307,11 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
         now = time.perf_counter()
         stats.window_seconds += now - tw
         stats.windows += 1
+        if n_compiles() != c0:  # proposing, the window or the commit compiled: out of the rates (tokens and time)
+            stats.compiled_windows += 1
+            stats.compiled_window_tokens += kept
+            stats.compiled_window_seconds += now - tw
+            stats.compiled_round_seconds += now - tr
         stats.window_tokens[kept] = stats.window_tokens.get(kept, 0) + 1
         if k:
             acc = n_keep - 1
