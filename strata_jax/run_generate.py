@@ -311,6 +311,17 @@ def main(argv) -> int:
     return 0
 
 
+def _exit_broken_pipe() -> None:
+    """The reader of stdout went away (e.g. ``| head``): stop quietly. stdout goes to /dev/null so that the
+    interpreter's final flush does not complain again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    sys.exit(141)  # 128 + SIGPIPE, as a program killed by the broken pipe
+
+
 def _main_with_errors(argv) -> None:
     from strata_jax.errors import StrataError
 
@@ -322,14 +333,7 @@ def _main_with_errors(argv) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except BrokenPipeError:
-        # the reader of stdout went away (e.g. `| head`): stop quietly; stdout goes to /dev/null so that the
-        # interpreter's final flush does not complain again
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
-        sys.exit(141)  # 128 + SIGPIPE, as a program killed by the broken pipe
+        _exit_broken_pipe()
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         sys.exit(130)
@@ -339,11 +343,15 @@ def _parse_flags(argv):
     """absl's parse, with bad flags reported as one `error:` line and exit status 2, and ``--help``/``-h`` listing
     this module's flags (absl lists only ``__main__``'s, which for a console script is pip's wrapper)."""
     if any(a in ("-h", "--help", "--helpshort") for a in argv[1:]):
-        print(__doc__)
         text = FLAGS.module_help(sys.modules[__name__])
         if text.lstrip().startswith("__main__:"):  # run as `python -m strata_jax.run_generate`
             text = text.replace("__main__:", "strata_jax.run_generate:", 1)
-        print(text)
+        try:
+            print(__doc__)
+            print(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _exit_broken_pipe()
         sys.exit(0)
     try:
         return FLAGS(argv)

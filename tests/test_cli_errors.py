@@ -97,3 +97,113 @@ def test_impossible_flags(model_path):
     assert_clean_error(proc, "--chat")
     proc = run_cli("--model", model_path("smollm2-135m"), "--prompt", "a", "--prompt_ids", "1")
     assert_clean_error(proc, "exactly one of")
+
+
+# ---- checks that need no model (they fire before anything is loaded) -------------------------------------------------
+HYBRID_Q8 = os.path.join(os.path.dirname(__file__), "fixtures", "hybrid", "qwen4exp_q8_0.gguf")
+NO_MODEL = os.path.join(os.path.dirname(__file__), "no-such-model.gguf")  # never reached: the checks fire first
+
+
+def _jsonl(tmp_path, *lines, name="reqs.jsonl"):
+    p = tmp_path / name
+    p.write_text("".join(line + "\n" for line in lines))
+    return str(p)
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--prompt", "hi", "extra_arg"], ["unexpected argument 'extra_arg'", "quotes"]),
+    (["--prompt", "hi", "--stop", ""], ["--stop ''", "empty"]),
+    (["--prompt", "hi", "--spec_min_p", "5"], ["--spec_min_p 5", "[0, 1]"]),
+    (["--prompt", "hi", "--seed", str(2 ** 32)], ["--seed 4294967296", "0..4294967295"]),
+    (["--prompt", "hi", "--seed", "-1"], ["--seed -1"]),
+    (["--prompt", "hi", "--draft", "lookup", "--spec", "20"], ["--spec 20", "2..8"]),
+    (["--prompt", "hi", "--batch", "2"], ["--batch 2 needs --prompts_file"]),
+    (["--prompt_ids", ","], ["--prompt_ids ','", "no token ids"]),
+    (["--prompt_ids", "1,x"], ["--prompt_ids '1,x'", "comma-separated integers"]),
+    (["--prompt_ids", "1,-3"], ["--prompt_ids", ">= 0"]),
+    (["--prompt", "hi", "--draft", "model", "--draft_model", "llama-9000"], ["--draft_model", "unknown model"]),
+    (["--prompt", "hi", "--out_jsonl", "x.jsonl"], ["--out_jsonl needs --prompts_file"]),
+    (["--prompt", "hi", "--batch_mtp"], ["--batch_mtp needs --prompts_file"]),
+    (["--prompt", "hi", "--top_k", "500"], ["--top_k 500", "0..64"]),
+    (["--prompt", "hi", "--temperature", "nan"], ["--temperature nan", "finite"]),
+])
+def test_flag_errors_before_load(args, needles):
+    assert_clean_error(run_cli("--model", NO_MODEL, *args), *needles)
+
+
+def test_stats_json_is_a_folder(tmp_path):
+    assert_clean_error(run_cli("--model", NO_MODEL, "--prompt", "hi", "--stats_json", str(tmp_path)),
+                       "--stats_json", "is a folder")
+
+
+def test_prompt_file_not_utf8(tmp_path):
+    p = tmp_path / "latin1.txt"
+    p.write_bytes("caf\xe9".encode("latin-1"))
+    assert_clean_error(run_cli("--model", NO_MODEL, "--prompt_file", str(p)), "--prompt_file", "not UTF-8")
+
+
+def test_help_names_the_module():
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    assert "strata_jax.run_generate:" in proc.stdout and "__main__:" not in proc.stdout
+    def text(flag):
+        return proc.stdout.split(f"\n  --{flag}:")[1].split("\n  --")[0]
+
+    assert "min_p" in text("prompts_file") and "0..7" in text("piped_mtp")
+
+
+@pytest.mark.parametrize("lines, needles", [
+    (['{"prompt": "a", "id": 1}', '{"prompt": "b", "id": 1}'], [":2:", "duplicate id 1", "line 1"]),
+    (['{"prompt": "a"}', '{"prompt": "b", "id": 0}'], [":2:", "duplicate id 0"]),  # line 1's default id is 0
+    (['{"prompt": "a", "id": [1]}'], [":1:", "'id'", "string or a number"]),
+    (['{"prompt_ids": [1, -2]}'], [":1:", "'prompt_ids'", ">= 0"]),
+    (['{"prompt": "a"}', '{"prompt": "a", "top_k": 500}'], [":2:", "'top_k' 500", "0..64"]),
+    (['{"prompt": "a", "temperature": NaN}'], [":1:", "'temperature'", "finite"]),
+    (['{"prompt": "a", "arrival": -1}'], [":1:", "'arrival' -1", ">= 0"]),
+    (['{"prompt": "a", "seed": 4294967296}'], [":1:", "'seed'", "0..4294967295"]),
+    (['{"prompt": "a", "max_new_tokens": 0}'], [":1:", "'max_new_tokens' 0"]),
+    (['{"prompt": "a", "tmperature": 1}'], [":1:", "unknown key 'tmperature'"]),
+    (['{"prompt": ""}'], [":1:", "'prompt' is empty"]),
+    (['{"prompt": "a", "prompt_ids": [1]}'], [":1:", "not both"]),
+    (['{"prompt_ids": [1], "chat": true}'], [":1:", "'chat' needs text"]),
+    (['[1, 2]'], [":1:", "not a JSON object"]),
+])
+def test_prompts_file_line_errors(tmp_path, lines, needles):
+    f = _jsonl(tmp_path, *lines)
+    assert_clean_error(run_cli("--model", NO_MODEL, "--prompts_file", f), f, *needles)
+
+
+def test_prompts_file_not_utf8(tmp_path):
+    p = tmp_path / "reqs.jsonl"
+    p.write_bytes(b'{"prompt": "caf\xe9"}\n')
+    assert_clean_error(run_cli("--model", NO_MODEL, "--prompts_file", str(p)), "--prompts_file", "not UTF-8")
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--prompt", "hi"], ["--prompts_file", "cannot be combined with --prompt"]),
+    (["--stop", "x"], ["--stop", "--prompts_file"]),
+    (["--dump_logits", "x.npz"], ["--dump_logits", "--prompts_file"]),
+    (["--spec", "4"], ["--spec", "--piped_mtp"]),
+])
+def test_prompts_file_refused_combinations(tmp_path, args, needles):
+    f = _jsonl(tmp_path, '{"prompt": "a"}')
+    assert_clean_error(run_cli("--model", NO_MODEL, "--prompts_file", f, *args), *needles)
+
+
+# ---- checks that need the model's header or tokenizer (before any decoding) -----------------------------------------
+def test_unusable_tokenizer_prompt():
+    """qwen4exp_q8_0.gguf's tokenizer cannot be built (BPE with tokens missing): --prompt says so, no traceback."""
+    assert_clean_error(run_cli("--model", HYBRID_Q8, "--prompt", "hi", "--max_context", "16"),
+                       "no usable tokenizer", "--prompt_ids")
+
+
+@pytest.mark.slow
+def test_prompts_file_needs_model_checks(model_path, tmp_path):
+    m = model_path("smollm2-135m")
+    f = _jsonl(tmp_path, '{"prompt_ids": [1, 99999], "id": "big"}')
+    assert_clean_error(run_cli("--model", m, "--prompts_file", f), f + ":1", "'big'", "0..49151")
+    out = tmp_path / "out.jsonl"
+    f = _jsonl(tmp_path, '{"prompt": "a", "id": "short"}', '{"prompt": "' + "word " * 40 + '", "id": "long"}')
+    proc = run_cli("--model", m, "--prompts_file", f, "--batch", "2", "--max_context", "16", "--out_jsonl", str(out))
+    assert_clean_error(proc, f + ":2", "'long'", "longer than --max_context 16")
+    assert not out.exists()

@@ -1,0 +1,52 @@
+"""strata-generate end to end on small decodes: honest stats for a short run, and the batch branch's --chat,
+--system and --stats_json."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "strata_jax.run_generate", *args], capture_output=True, text=True,
+                          timeout=900)
+
+
+@pytest.mark.slow
+def test_short_run_rate_leaves_out_compiled_windows(model_path, tmp_path):
+    """--max_new_tokens 2: the one decode window compiles, so nothing is left to measure (no inflated rate)."""
+    st = tmp_path / "stats.json"
+    proc = _run("--model", model_path("smollm2-135m"), "--prompt_ids", "1,2,3", "--max_new_tokens", "2",
+                "--max_context", "16", "--stats_json", str(st), "--xla_cache_dir", "")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    d = json.loads(st.read_text())
+    assert d["generated"] == 2 and d["windows"] == 1 and d["compiled_windows"] == 1
+    assert d["decode_tokens_measured"] == 0 and d["decode_tok_s"] == 0.0 and d["window_ms"] == 0.0
+    assert d["prefill_compiled"] is True
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "decode n/a tok/s over 0 tok" in line and "1 compiled" in line, line
+
+
+@pytest.mark.slow
+def test_batch_chat_system_stats_json(model_path, tmp_path):
+    """--chat is the default of lines without "chat" (and --system applies to them); --stats_json gets the batch
+    run's statistics; the tokens equal the solo run of the same chat prompt."""
+    m = model_path("smollm2-135m")
+    f = tmp_path / "reqs.jsonl"
+    f.write_text('{"prompt": "What is 2+2?", "id": "chat"}\n{"prompt": "Hi", "chat": false, "id": "plain"}\n')
+    st, out = tmp_path / "stats.json", tmp_path / "out.jsonl"
+    common = ["--model", m, "--max_new_tokens", "3", "--max_context", "64", "--chat", "--system", "Be brief."]
+    proc = _run(*common, "--prompts_file", str(f), "--batch", "2", "--stats_json", str(st), "--out_jsonl", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    recs = {r["rid"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert recs["plain"]["prompt_tokens"] == 1 and recs["chat"]["prompt_tokens"] > 15  # system + user template
+    d = json.loads(st.read_text())
+    assert d["requests"] == 2 and d["tokens"] == sum(len(r["tokens"]) for r in recs.values())
+    assert {r["rid"] for r in d["per_request"]} == {"chat", "plain"} and "tok_s" in d and "rate_rule" in d
+    solo_st = tmp_path / "solo.json"
+    solo = _run(*common, "--prompt", "What is 2+2?", "--stats_json", str(solo_st))
+    assert solo.returncode == 0, solo.stderr[-2000:]
+    assert json.loads(solo_st.read_text())["prompt_tokens"] == recs["chat"]["prompt_tokens"]
+    assert solo.stdout.strip() == proc.stdout.splitlines()[0].split("] ", 1)[1].strip()
