@@ -45,6 +45,10 @@ flags.DEFINE_multi_string("stop", [], "Stop when the generated text contains thi
 flags.DEFINE_integer("max_context", 4096, "Cells of K/V cache per sequence (prompt + generated).", lower_bound=2)
 flags.DEFINE_string("layer_split", None, "First layer of each later stage, e.g. 12,24,36 (one device per stage).")
 flags.DEFINE_enum("kv_dtype", "float32", ["float32", "bfloat16"], "K/V cache dtype.")
+flags.DEFINE_enum("weights", "auto", ["auto", "blocks", "f32"],
+                  "How weights are held: blocks = in their GGUF block formats, dequantized inside every matmul (what "
+                  "the GPU kernels read); f32 = dequantized once at load (same values, >= 4x the memory, several "
+                  "times faster decode on a CPU); auto = f32 on a CPU when it takes at most 40% of RAM, else blocks.")
 flags.DEFINE_integer("compile_cache_size", 32, "Most compiled window functions kept (LRU).", lower_bound=1)
 flags.DEFINE_string("xla_cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "strata_jax", "xla"),
                     "JAX's persistent compilation cache: compiled windows are kept here and reused by later runs of "
@@ -245,7 +249,7 @@ def main(argv) -> int:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     engine = Engine(path, max_context=FLAGS.max_context, layer_split=FLAGS.layer_split,
                     kv_dtype=jnp.bfloat16 if FLAGS.kv_dtype == "bfloat16" else jnp.float32,
-                    compile_cache_size=FLAGS.compile_cache_size, progress=True)
+                    compile_cache_size=FLAGS.compile_cache_size, progress=True, weights=FLAGS.weights)
     if FLAGS.prompts_file:
         from strata_jax.pipeline.scheduler import run_batch_cli
 

@@ -1,11 +1,19 @@
 """Linear maps and embeddings whose weights stay in their GGUF block format on the device.
 
 A weight ``[n_out, n_in]`` is held as the file's bytes (uint8 ``[n_out, row_bytes]``) for block formats, or as its
-float dtype for F32/F16/BF16; it is dequantized inside the matmul (`strata_jax.pallas.quant_matmul.qmatmul`). Nothing
-holds a full float copy of the model.
+float dtype for F32/F16/BF16; it is dequantized inside the matmul (`strata_jax.pallas.quant_matmul.qmatmul`).
+
+Inside ``with blocks_as_f32():`` (what `strata_jax.pipeline.engine.Engine` does on a CPU when the copy fits, its
+``weights="f32"``), block-format tensors are dequantized once at load instead (`strata_jax.gguf.blocks.dequantize`,
+the same decoder the matmul runs, so the values are the same) and held as float32 with qtype F32: four or more
+times the memory, but XLA on a CPU then reads plain floats instead of unpacking blocks on every step.
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +26,40 @@ from strata_jax.pallas.quant_matmul import qmatmul
 from strata_jax.state import Rows
 
 _FLOAT_DTYPES = {Q.F32: np.float32, Q.F16: np.float16}
+_LOAD = threading.local()
+_DEQUANT_ROWS = 4096  # rows dequantized per call at load (bounds the decoder's temporaries)
+
+
+@contextlib.contextmanager
+def blocks_as_f32(enabled: bool = True):
+    """Within this context `load_raw` returns block-format tensors dequantized to float32 (qtype F32); see the
+    module docstring. Float formats are left as stored."""
+    old = getattr(_LOAD, "f32", False)
+    _LOAD.f32 = bool(enabled)
+    try:
+        yield
+    finally:
+        _LOAD.f32 = old
+
+
+@functools.partial(jax.jit, static_argnames=("qtype", "n_cols"))
+def _dequant_chunk(raw, *, qtype, n_cols):
+    return blocks.dequantize(raw, qtype, n_cols)
+
+
+def _dequantize_rows(raw: np.ndarray, qtype, n_cols: int, device) -> jax.Array:
+    """uint8 [rows..., row_bytes] -> float32 [rows..., n_cols] on ``device``, in chunks of `_DEQUANT_ROWS` rows."""
+    lead = raw.shape[:-1]
+    flat = raw.reshape(-1, raw.shape[-1])
+    out = np.empty((flat.shape[0], n_cols), np.float32)
+    with jax.default_device(jax.devices("cpu")[0]):
+        for r0 in range(0, flat.shape[0], _DEQUANT_ROWS):
+            chunk = flat[r0:r0 + _DEQUANT_ROWS]
+            n = chunk.shape[0]
+            if n < _DEQUANT_ROWS and flat.shape[0] > _DEQUANT_ROWS:  # pad the tail: one compiled shape per format
+                chunk = np.concatenate([chunk, np.zeros((_DEQUANT_ROWS - n, chunk.shape[1]), np.uint8)])
+            out[r0:r0 + n] = np.asarray(_dequant_chunk(jnp.asarray(chunk), qtype=qtype, n_cols=n_cols))[:n]
+    return jax.device_put(out.reshape(*lead, n_cols), device)
 
 
 def load_raw(g, name: str, device=None):
@@ -25,7 +67,7 @@ def load_raw(g, name: str, device=None):
 
     Returns:
       (array, qtype, shape): uint8 [rows..., row_bytes] for block formats, float32/float16/bfloat16 [shape] for
-      float formats.
+      float formats; within `blocks_as_f32`, block formats come as (float32 [shape], F32, shape).
 
     Raises:
       StrataError: missing tensor; UnsupportedError: a block format the engine cannot read.
@@ -44,6 +86,8 @@ def load_raw(g, name: str, device=None):
     elif info.qtype == Q.BF16:
         arr = jnp.asarray(raw.view(np.uint16).reshape(info.shape)).view(jnp.bfloat16)
         return jax.device_put(arr, device), info.qtype, info.shape
+    elif getattr(_LOAD, "f32", False) and info.shape:
+        return _dequantize_rows(np.asarray(raw), info.qtype, int(info.shape[-1]), device), Q.F32, info.shape
     else:
         arr = raw
     return jax.device_put(np.ascontiguousarray(arr), device), info.qtype, info.shape

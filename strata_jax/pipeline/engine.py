@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 
 
@@ -21,6 +22,7 @@ import numpy as np
 from strata_jax.config import ModelConfig, config_from_gguf
 from strata_jax.errors import StrataError
 from strata_jax.gguf import open_gguf
+from strata_jax.layers.linear import blocks_as_f32
 from strata_jax.models import build_stage
 from strata_jax.pipeline.stages import (Stage, build_commit_fn, build_mtp_fn, build_stage_fn, make_stage,
                                        parse_layer_split)
@@ -56,13 +58,20 @@ class Engine:
       kv_dtype: K/V cache dtype (float32 or bfloat16).
       compile_cache_size: most compiled functions kept.
       progress: show a progress line while loading.
+      weights: ``"blocks"`` (weights stay in their GGUF block formats, dequantized inside every matmul: what the
+        GPU kernels read), ``"f32"`` (block formats dequantized once at load, `strata_jax.layers.linear.blocks_as_f32`:
+        the same values, >= 4x the memory, much faster decode with XLA on a CPU), or ``"auto"``: ``"f32"`` when
+        every stage is on a CPU and the float32 copy takes at most `F32_RAM_FRACTION` of the machine's memory, else
+        ``"blocks"``. The choice is in ``self.weights``.
 
     Raises:
-      StrataError: bad file, unsupported architecture or block format, bad split, context too large.
+      StrataError: bad file, unsupported architecture or block format, bad split, context too large, unknown
+        ``weights``.
     """
 
     def __init__(self, model_path, *, max_context: int = 4096, n_slots: int = 1, layer_split: str | None = None,
-                 devices=None, kv_dtype=jnp.float32, compile_cache_size: int = 32, progress: bool = False):
+                 devices=None, kv_dtype=jnp.float32, compile_cache_size: int = 32, progress: bool = False,
+                 weights: str = "auto"):
         t0 = time.perf_counter()
         # a path, or an already open GGUF-like object (e.g. strata_jax.models.random_weights.VirtualGGUF)
         self.gguf = model_path if hasattr(model_path, "tensors") else open_gguf(model_path)
@@ -73,10 +82,12 @@ class Engine:
         self.n_slots = int(n_slots)
         devices = list(devices) if devices is not None else jax.devices()
         ranges = parse_layer_split(layer_split, self.cfg.n_layer, len(devices))
+        self.weights = _resolve_weights(weights, self.gguf, devices[:len(ranges)])
         self.stages: list[Stage] = []
         bar = _load_bar(len(ranges), progress)
         for i, (a, b) in enumerate(ranges):
-            module = build_stage(self.gguf, self.cfg, a, b, devices[i])
+            with blocks_as_f32(self.weights == "f32"):
+                module = build_stage(self.gguf, self.cfg, a, b, devices[i])
             self.stages.append(make_stage(module, i, devices[i]))
             if bar:
                 bar.update(1)
@@ -341,7 +352,8 @@ class Engine:
             if int(getattr(self.cfg, "n_nextn", 0) or 0) <= 0:
                 raise StrataError(f"{self.gguf.path} ({self.cfg.arch}) has no MTP layer (nextn_predict_layers = 0)")
             dev = self.stages[-1].device
-            self.mtp = MTPHead(self.gguf, self.cfg, dev, reuse=self._loaded_on(dev))
+            with blocks_as_f32(self.weights == "f32"):
+                self.mtp = MTPHead(self.gguf, self.cfg, dev, reuse=self._loaded_on(dev))
             self._mtp_graphdef, self._mtp_params = nnx.split(self.mtp)
             self.mtp_state = self.mtp.init_state(self.n_slots, self.max_context, self.kv_dtype, dev)
         self.mtp_n = max(self.mtp_n, n_draft)
@@ -464,6 +476,26 @@ class Engine:
             lim = "--memory_limit_gib" if limit_bytes is not None else "the device memory"
             raise StrataError(f"--batch {n_slots} does not fit in {lim}: {per / 2 ** 20:.2f} MiB per slot on the "
                               f"largest stage; {n} slot(s) would fit (or lower --max_context)")
+
+
+F32_RAM_FRACTION = 0.4
+WEIGHTS = ("auto", "blocks", "f32")
+
+
+def _resolve_weights(weights: str, g, devices) -> str:
+    """``"blocks"`` or ``"f32"`` for `Engine`'s ``weights`` argument (see its docstring)."""
+    if weights not in WEIGHTS:
+        raise StrataError(f"weights={weights!r}: expected one of {', '.join(WEIGHTS)}")
+    if weights != "auto":
+        return weights
+    if getattr(g, "virtual", False) or any(d.platform != "cpu" for d in devices):
+        return "blocks"
+    n_values = sum(int(np.prod(t.shape)) for t in g.tensors.values())
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return "blocks"
+    return "f32" if 4 * n_values <= F32_RAM_FRACTION * ram else "blocks"
 
 
 def _device_limit(device) -> int | None:
