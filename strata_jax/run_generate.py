@@ -40,8 +40,7 @@ flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: keep the smallest set with t
 flags.DEFINE_float("min_p", 0.0, "Keep tokens with p >= min_p * p_max.")
 flags.DEFINE_integer("seed", 0, "Sampling seed, 0..2**32-1; draws are keyed by (seed, position).")
 flags.DEFINE_multi_string("stop", [], "Stop when the generated text contains this non-empty string (repeatable; "
-                          "needs the model's tokenizer; not with --prompts_file: the batch scheduler stops only at "
-                          "EOS and max_new_tokens).")
+                          "needs the model's tokenizer; with --prompts_file it applies to every request).")
 flags.DEFINE_integer("max_context", 4096, "Cells of K/V cache per sequence (prompt + generated).", lower_bound=2)
 flags.DEFINE_string("layer_split", None, "First layer of each later stage, e.g. 12,24,36 (one device per stage).")
 flags.DEFINE_enum("kv_dtype", "float32", ["float32", "bfloat16"], "K/V cache dtype.")
@@ -71,7 +70,7 @@ flags.DEFINE_string("prompts_file", None, "JSONL requests for --batch, one objec
                     "prompt_ids), chat, max_new_tokens, seed, temperature, top_k, top_p, min_p, arrival (offset in "
                     "seconds), id (unique string or number; default: the line's index among the requests). Missing "
                     "keys take the flags' values; each value follows the flag's rules; unknown keys are refused. "
-                    "Not combined with --prompt, --prompt_file, --prompt_ids, --stop, --dump_logits.")
+                    "Not combined with --prompt, --prompt_file, --prompt_ids, --dump_logits.")
 flags.DEFINE_string("batch_groups", "auto", "Slot groups on a layer split: 1 (serial windows), G (pipelined groups; "
                     "G divides --batch) or auto (one group per stage).")
 flags.DEFINE_bool("batch_mtp", False, "Batch proposals: each slot's token + 1 proposal per serial window.")
@@ -125,9 +124,6 @@ def _check_flags(argv) -> dict:
         if given:
             _fail(f"--prompts_file gives the prompts: it cannot be combined with "
                   f"{', '.join('--' + g for g in given)}")
-        if FLAGS.stop:
-            _fail("--stop is not supported with --prompts_file (the batch scheduler stops only at EOS and "
-                  "max_new_tokens)")
         if FLAGS.dump_logits is not None:
             _fail("--dump_logits records one prompt: it cannot be combined with --prompts_file")
         if FLAGS["spec"].present:
@@ -237,7 +233,7 @@ def main(argv) -> int:
 
     from strata_jax.models_registry import resolve_model
     from strata_jax.pipeline.engine import Engine
-    from strata_jax.pipeline.solo import generate
+    from strata_jax.pipeline.solo import generate, stop_strings
     from strata_jax.sampling import SamplingParams
 
     plan = _check_flags(argv)
@@ -276,11 +272,7 @@ def main(argv) -> int:
         def on_token(t):
             out.write(f"{t} ")
             out.flush()
-    stop = None
-    if FLAGS.stop:
-        def stop(tokens):
-            text = tok.decode(tokens, skip_special=True)
-            return any(s in text for s in FLAGS.stop)
+    stop = stop_strings(tok, FLAGS.stop)
     from strata_jax.proposers import SpecPolicy, make_proposer
 
     proposer = make_proposer(FLAGS.draft, engine, draft_model=FLAGS.draft_model, spec=FLAGS.spec,

@@ -50,3 +50,23 @@ def test_batch_chat_system_stats_json(model_path, tmp_path):
     assert solo.returncode == 0, solo.stderr[-2000:]
     assert json.loads(solo_st.read_text())["prompt_tokens"] == recs["chat"]["prompt_tokens"]
     assert solo.stdout.strip() == proc.stdout.splitlines()[0].split("] ", 1)[1].strip()
+
+
+@pytest.mark.slow
+def test_batch_stop_string_equals_solo(model_path, tmp_path):
+    """--stop applies to every request of a --prompts_file and cuts where the solo run cuts (stop reason
+    "stop string"; the token that completes the string is kept)."""
+    m = model_path("smollm2-135m")
+    common = ["--model", m, "--max_new_tokens", "12", "--max_context", "64", "--stop", " the"]
+    solo_st = tmp_path / "solo.json"
+    solo = _run(*common, "--prompt", "Once upon a time", "--stats_json", str(solo_st))
+    assert solo.returncode == 0, solo.stderr[-2000:]
+    assert json.loads(solo_st.read_text())["stop_reason"] == "stop string", solo.stdout
+    f = tmp_path / "reqs.jsonl"
+    f.write_text('{"prompt": "Once upon a time", "id": "a"}\n{"prompt": "Hello", "id": "b"}\n')
+    out = tmp_path / "out.jsonl"
+    proc = _run(*common, "--prompts_file", str(f), "--batch", "2", "--out_jsonl", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    recs = {r["rid"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert recs["a"]["stop_reason"] == "stop string"
+    assert recs["a"]["text"].strip() == solo.stdout.strip()

@@ -181,7 +181,6 @@ def test_prompts_file_not_utf8(tmp_path):
 
 @pytest.mark.parametrize("args, needles", [
     (["--prompt", "hi"], ["--prompts_file", "cannot be combined with --prompt"]),
-    (["--stop", "x"], ["--stop", "--prompts_file"]),
     (["--dump_logits", "x.npz"], ["--dump_logits", "--prompts_file"]),
     (["--spec", "4"], ["--spec", "--piped_mtp"]),
 ])

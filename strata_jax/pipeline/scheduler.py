@@ -43,6 +43,7 @@ from strata_jax.errors import StrataError
 from strata_jax.pipeline.engine import MAX_WINDOW, Engine
 from strata_jax.pipeline.groups import Resolution
 from strata_jax.sampling import SEED_MAX, RowSampling, SamplingParams
+from strata_jax.pipeline.solo import stop_strings
 from strata_jax.state import Rows
 
 log = logging.getLogger("strata_jax")
@@ -59,6 +60,8 @@ class Request:
       max_new_tokens: most tokens generated (>= 1).
       sampling: sampler settings (greedy when temperature <= 0; draws keyed by (seed, position)).
       stop_ids: ids that end the generation (EOS); included in the output, as on the solo path.
+      stop: called with the tokens so far after each token; True ends the generation (stop strings,
+        `strata_jax.pipeline.solo.stop_strings`), checked where the solo path checks it.
       arrival: seconds after the scheduler starts before the request may be admitted.
       arrival_round: scheduler round before which it is not admitted (deterministic staggering in tests).
       cancel_round: the request is cancelled at this scheduler round (tests); None = never.
@@ -70,6 +73,7 @@ class Request:
     max_new_tokens: int = 32
     sampling: SamplingParams = SamplingParams()
     stop_ids: tuple = ()
+    stop: Callable[[list[int]], bool] | None = None
     arrival: float = 0.0
     arrival_round: int = 0
     cancel_round: int | None = None
@@ -81,7 +85,8 @@ class Request:
 class RequestResult:
     """What a request produced. Times are seconds since the scheduler started.
 
-    Attributes: rid, tokens (list[int]), stop_reason (``eos``, ``max tokens``, ``context end``, ``cancelled`` or
+    Attributes: rid, tokens (list[int]), stop_reason (``eos``, ``stop string``, ``max tokens``, ``context end``,
+    ``cancelled`` or
     ``refused: ...``), slot, prompt_tokens, arrival_s, admitted_s, first_token_s, finished_s, windows (windows this
     request took part in, solo ones included), solo_windows, proposed, accepted.
     """
@@ -124,6 +129,8 @@ class _Active:
         self.history.append(int(tok))
         if int(tok) in self.req.stop_ids:
             return "eos"
+        if self.req.stop is not None and self.req.stop(self.res.tokens):
+            return "stop string"
         if len(self.res.tokens) >= self.req.max_new_tokens:
             return "max tokens"
         if self.n_prompt + len(self.res.tokens) - 1 >= max_context - 1:
@@ -650,10 +657,12 @@ def read_prompts_file(path: str) -> list[PromptLine]:
 
 def build_requests(lines: list[PromptLine], tokenizer, *, default_max_new: int, default_sampling: SamplingParams,
                    default_chat: bool = False, system: str | None = None, stop_ids=(), vocab_size: int | None = None,
-                   max_context: int | None = None, no_tokenizer_reason: str | None = None) -> list[Request]:
+                   max_context: int | None = None, no_tokenizer_reason: str | None = None,
+                   stop=None) -> list[Request]:
     """The `Request` of each checked line (`read_prompts_file`): text prompts tokenized (``chat``, default
     ``default_chat``, wraps them in the chat template with ``system``), ids checked against ``vocab_size``, every
-    prompt checked against ``max_context``; missing keys take the defaults.
+    prompt checked against ``max_context``; missing keys take the defaults; ``stop`` (a `Request.stop` callback)
+    applies to every request.
 
     Raises:
       StrataError: the first bad request, named as ``--prompts_file PATH:LINE`` and its id.
@@ -686,7 +695,7 @@ def build_requests(lines: list[PromptLine], tokenizer, *, default_max_new: int, 
         samp = SamplingParams(float(d.get("temperature", ds.temperature)), int(d.get("top_k", ds.top_k)),
                               float(d.get("top_p", ds.top_p)), float(d.get("min_p", ds.min_p)),
                               int(d.get("seed", ds.seed)))
-        reqs.append(Request(ids, int(d.get("max_new_tokens", default_max_new)), samp, tuple(stop_ids),
+        reqs.append(Request(ids, int(d.get("max_new_tokens", default_max_new)), samp, tuple(stop_ids), stop,
                             float(d.get("arrival", d.get("arrival_offset", 0.0))), rid=pl.rid, text=text))
     return reqs
 
@@ -774,6 +783,8 @@ def run_batch_cli(engine: Engine, FLAGS, lines: list[PromptLine] | None = None) 
     if lines is None:
         lines = read_prompts_file(FLAGS.prompts_file)
     tok, why = usable_tokenizer(engine)
+    if FLAGS.stop and tok is None:
+        raise StrataError(f"--stop needs the model's tokenizer, and this model has no usable one ({why})")
     if tok is not None:
         eos = tuple(tok.eos_ids)
     else:
@@ -782,7 +793,8 @@ def run_batch_cli(engine: Engine, FLAGS, lines: list[PromptLine] | None = None) 
                           default_sampling=SamplingParams(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, FLAGS.min_p,
                                                           FLAGS.seed),
                           default_chat=bool(FLAGS.chat), system=FLAGS.system, stop_ids=eos,
-                          vocab_size=engine.cfg.vocab_size, max_context=engine.max_context, no_tokenizer_reason=why)
+                          vocab_size=engine.cfg.vocab_size, max_context=engine.max_context, no_tokenizer_reason=why,
+                          stop=stop_strings(tok, FLAGS.stop) if tok is not None else None)
     for line in engine.memory_lines():
         print(line, file=sys.stderr)
     limit = int(FLAGS.memory_limit_gib * 2 ** 30) if FLAGS.memory_limit_gib else None

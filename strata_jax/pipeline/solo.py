@@ -120,6 +120,21 @@ class Generation:
     step_logits: np.ndarray | None = None
 
 
+def stop_strings(tokenizer, strings) -> Callable[[list[int]], bool] | None:
+    """The ``stop`` callback of `generate` (and of batch `Request`s) for stop strings: True once the decoded text of
+    the tokens so far contains one of ``strings`` (the token that completes it is kept, as llama.cpp's ``--stop``
+    keeps the matched text). None when ``strings`` is empty."""
+    strings = [s for s in (strings or ()) if s]
+    if not strings:
+        return None
+
+    def stop(tokens: list[int]) -> bool:
+        text = tokenizer.decode(tokens, skip_special=True)
+        return any(s in text for s in strings)
+
+    return stop
+
+
 def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256,
              sampling: SamplingParams = SamplingParams(), eos_ids=(), stop: Callable[[list[int]], bool] | None = None,
              on_token: Callable[[int], None] | None = None, slot: int = 0, dump_logits: bool = False,
