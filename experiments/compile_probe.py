@@ -10,6 +10,9 @@ see `strata_jax.pallas.dispatch`), e.g. ``grouped_experts``, ``qsa``, ``gdn``, `
   python experiments/compile_probe.py --geometry qwen3.8-flash-next --n_layer 4 \
       --kinds prefill,step,window4 --ops none,all,grouped_experts,qsa,gdn,quant_matmul --out probe.json
 
+``--lower_for cuda`` lowers for a GPU on any machine (no compile) with the kernel path forced, and lists the Pallas
+kernels of each function with the size of their IR: a cheap check, on a CPU, of what a GPU compile will be given.
+
 Kinds: ``prefill`` (one `PREFILL_CHUNK`-row chunk, last-row logits), ``step`` (T = 1), ``windowT`` (a T-row verify
 window, all logits), ``mtp_prefill`` / ``mtp_windowT`` (the MTP layer's catch-up + draft chain of ``--mtp`` drafts).
 Prints one line per pair: lower seconds, compile seconds (or ``timeout``), and the HLO size.
@@ -29,8 +32,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 
-def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int) -> dict:
-    """Lower and compile one function in this process; returns timings."""
+def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, lower_for: str | None = None) -> dict:
+    """Lower and compile one function in this process; returns timings. With ``lower_for`` (e.g. ``"cuda"``) the
+    function is only lowered, for that platform (works on a CPU-only machine), with the kernel path forced, and the
+    Pallas kernels it holds are listed with the size of their IR."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -44,6 +49,10 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int) -> 
     from strata_jax.sampling import RowSampling, SamplingParams
     from strata_jax.state import Rows
 
+    if lower_for:  # the kernels' path as on a GPU, whatever this machine's backend is
+        from strata_jax.pallas import dispatch
+
+        dispatch.on_gpu = lambda: True
     v = VirtualGGUF(load_geometry(geometry), n_layer=n_layer, mtp=kind.startswith("mtp"))
     cfg = config_from_gguf(v)
     samp = RowSampling.make([SamplingParams(0.0)])
@@ -61,7 +70,7 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int) -> 
         h = jax.ShapeDtypeStruct((1, T, hc, cfg.n_embd) if hc > 1 else (1, T, cfg.n_embd), jnp.float32)
         nxt = jax.ShapeDtypeStruct((1, T), jnp.int32)
         n_use = jnp.asarray([T], jnp.int32)
-        low = build_mtp_fn(gd, mode, mtp).lower(params, state, h, nxt, rows, n_use)
+        low = _lower(build_mtp_fn(gd, mode, mtp), lower_for, params, state, h, nxt, rows, n_use)
     else:
         mod = nnx.eval_shape(lambda: build_stage(v, cfg, 0, n_layer, None))
         st = make_stage(mod, 0, None)
@@ -74,13 +83,24 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int) -> 
             extra = {"ple": jax.ShapeDtypeStruct(rb.shape, rb.dtype)}
         fn = build_stage_fn(st, "prefill" if mode == "prefill" else ("step" if kind == "step" else "window"),
                             max_context, "last" if mode == "prefill" else "all")
-        low = fn.lower(st.params, state, toks, rows, toks, samp, extra)
+        low = _lower(fn, lower_for, st.params, state, toks, rows, toks, samp, extra)
     t_lower = time.perf_counter() - t0
-    hlo_chars = len(low.as_text())
+    text = low.as_text()
+    hlo_chars = len(text)
+    if lower_for:
+        import re
+
+        kernels = [(m.group(1), len(line)) for line in text.splitlines() if "custom_call" in line
+                   for m in [re.search(r'name = \\?"([^"\\]*)', line)] if m]
+        return {"lower_s": round(t_lower, 2), "hlo_chars": hlo_chars, "platform": lower_for, "kernels": kernels}
     t0 = time.perf_counter()
     low.compile()
     return {"lower_s": round(t_lower, 2), "compile_s": round(time.perf_counter() - t0, 2), "hlo_chars": hlo_chars,
             "backend": jax.default_backend()}
+
+
+def _lower(fn, platform, *args):
+    return fn.trace(*args).lower(lowering_platforms=(platform,)) if platform else fn.lower(*args)
 
 
 def main() -> None:
@@ -92,12 +112,14 @@ def main() -> None:
     ap.add_argument("--max_context", type=int, default=1024)
     ap.add_argument("--mtp", type=int, default=3, help="drafts in the MTP chain (mtp_* kinds)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per (selection, kind) subprocess")
+    ap.add_argument("--lower_for", default=None, help="only lower, for this platform (e.g. cuda, on a CPU-only "
+                    "machine), with the kernel path forced; lists the Pallas kernels and their IR size")
     ap.add_argument("--jobs", type=int, default=1, help="pairs compiled at once (each its own process)")
     ap.add_argument("--out", default=None, help="JSON file for the results")
     ap.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._child:
-        print(json.dumps(_one(args.geometry, args.n_layer, args._child, args.max_context, args.mtp)))
+        print(json.dumps(_one(args.geometry, args.n_layer, args._child, args.max_context, args.mtp, args.lower_for)))
         return
     pairs = [(ops, kind) for ops in args.ops.split(",") if ops for kind in args.kinds.split(",") if kind]
     print(f"{'ops':<16} {'kind':<14} {'lower s':>8} {'compile s':>10} {'HLO chars':>10}", flush=True)
@@ -107,7 +129,9 @@ def main() -> None:
         ops, kind = pair
         env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")  # several children may share one GPU
         env.pop("STRATA_PALLAS_OPS", None)
-        if ops == "none":
+        if args.lower_for:
+            env["STRATA_PALLAS_IMPL"] = "kernel"  # as on a GPU: every kernel that can serve the call
+        elif ops == "none":
             env["STRATA_PALLAS_IMPL"] = "reference"
         else:
             env["STRATA_PALLAS_IMPL"] = "auto"
@@ -115,6 +139,8 @@ def main() -> None:
                 env["STRATA_PALLAS_OPS"] = ops
         cmd = [sys.executable, os.path.abspath(__file__), "--geometry", args.geometry, "--n_layer",
                str(args.n_layer), "--max_context", str(args.max_context), "--mtp", str(args.mtp), "--_child", kind]
+        if args.lower_for:
+            cmd += ["--lower_for", args.lower_for]
         t0 = time.perf_counter()
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -124,7 +150,11 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             r = {"timeout_s": args.timeout}
         r.update(ops=ops, kind=kind, wall_s=round(time.perf_counter() - t0, 1))
-        if "compile_s" in r:
+        if "kernels" in r:
+            print(f"{ops:<16} {kind:<14} {r['lower_s']:>8.1f} {'(lowered for ' + r['platform'] + ')':>10} "
+                  f"{r['hlo_chars']:>10}  {len(r['kernels'])} kernels: "
+                  + ", ".join(f"{n} {b // 1000} KB" for n, b in r["kernels"]), flush=True)
+        elif "compile_s" in r:
             print(f"{ops:<16} {kind:<14} {r['lower_s']:>8.1f} {r['compile_s']:>10.1f} {r['hlo_chars']:>10}",
                   flush=True)
         else:
