@@ -153,13 +153,18 @@ def replay_lookup(prompt: list[int], out: list[int], T: int) -> dict:
         proposed += len(props)
         accepted += a
         spec_windows += bool(props)
-        for i in range(len(props)):
-            off_at[i] += 1
-        for i in range(a):
-            acc_at[i] += 1
+        _tally(off_at, acc_at, len(props), a)
         per_window.append(a + 1)
         hl += a + 1
     return _window_stats(proposed, accepted, spec_windows, per_window, off_at, acc_at)
+
+
+def _tally(off_at: list[int], acc_at: list[int], offered: int, accepted: int) -> None:
+    """Count one window's proposals by position: the first ``offered`` were offered, the first ``accepted`` kept."""
+    for i in range(offered):
+        off_at[i] += 1
+    for i in range(accepted):
+        acc_at[i] += 1
 
 
 def _window_stats(proposed, accepted, spec_windows, per_window, off_at, acc_at) -> dict:
@@ -201,10 +206,7 @@ def simulate(offered: list[int], accepted: list[int], T: int) -> dict:
         proposed += k
         acc += a
         spec_windows += k > 0
-        for i in range(k):
-            off_at[i] += 1
-        for i in range(a):
-            acc_at[i] += 1
+        _tally(off_at, acc_at, k, a)
         per_window.append(a + 1)
         p += a + 1
     return _window_stats(proposed, acc, spec_windows, per_window, off_at, acc_at)
