@@ -216,6 +216,9 @@ def _prompt_ids(engine, plan: dict):
         msgs = ([{"role": "system", "content": FLAGS.system}] if FLAGS.system else []) + [
             {"role": "user", "content": text}]
         text = tok.apply_chat_template(msgs, add_generation_prompt=True)
+        if tok.chat_template_source != "gguf":
+            print(f"warning: this file has no chat template; --chat uses a generic one ({tok.chat_template_source}), "
+                  "which a base model may not follow", file=sys.stderr)
     ids = list(tok.encode(text))
     if not ids:
         _fail("the prompt gives no tokens")
@@ -246,6 +249,10 @@ def main(argv) -> int:
     engine = Engine(path, max_context=FLAGS.max_context, layer_split=FLAGS.layer_split,
                     kv_dtype=jnp.bfloat16 if FLAGS.kv_dtype == "bfloat16" else jnp.float32,
                     compile_cache_size=FLAGS.compile_cache_size, progress=True, weights=FLAGS.weights)
+    trained = engine.gguf.metadata.get(f"{engine.cfg.arch}.context_length")
+    if trained is not None and FLAGS.max_context > int(trained):
+        print(f"warning: --max_context {FLAGS.max_context} is beyond the {int(trained)} positions this model was "
+              f"trained on (its {engine.cfg.arch}.context_length): text past them may degrade", file=sys.stderr)
     if FLAGS.prompts_file:
         from strata_jax.pipeline.scheduler import run_batch_cli
 

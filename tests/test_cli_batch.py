@@ -70,3 +70,15 @@ def test_batch_stop_string_equals_solo(model_path, tmp_path):
     recs = {r["rid"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert recs["a"]["stop_reason"] == "stop string"
     assert recs["a"]["text"].strip() == solo.stdout.strip()
+
+
+@pytest.mark.slow
+def test_context_beyond_training_warns():
+    """--max_context above the file's <arch>.context_length runs, with a warning line naming both numbers."""
+    from pathlib import Path
+
+    fx = str(Path(__file__).parent / "fixtures" / "hybrid" / "qwen3next_q8_0.gguf")  # context_length 4096
+    proc = _run("--model", fx, "--prompt_ids", "5,6,7", "--max_new_tokens", "2", "--max_context", "4100",
+                "--xla_cache_dir", "")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "warning: --max_context 4100 is beyond the 4096 positions" in proc.stderr
