@@ -28,8 +28,8 @@ flags.DEFINE_string("cache_dir", None, "Where named models are cached (default $
                     "~/.cache/strata_jax).")
 flags.DEFINE_string("prompt", None, "The prompt text.")
 flags.DEFINE_string("prompt_file", None, "Read the prompt text from this file.")
-flags.DEFINE_string("prompt_ids", None, "The prompt as comma-separated token ids (for files without a usable "
-                    "tokenizer); output is then printed as ids.")
+flags.DEFINE_string("prompt_ids", None, "The prompt as comma-separated token ids (e.g. for files without a usable "
+                    "tokenizer); the output is printed as text when the model has a usable tokenizer, else as ids.")
 flags.DEFINE_bool("chat", False, "Wrap the prompt in the model's chat template as one user message. With "
                   "--prompts_file: the default for requests without a \"chat\" key (text prompts only).")
 flags.DEFINE_string("system", None, "With --chat: a system message (with --prompts_file: for every chat request).")
@@ -153,7 +153,7 @@ def _check_flags(argv) -> dict:
             plan["ids"] = ids
         elif FLAGS.prompt_file is not None:
             try:
-                with open(FLAGS.prompt_file, encoding="utf-8") as f:
+                with open(FLAGS.prompt_file, encoding="utf-8-sig") as f:  # a byte-order mark is not prompt text
                     text = f.read()
             except OSError as e:
                 _fail(f"--prompt_file {FLAGS.prompt_file}: {e.strerror}")
@@ -171,10 +171,19 @@ def _check_flags(argv) -> dict:
                          _flag_label)
     if not (math.isfinite(FLAGS.spec_min_p) and 0.0 <= FLAGS.spec_min_p <= 1.0):
         _fail(f"--spec_min_p {FLAGS.spec_min_p}: must lie in [0, 1] (0 = off)")
+    if FLAGS.xla_cache_dir:
+        FLAGS.xla_cache_dir = os.path.expanduser(FLAGS.xla_cache_dir)
+        try:
+            os.makedirs(FLAGS.xla_cache_dir, exist_ok=True)
+            if not os.access(FLAGS.xla_cache_dir, os.W_OK):
+                raise PermissionError(13, "not writable")
+        except OSError as e:
+            _fail(f"--xla_cache_dir {FLAGS.xla_cache_dir}: cannot use it as the compilation cache "
+                  f"({e.strerror}); give another folder, or '' to turn the cache off")
     if any(s == "" for s in FLAGS.stop):
         _fail("--stop '': a stop string must not be empty")
-    if FLAGS.system is not None and not FLAGS.chat:
-        _fail("--system needs --chat")
+    if FLAGS.system is not None and not FLAGS.chat and not FLAGS.prompts_file:
+        _fail("--system needs --chat")  # with --prompts_file it applies to the lines with "chat": true too
     if FLAGS.draft_model is not None and FLAGS.draft != "model":
         _fail("--draft_model needs --draft model")
     if FLAGS.draft == "model":
@@ -244,6 +253,7 @@ def main(argv) -> int:
     if FLAGS.xla_cache_dir:
         import jax
 
+
         jax.config.update("jax_compilation_cache_dir", FLAGS.xla_cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     engine = Engine(path, max_context=FLAGS.max_context, layer_split=FLAGS.layer_split,
@@ -295,7 +305,7 @@ def main(argv) -> int:
     st = gen.stats
     n_dec = st.decode_tokens_measured
     rate = f"{st.decode_tok_s:.1f} tok/s" if st.decode_tok_s > 0 else "n/a tok/s"
-    line = (f"[load {engine.load_seconds:.2f} s | prompt {st.prompt_tokens} tok, {st.prefill_tok_s:.1f} tok/s"
+    line = (f"[load {engine.load_seconds:.2f} s, {engine.weights} weights | prompt {st.prompt_tokens} tok, {st.prefill_tok_s:.1f} tok/s"
             f"{' incl. compile' if st.prefill_compiled else ''} | generated {st.generated} tok, decode {rate} over "
             f"{n_dec} tok | windows {st.windows} ({st.compiled_windows} compiled, left out of the decode rate and "
             f"ms/window) | compiles {engine.cache.compiles} ({engine.cache.compile_seconds:.1f} s) | "

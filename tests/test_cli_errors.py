@@ -206,3 +206,23 @@ def test_prompts_file_needs_model_checks(model_path, tmp_path):
     proc = run_cli("--model", m, "--prompts_file", f, "--batch", "2", "--max_context", "16", "--out_jsonl", str(out))
     assert_clean_error(proc, f + ":2", "'long'", "longer than --max_context 16")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("content", [
+    '\ufeff{"prompt": "a"}\n{"prompt": "b"}\n',  # a UTF-8 byte-order mark before line 1
+    '{"prompt": "line\u2028separator \u0085 inside"}\r\n{"prompt": "b"}\r\n',  # legal in JSON strings; CRLF ends
+    '{"prompt": "a", "chat": true}\n',  # --system without --chat: applies to the lines with "chat": true
+], ids=["bom", "unicode-line-separators", "system-with-chat-lines"])
+def test_prompts_file_valid_inputs_pass_the_checks(tmp_path, content):
+    """Valid files pass the file checks: the first error is the (missing) model, not the file."""
+    p = tmp_path / "reqs.jsonl"
+    p.write_bytes(content.encode("utf-8"))
+    assert_clean_error(run_cli("--model", NO_MODEL, "--prompts_file", str(p), "--system", "Be brief."),
+                       "no such file", "no-such-model")
+
+
+def test_xla_cache_dir_unusable(tmp_path):
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    assert_clean_error(run_cli("--model", NO_MODEL, "--prompt", "hi", "--xla_cache_dir", str(f / "sub")),
+                       "--xla_cache_dir", "compilation cache")

@@ -61,7 +61,8 @@ class Engine:
       weights: ``"blocks"`` (weights stay in their GGUF block formats, dequantized inside every matmul: what the
         GPU kernels read), ``"f32"`` (block formats dequantized once at load, `strata_jax.layers.linear.blocks_as_f32`:
         the same values, >= 4x the memory, much faster decode with XLA on a CPU), or ``"auto"``: ``"f32"`` when
-        every stage is on a CPU and the float32 copy takes at most `F32_RAM_FRACTION` of the machine's memory, else
+        every stage is on a CPU and the float32 copy takes at most `F32_RAM_FRACTION` of the machine's memory (the
+        cgroup's limit when lower), else
         ``"blocks"``. The choice is in ``self.weights``.
 
     Raises:
@@ -491,11 +492,27 @@ def _resolve_weights(weights: str, g, devices) -> str:
     if getattr(g, "virtual", False) or any(d.platform != "cpu" for d in devices):
         return "blocks"
     n_values = sum(int(np.prod(t.shape)) for t in g.tensors.values())
+    ram = _memory_bytes()
+    return "f32" if ram is not None and 4 * n_values <= F32_RAM_FRACTION * ram else "blocks"
+
+
+def _memory_bytes() -> int | None:
+    """The memory this process may use: the physical memory, or the cgroup's limit when lower (containers), or
+    None when neither can be read."""
+    got = []
     try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        got.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
-        return "blocks"
-    return "f32" if 4 * n_values <= F32_RAM_FRACTION * ram else "blocks"
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                v = f.read().strip()
+            if v.isdigit():
+                got.append(int(v))
+        except OSError:
+            pass
+    return min(got) if got else None
 
 
 def _device_limit(device) -> int | None:

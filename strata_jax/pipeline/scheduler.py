@@ -614,8 +614,9 @@ def read_prompts_file(path: str) -> list[PromptLine]:
     import json
 
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        with open(path, encoding="utf-8-sig") as f:  # a leading byte-order mark is not part of line 1
+            # JSON Lines ends lines with "\n" (or "\r\n") only: U+2028, U+0085, ... are legal inside a JSON string
+            lines = [ln[:-1] if ln.endswith("\r") else ln for ln in f.read().split("\n")]
     except OSError as e:
         raise StrataError(f"--prompts_file {path}: {e.strerror}") from None
     except UnicodeDecodeError as e:

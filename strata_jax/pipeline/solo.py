@@ -91,11 +91,14 @@ class GenerationStats:
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d.update(prefill_tok_s=self.prefill_tok_s, decode_tok_s=self.decode_tok_s,
+        d.update(prefill_tok_s=self.prefill_tok_s,
+                 decode_tok_s=self.decode_tok_s if self.decode_tokens_measured > 0 else None,  # n/a: all compiled
                  acceptance_rate=self.acceptance_rate, tokens_per_window=self.tokens_per_window,
-                 window_ms=self.window_ms, decode_tokens_measured=self.decode_tokens_measured,
+                 window_ms=self.window_ms if self.windows > self.compiled_windows else None,
+                 decode_tokens_measured=self.decode_tokens_measured,
                  rate_rule="decode_tok_s and window_ms leave out the windows that compiled (their tokens and their "
-                           "time); prefill_tok_s includes the compile when prefill_compiled")
+                           "time), null when every window compiled; prefill_tok_s includes the compile when "
+                           "prefill_compiled")
         d["window_tokens"] = {str(k): v for k, v in sorted(self.window_tokens.items())}
         return d
 
