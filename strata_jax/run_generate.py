@@ -269,7 +269,8 @@ def main(argv) -> int:
         return run_batch_cli(engine, FLAGS, plan["lines"])
     ids, tok = _prompt_ids(engine, plan)
     if len(ids) >= FLAGS.max_context:
-        _fail(f"prompt of {len(ids)} tokens is longer than --max_context {FLAGS.max_context}")
+        _fail(f"prompt of {len(ids)} tokens does not fit in --max_context {FLAGS.max_context} (it needs at least "
+              f"{len(ids) + 1}: the prompt and one generated token)")
     if FLAGS.stop and tok is None:
         _fail("--stop needs the model's tokenizer, and this model has no usable one")
     sampling = SamplingParams(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, FLAGS.min_p, FLAGS.seed)

@@ -82,3 +82,21 @@ def test_context_beyond_training_warns():
                 "--xla_cache_dir", "")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "warning: --max_context 4100 is beyond the 4096 positions" in proc.stderr
+
+
+@pytest.mark.slow
+def test_batch_rate_leaves_out_arrival_waits(model_path, tmp_path):
+    """A request arriving after the first one finished (10 s after the start): the wait is reported and left out of
+    tok/s."""
+    f = tmp_path / "reqs.jsonl"
+    f.write_text('{"prompt_ids": [1, 2, 3], "id": "a"}\n{"prompt_ids": [1, 2, 3], "id": "b", "arrival": 10.0}\n')
+    st = tmp_path / "stats.json"
+    proc = _run("--model", model_path("smollm2-135m"), "--prompts_file", str(f), "--batch", "2", "--max_new_tokens",
+                "2", "--max_context", "16", "--stats_json", str(st), "--xla_cache_dir", "")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    d = json.loads(st.read_text())
+    req = {r["rid"]: r for r in d["per_request"]}
+    gap = req["b"]["arrival_s"] - req["a"]["finished_s"]  # > 0 unless request a took longer than 10 s
+    assert abs(d["idle_seconds"] - max(gap, 0.0)) < 0.3, (d["idle_seconds"], gap)
+    if gap > 0.1:
+        assert "waiting for arrivals" in proc.stderr.strip().splitlines()[-1]

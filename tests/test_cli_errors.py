@@ -88,7 +88,7 @@ def test_unknown_model_name(tmp_path):
 @pytest.mark.slow
 def test_prompt_longer_than_context(model_path):
     proc = run_cli("--model", model_path("smollm2-135m"), "--prompt", "word " * 100, "--max_context", "16")
-    assert_clean_error(proc, "longer than --max_context 16")
+    assert_clean_error(proc, "does not fit in --max_context 16")
 
 
 @pytest.mark.slow
@@ -204,7 +204,7 @@ def test_prompts_file_needs_model_checks(model_path, tmp_path):
     out = tmp_path / "out.jsonl"
     f = _jsonl(tmp_path, '{"prompt": "a", "id": "short"}', '{"prompt": "' + "word " * 40 + '", "id": "long"}')
     proc = run_cli("--model", m, "--prompts_file", f, "--batch", "2", "--max_context", "16", "--out_jsonl", str(out))
-    assert_clean_error(proc, f + ":2", "'long'", "longer than --max_context 16")
+    assert_clean_error(proc, f + ":2", "'long'", "does not fit in --max_context 16")
     assert not out.exists()
 
 

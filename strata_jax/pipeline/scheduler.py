@@ -689,7 +689,8 @@ def build_requests(lines: list[PromptLine], tokenizer, *, default_max_new: int, 
                 if not ids:
                     raise StrataError("'prompt' gives no tokens")
             if max_context is not None and len(ids) >= max_context:
-                raise StrataError(f"prompt of {len(ids)} tokens is longer than --max_context {max_context}")
+                raise StrataError(f"prompt of {len(ids)} tokens does not fit in --max_context {max_context} (it "
+                                  f"needs at least {len(ids) + 1}: the prompt and one generated token)")
         except StrataError as e:
             raise StrataError(f"--prompts_file {pl.where}: request {pl.rid!r}: {e}") from None
         ds = default_sampling
@@ -768,7 +769,7 @@ def run_batch_cli(engine: Engine, FLAGS, lines: list[PromptLine] | None = None) 
 
     The summary's rate follows the solo stats line's rule: scheduler steps during which something compiled are left
     out of both the token count and the time (their count and seconds are reported; ``--stats_json`` has both
-    rates).
+    rates), and so is the time spent waiting for an ``arrival`` while no request is active.
 
     Raises:
       StrataError: no --prompts_file, a bad request, a prompt longer than --max_context, a batch that does not fit,
@@ -824,15 +825,18 @@ def run_batch_cli(engine: Engine, FLAGS, lines: list[PromptLine] | None = None) 
     compile_s0 = engine.cache.compile_seconds
     for r in reqs:
         sch.submit(r)
-    compiled_steps, compiled_s, compiled_tok = 0, 0.0, 0
+    compiled_steps, compiled_s, compiled_tok, idle_s = 0, 0.0, 0, 0.0
     t0 = time.perf_counter()
     while sch.queue or sch.active or sch._flights:
         c0, k0, ts = n_compiles(), n_tokens(), time.perf_counter()
+        was_idle = not sch.active and not sch._flights
         sch.step()
         if n_compiles() != c0:
             compiled_steps += 1
             compiled_s += time.perf_counter() - ts
             compiled_tok += n_tokens() - k0
+        elif was_idle and n_tokens() == k0 and not sch.active and not sch._flights:  # waiting for an arrival
+            idle_s += time.perf_counter() - ts
     dt = time.perf_counter() - t0
     results = [sch.results[rid] for rid in sch.order]
     for r in results:
@@ -841,10 +845,12 @@ def run_batch_cli(engine: Engine, FLAGS, lines: list[PromptLine] | None = None) 
     sys.stdout.flush()
     n = sum(len(r.tokens) for r in results)
     prop, acc = sum(r.proposed for r in results), sum(r.accepted for r in results)
-    n_run, t_run = n - compiled_tok, dt - compiled_s
+    n_run, t_run = n - compiled_tok, dt - compiled_s - idle_s
     rate = f"{n_run / t_run:.1f} tok/s" if n_run > 0 and t_run > 0 else "n/a tok/s"
+    idle = f", nor {idle_s:.1f} s waiting for arrivals" if idle_s >= 0.05 else ""
     print(f"[batch {FLAGS.batch} {res.mode} | {len(results)} requests, {n} tokens in {dt:.2f} s | {rate} without the "
-          f"{compiled_steps} step{'' if compiled_steps == 1 else 's'} that compiled ({compiled_tok} tok, {compiled_s:.1f} s) | "
+          f"{compiled_steps} step{'' if compiled_steps == 1 else 's'} that compiled ({compiled_tok} tok, {compiled_s:.1f} s)"
+          f"{idle} | "
           f"windows {sch.stats['windows']} solo {sch.stats['solo_windows']} | proposals {acc}/{prop} | "
           f"compiles {engine.cache.compiles} ({engine.cache.compile_seconds:.1f} s)]", file=sys.stderr)
     if FLAGS.out_jsonl:
@@ -853,8 +859,10 @@ def run_batch_cli(engine: Engine, FLAGS, lines: list[PromptLine] | None = None) 
         d = {"mode": res.mode, "batch": FLAGS.batch, "requests": len(results), "tokens": n, "seconds": dt,
              "tok_s": n_run / t_run if n_run > 0 and t_run > 0 else None,
              "tok_s_with_compiles": n / dt if dt > 0 else None,
+             "idle_seconds": idle_s,
              "rate_rule": "tok_s leaves out the scheduler steps during which something compiled (their tokens and "
-                          "their time); tok_s_with_compiles counts everything",
+                          "their time) and the time spent waiting for arrivals with no request active "
+                          "(idle_seconds); tok_s_with_compiles counts everything",
              "compiled_steps": compiled_steps, "compiled_step_tokens": compiled_tok,
              "compiled_step_seconds": compiled_s, **{k: v for k, v in sch.stats.items()},
              "proposed": prop, "accepted": acc, "model": str(FLAGS.model),
