@@ -17,6 +17,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 from strata_jax.gguf import open_gguf
 from strata_jax.models.random_weights import SCALE_BYTES, scale_pattern
 
+
 def write_header(src: str, out: str) -> None:
     g = open_gguf(src)
     with open(src, "rb") as f, open(out, "wb") as o:

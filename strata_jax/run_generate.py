@@ -14,8 +14,8 @@ the traceback.
 from __future__ import annotations
 
 import json
-import os
 import logging
+import os
 import sys
 
 from absl import app, flags
@@ -252,7 +252,6 @@ def main(argv) -> int:
     path = resolve_model(FLAGS.model, FLAGS.cache_dir)
     if FLAGS.xla_cache_dir:
         import jax
-
 
         jax.config.update("jax_compilation_cache_dir", FLAGS.xla_cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)

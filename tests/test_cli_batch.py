@@ -2,7 +2,6 @@
 --system and --stats_json."""
 
 import json
-import os
 import subprocess
 import sys
 

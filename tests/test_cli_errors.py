@@ -27,7 +27,6 @@ def assert_clean_error(proc, *needles):
 
 def _tiny_gguf(path, arch="llama", embd_type=None):
     import gguf
-    from gguf import GGMLQuantizationType as Q
 
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(1)

@@ -2,7 +2,6 @@
 experiments/parity/make_dense_fixtures.py): prompt logits within 1e-3 relative in f32, the first 32 greedy tokens
 identical; and the end-to-end chat answer of SmolLM2."""
 
-import json
 import os
 import subprocess
 import sys

@@ -43,9 +43,9 @@ def test_f32_at_load_equals_blocks(model_path, name):
 
 
 def _linears(engine):
-    from strata_jax.layers.linear import QLinear
-
     from flax import nnx
+
+    from strata_jax.layers.linear import QLinear
 
     return [m for st in engine.stages for _, m in nnx.iter_graph(st.module) if isinstance(m, QLinear)]
 

@@ -31,7 +31,6 @@ GGUF).
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp

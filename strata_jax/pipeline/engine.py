@@ -62,8 +62,7 @@ class Engine:
         GPU kernels read), ``"f32"`` (block formats dequantized once at load, `strata_jax.layers.linear.blocks_as_f32`:
         the same values, >= 4x the memory, much faster decode with XLA on a CPU), or ``"auto"``: ``"f32"`` when
         every stage is on a CPU and the float32 copy takes at most `F32_RAM_FRACTION` of the machine's memory (the
-        cgroup's limit when lower), else
-        ``"blocks"``. The choice is in ``self.weights``.
+        cgroup's limit when lower), else ``"blocks"``. The choice is in ``self.weights``.
 
     Raises:
       StrataError: bad file, unsupported architecture or block format, bad split, context too large, unknown
@@ -105,8 +104,7 @@ class Engine:
         if ple_stage is not None:
             self.ple_table = type(ple_stage.module).ple_table(self.gguf, self.cfg)
             self.ple_stage = ple_stage.index
-            self.ple_prev = [self.ple_table.start_prev() for _ in range(self.n_slots)]
-            self._ple_window = {}
+            self._reset_ple(self.n_slots)
         self._commit_fns = {}
         # the MTP draft layer (off until `enable_mtp`): module, params and per-slot K/V on the last stage's device
         self.mtp = None
@@ -177,6 +175,11 @@ class Engine:
         else:
             self._ple_window[tuple(slots)] = toks
         return {"ple": jax.device_put(rows_bytes, stage.device)}
+
+    def _reset_ple(self, n_slots: int) -> None:
+        """qwen4exp: each slot's committed PLE predecessor ids (host side), all at the sequence start."""
+        self.ple_prev = [self.ple_table.start_prev() for _ in range(n_slots)]
+        self._ple_window = {}
 
     def ple_commit(self, rows: Rows, keep) -> None:
         """Advance the PLE predecessors of a verify window's slots by their kept rows (host keep counts [B]).
@@ -324,9 +327,8 @@ class Engine:
         self.states = [jax.device_put(s.module.init_state(n_slots, self.max_context, self.kv_dtype), s.device)
                        for s in self.stages]
         self._commit_fns = {k: v for k, v in self._commit_fns.items() if not isinstance(k, tuple)}
-        if self.ple_table is not None:  # qwen4exp: each slot's committed PLE predecessor ids (host side)
-            self.ple_prev = [self.ple_table.start_prev() for _ in range(n_slots)]
-            self._ple_window = {}
+        if self.ple_table is not None:
+            self._reset_ple(n_slots)
         if self.mtp is not None:
             self.mtp_state = self.mtp.init_state(n_slots, self.max_context, self.kv_dtype, self.stages[-1].device)
             self._mtp_last = {}

@@ -42,8 +42,8 @@ import numpy as np
 from strata_jax.errors import StrataError
 from strata_jax.pipeline.engine import MAX_WINDOW, Engine
 from strata_jax.pipeline.groups import Resolution
-from strata_jax.sampling import SEED_MAX, RowSampling, SamplingParams
 from strata_jax.pipeline.solo import stop_strings
+from strata_jax.sampling import SEED_MAX, RowSampling, SamplingParams
 from strata_jax.state import Rows
 
 log = logging.getLogger("strata_jax")
@@ -700,24 +700,6 @@ def build_requests(lines: list[PromptLine], tokenizer, *, default_max_new: int, 
         reqs.append(Request(ids, int(d.get("max_new_tokens", default_max_new)), samp, tuple(stop_ids), stop,
                             float(d.get("arrival", d.get("arrival_offset", 0.0))), rid=pl.rid, text=text))
     return reqs
-
-
-def load_prompts_file(path: str, tokenizer, *, default_max_new: int, default_sampling: SamplingParams,
-                      system: str | None = None, stop_ids=(), default_chat: bool = False,
-                      vocab_size: int | None = None, max_context: int | None = None) -> list[Request]:
-    """Requests from a JSONL file, one object per line (`read_prompts_file` + `build_requests`).
-
-    Keys: ``prompt`` (text; or ``prompt_ids``: list[int]), ``chat`` (bool: wrap in the chat template; default
-    ``default_chat``), ``max_new_tokens``, ``seed``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``arrival``
-    (offset in seconds), ``id`` (a string or a number, unique). Missing keys take the command line's values.
-
-    Raises:
-      StrataError: unreadable file, a line that is not a JSON object, an unknown key, a bad value, a duplicate id,
-        a line without a prompt, a prompt longer than ``max_context``.
-    """
-    return build_requests(read_prompts_file(path), tokenizer, default_max_new=default_max_new,
-                          default_sampling=default_sampling, default_chat=default_chat, system=system,
-                          stop_ids=stop_ids, vocab_size=vocab_size, max_context=max_context)
 
 
 def write_jsonl(path: str, results: list[RequestResult], tokenizer=None) -> None:

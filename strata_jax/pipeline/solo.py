@@ -53,6 +53,15 @@ class GenerationStats:
     compiled_round_seconds: float = 0.0    # their whole rounds, proposing included (as decode_seconds counts them)
     prefill_compiled: bool = False
 
+    def add_compiled_window(self, tokens: int, window_seconds: float, round_seconds: float) -> None:
+        """Count a window during which something compiled: its kept ``tokens``, its engine-call seconds (as
+        ``window_seconds`` counts them) and its whole round's seconds (as ``decode_seconds`` counts them), all left
+        out of the rates."""
+        self.compiled_windows += 1
+        self.compiled_window_tokens += tokens
+        self.compiled_window_seconds += window_seconds
+        self.compiled_round_seconds += round_seconds
+
     @property
     def prefill_tok_s(self) -> float:
         """Prompt tokens per second of the prefill; when the prefill compiled (``prefill_compiled``) the time
@@ -209,10 +218,7 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
         stats.window_seconds += dtw
         stats.windows += 1
         if engine.cache.compiles != c0:  # its one token is the next one appended
-            stats.compiled_windows += 1
-            stats.compiled_window_tokens += 1
-            stats.compiled_window_seconds += dtw
-            stats.compiled_round_seconds += dtw
+            stats.add_compiled_window(1, dtw, dtw)
         if dump_logits:
             step_logits.append(np.asarray(res.device_out["logits"][0, 0]))
         token = int(res.picks[0, 0])
@@ -326,10 +332,7 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
         stats.window_seconds += now - tw
         stats.windows += 1
         if n_compiles() != c0:  # proposing, the window or the commit compiled: out of the rates (tokens and time)
-            stats.compiled_windows += 1
-            stats.compiled_window_tokens += kept
-            stats.compiled_window_seconds += now - tw
-            stats.compiled_round_seconds += now - tr
+            stats.add_compiled_window(kept, now - tw, now - tr)
         stats.window_tokens[kept] = stats.window_tokens.get(kept, 0) + 1
         if k:
             acc = n_keep - 1

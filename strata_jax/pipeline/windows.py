@@ -33,7 +33,6 @@ class CompileCache:
         self._fns: collections.OrderedDict[Hashable, Callable] = collections.OrderedDict()
         self.compiles = 0
         self.compile_seconds = 0.0
-        self.log: list[tuple[str, float]] = []  # (kind of call, seconds) per compile
         self.evictions = 0
 
     def get(self, key: Hashable, build: Callable[[], Callable]) -> Callable:
@@ -54,7 +53,6 @@ class CompileCache:
             jax.block_until_ready(out)
             dt = time.perf_counter() - t0
             cache.compile_seconds += dt
-            cache.log.append((key[1] if isinstance(key, tuple) and len(key) > 1 else str(key), dt))
             log.info("compiled %s in %.2f s", key, dt)
             cache._fns[key] = jitted
             return out
@@ -65,15 +63,6 @@ class CompileCache:
             self._fns.popitem(last=False)
             self.evictions += 1
         return first_call
-
-    def compile_log_since(self, seconds_before: float) -> list[tuple[str, float]]:
-        """The compiles logged after the cache had spent ``seconds_before`` compiling (kind, seconds)."""
-        out, acc = [], 0.0
-        for kind, dt in self.log:
-            if acc >= seconds_before - 1e-9:
-                out.append((kind, dt))
-            acc += dt
-        return out
 
     def __len__(self) -> int:
         return len(self._fns)

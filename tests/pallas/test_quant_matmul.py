@@ -11,7 +11,7 @@ from strata_jax.errors import UnsupportedError
 from strata_jax.gguf.blocks import dequantize
 from strata_jax.pallas import dispatch
 from strata_jax.pallas.quant_matmul import qmatmul
-from strata_jax.pallas.quant_matmul.formats import FORMATS, decode_rows_jnp
+from strata_jax.pallas.quant_matmul.formats import decode_rows_jnp
 
 from pallas_testlib import IMPLS, assert_bits_equal, random_weight
 
