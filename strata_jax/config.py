@@ -19,7 +19,8 @@ import dataclasses
 import math
 from typing import Any
 
-from strata_jax.errors import StrataError, UnsupportedError
+from strata_jax.errors import UnsupportedError
+from strata_jax.gguf.metadata import get_array, get_float, get_int, key_error
 
 DENSE_ARCHS = ("llama", "qwen2", "gemma3")
 HYBRID_ARCHS = ("qwen35moe", "qwen3next", "qwen4exp")
@@ -82,17 +83,20 @@ class ModelConfig:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
 
-def require_key(md: dict, key: str, path: str):
-    """``md[key]``, or StrataError naming the file and the missing key."""
-    if key not in md:
-        raise StrataError(f"{path}: GGUF metadata lacks {key!r}")
-    return md[key]
+# Ranges of the metadata counts (generous: real files stay far below; they keep a hostile file from sizing a huge
+# allocation before any tensor is read).
+MAX_LAYERS = 1 << 12
+MAX_HEADS = 1 << 12
+MAX_WIDTH = 1 << 20
+MAX_VOCAB = 1 << 24
+MAX_EXPERTS = 1 << 16
+MAX_TOKEN_ID = (1 << 31) - 1
 
 
 def vocab_size(g, arch: str) -> int:
     """``{arch}.vocab_size``, else the tokenizer's token count, else the rows of ``token_embd``."""
-    tokens = g.metadata.get("tokenizer.ggml.tokens")
-    vocab = int(g.metadata.get(arch + ".vocab_size", len(tokens) if tokens is not None else 0))
+    tokens = get_array(g, "tokenizer.ggml.tokens", None, of="str")
+    vocab = get_int(g, arch + ".vocab_size", len(tokens) if tokens is not None else 0, min=1, max=MAX_VOCAB)
     if vocab == 0 and g.has("token_embd.weight"):
         vocab = g.info("token_embd.weight").shape[0]
     return vocab
@@ -110,30 +114,41 @@ def base_fields(g, *, n_layer: int, n_ff: int, rope_fraction: int = 1) -> dict[s
         hybrids' partial RoPE: 4).
 
     Raises:
-      StrataError: ``embedding_length`` or ``attention.head_count`` is missing.
+      StrataError: ``embedding_length`` or ``attention.head_count`` is missing, or a key has the wrong type or is
+        out of range (`strata_jax.gguf.metadata`).
     """
-    md, arch, path = g.metadata, g.architecture, g.path
+    arch = g.architecture
     p = arch + "."
-    n_embd = int(require_key(md, p + "embedding_length", path))
-    n_head = int(require_key(md, p + "attention.head_count", path))
-    head_dim = int(md.get(p + "attention.key_length", n_embd // n_head))
+    n_embd = get_int(g, p + "embedding_length", min=1, max=MAX_WIDTH)
+    n_head = get_int(g, p + "attention.head_count", min=1, max=MAX_HEADS)
+    head_dim = get_int(g, p + "attention.key_length", n_embd // n_head, min=1, max=MAX_WIDTH)
+    n_head_kv = get_int(g, p + "attention.head_count_kv", n_head, min=1, max=MAX_HEADS)
+    rope_dim = get_int(g, p + "rope.dimension_count", head_dim // rope_fraction, min=0, max=MAX_WIDTH)
+    # relations between the keys (what the attention layers assume)
+    if head_dim < 1:
+        raise key_error(g, p + "attention.head_count", f"at most {p}embedding_length ({n_embd})", n_head)
+    if n_head % n_head_kv:
+        raise key_error(g, p + "attention.head_count_kv", f"a divisor of {p}attention.head_count ({n_head})",
+                        n_head_kv)
+    if rope_dim > head_dim or rope_dim % 2:
+        raise key_error(g, p + "rope.dimension_count", f"even and at most the head width ({head_dim})", rope_dim)
     return dict(
         arch=arch,
         n_layer=n_layer,
         n_embd=n_embd,
         n_head=n_head,
-        n_head_kv=int(md.get(p + "attention.head_count_kv", n_head)),
+        n_head_kv=n_head_kv,
         head_dim=head_dim,
         n_ff=n_ff,
         vocab_size=vocab_size(g, arch),
-        rms_eps=float(md.get(p + "attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(md.get(p + "rope.freq_base", 10000.0)),
-        rope_dim=int(md.get(p + "rope.dimension_count", head_dim // rope_fraction)),
-        context_length=int(md.get(p + "context_length", 4096)),
+        rms_eps=get_float(g, p + "attention.layer_norm_rms_epsilon", 1e-6, positive=True, max=1.0),
+        rope_theta=get_float(g, p + "rope.freq_base", 10000.0, positive=True),
+        rope_dim=rope_dim,
+        context_length=get_int(g, p + "context_length", 4096, min=1, max=1 << 40),
         tied_head=not g.has("output.weight"),
         attn_scale=1.0 / math.sqrt(head_dim),
-        bos_id=int(md.get("tokenizer.ggml.bos_token_id", -1)),
-        eos_id=int(md.get("tokenizer.ggml.eos_token_id", -1)),
+        bos_id=get_int(g, "tokenizer.ggml.bos_token_id", -1, min=-1, max=MAX_TOKEN_ID),
+        eos_id=get_int(g, "tokenizer.ggml.eos_token_id", -1, min=-1, max=MAX_TOKEN_ID),
     )
 
 
@@ -142,9 +157,9 @@ def config_from_gguf(g) -> ModelConfig:
 
     Raises:
       UnsupportedError: an architecture outside `SUPPORTED_ARCHS`.
-      StrataError: a required key is missing.
+      StrataError: a required key is missing, or a key has the wrong type or is out of range.
     """
-    md, arch, path = g.metadata, g.architecture, g.path
+    arch, path = g.architecture, g.path
     if arch not in SUPPORTED_ARCHS:
         raise UnsupportedError(f"{path}: unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
     if arch in HYBRID_ARCHS:
@@ -152,12 +167,12 @@ def config_from_gguf(g) -> ModelConfig:
 
         return hybrid_config_from_gguf(g)
     p = arch + "."
-    kw = base_fields(g, n_layer=int(require_key(md, p + "block_count", path)),
-                     n_ff=int(require_key(md, p + "feed_forward_length", path)))
+    kw = base_fields(g, n_layer=get_int(g, p + "block_count", min=1, max=MAX_LAYERS),
+                     n_ff=get_int(g, p + "feed_forward_length", min=1, max=MAX_WIDTH))
     n_layer, n_embd, head_dim = kw["n_layer"], kw["n_embd"], kw["head_dim"]
     kw.update(rope_neox=arch != "llama", attn_bias=g.has("blk.0.attn_q.bias"))
     if arch == "gemma3":
-        window = int(md.get(p + "attention.sliding_window", 512))
+        window = get_int(g, p + "attention.sliding_window", 512, min=1, max=1 << 40)
         kw.update(
             sliding_window=window,
             # HF Gemma3TextConfig: sliding_window_pattern 6 -> layer i is global iff (i + 1) % 6 == 0.
@@ -168,7 +183,7 @@ def config_from_gguf(g) -> ModelConfig:
             mlp_act="gelu_tanh",
             embed_scale=math.sqrt(n_embd),
             # HF Gemma3: query_pre_attn_scalar = 256 for the 270M model = head_dim.
-            attn_scale=float(md.get(p + "attention.scale", 1.0 / math.sqrt(head_dim))),
+            attn_scale=get_float(g, p + "attention.scale", 1.0 / math.sqrt(head_dim), positive=True),
         )
     else:
         kw["layer_local"] = (False,) * n_layer

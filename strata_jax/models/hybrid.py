@@ -36,14 +36,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from strata_jax.config import ModelConfig, base_fields, require_key
+from strata_jax.config import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_TOKEN_ID, MAX_WIDTH, ModelConfig, base_fields
 from strata_jax.errors import StrataError, UnsupportedError
+from strata_jax.gguf.metadata import get_array, get_int, key_error
 from strata_jax.layers.gdn import GatedDeltaNet, conv_tail
 from strata_jax.layers.hyper import GatedResidual, hc_write
 from strata_jax.layers.linear import Embedding, QLinear, head_logits, load_f32
 from strata_jax.layers.moe import MoE
 from strata_jax.layers.norms import RMSNorm
-from strata_jax.layers.ple import PLEBlock, PLETable, dequant_rows
+from strata_jax.layers.ple import TABLE as PLE_TABLE, PLEBlock, PLETable, dequant_rows
 from strata_jax.layers.qsa import GatedAttention
 from strata_jax.layers.stack import group_runs
 from strata_jax.state import Rows
@@ -103,70 +104,87 @@ def hybrid_config_from_gguf(g) -> HybridConfig:
 
     Raises:
       UnsupportedError: another architecture.
-      StrataError: a required key is missing.
+      StrataError: a required key is missing, or a key has the wrong type or is out of range
+        (`strata_jax.gguf.metadata`).
     """
-    md, arch, path = g.metadata, g.architecture, g.path
+    arch, path = g.architecture, g.path
     if arch not in ("qwen35moe", "qwen3next", "qwen4exp"):
         raise UnsupportedError(f"{path}: hybrid architecture {arch!r} is not implemented "
                                "(qwen35moe, qwen3next, qwen4exp)")
     p = arch + "."
-    n_nextn = int(md.get(p + "nextn_predict_layers", 0))
-    n_layer = int(require_key(md, p + "block_count", path)) - n_nextn
-    base = base_fields(g, n_layer=n_layer, n_ff=int(md.get(p + "feed_forward_length", 0)), rope_fraction=4)
-    rec = md.get(p + "attention.recurrent_layers")
+    n_nextn = get_int(g, p + "nextn_predict_layers", 0, min=0, max=MAX_LAYERS)
+    n_layer = get_int(g, p + "block_count", min=n_nextn + 1, max=MAX_LAYERS + n_nextn) - n_nextn
+    base = base_fields(g, n_layer=n_layer, n_ff=get_int(g, p + "feed_forward_length", 0, min=0, max=MAX_WIDTH),
+                       rope_fraction=4)
+    rec = get_array(g, p + "attention.recurrent_layers", None, of="bool", min_length=n_layer)
     if rec is not None:
-        rec = tuple(bool(r) for r in list(rec)[:n_layer])
+        rec = rec[:n_layer]
     else:
-        interval = int(md.get(p + "full_attention_interval", 4))
+        interval = get_int(g, p + "full_attention_interval", 4, min=1, max=MAX_LAYERS)
         rec = tuple((i + 1) % interval != 0 for i in range(n_layer))
-    v_heads = int(require_key(md, p + "ssm.time_step_rank", path))
+    v_heads = get_int(g, p + "ssm.time_step_rank", min=1, max=MAX_HEADS)
     extra = {}
     if arch == "qwen4exp":
-        ratios = md.get(p + "attention.compress_ratios")
-        ratios = tuple(int(r) for r in list(ratios)[:n_layer]) if ratios is not None else (0,) * n_layer
+        ratios = get_array(g, p + "attention.compress_ratios", None, of="int", min_length=n_layer, min=0,
+                           max=MAX_WIDTH)
+        ratios = ratios[:n_layer] if ratios is not None else (0,) * n_layer
         extra = dict(
-            hc=int(require_key(md, p + "hyper_connection.count", path)),
-            hc_lowrank=int(md.get(p + "hyper_connection.low_rank", 0)),
-            idx_heads=int(require_key(md, p + "attention.indexer.head_count", path)),
-            idx_head_dim=int(require_key(md, p + "attention.indexer.key_length", path)),
-            idx_budget=int(require_key(md, p + "attention.indexer.top_k", path)),
+            hc=get_int(g, p + "hyper_connection.count", min=1, max=MAX_HEADS),
+            hc_lowrank=get_int(g, p + "hyper_connection.low_rank", 0, min=0, max=MAX_WIDTH),
+            idx_heads=get_int(g, p + "attention.indexer.head_count", min=1, max=MAX_HEADS),
+            idx_head_dim=get_int(g, p + "attention.indexer.key_length", min=1, max=MAX_WIDTH),
+            idx_budget=get_int(g, p + "attention.indexer.top_k", min=1, max=1 << 40),
             idx_ratio=ratios,
-            ple_layers=tuple(int(v) for v in list(md.get(p + "ple.layers", []))),
+            ple_layers=get_array(g, p + "ple.layers", (), of="int", min=0, max=n_layer - 1),
         )
         if extra["ple_layers"]:
+            ngram = get_int(g, p + "ple.ngram_size", min=2, max=64)
+            hpn = get_int(g, p + "ple.heads_per_ngram", min=1, max=MAX_HEADS)
+            n_ple_heads = (ngram - 1) * hpn  # bigram .. ngram heads (strata_jax.layers.ple)
             extra.update(
-                ple_ngram=int(require_key(md, p + "ple.ngram_size", path)),
-                ple_heads_per_ngram=int(require_key(md, p + "ple.heads_per_ngram", path)),
-                ple_conv=int(md.get(p + "ple.conv_kernel", 4)),
-                ple_eos=int(md.get(p + "ple.eos_token_id", md.get("tokenizer.ggml.eos_token_id", -1))),
-                ple_mult=tuple(int(v) for v in list(require_key(md, p + "ple.layer_multipliers", path))),
-                ple_sizes=tuple(int(v) for v in list(require_key(md, p + "ple.head_vocab_sizes", path))),
-                ple_offsets=tuple(int(v) for v in list(require_key(md, p + "ple.head_offsets", path))),
+                ple_ngram=ngram,
+                ple_heads_per_ngram=hpn,
+                ple_conv=get_int(g, p + "ple.conv_kernel", 4, min=1, max=1 << 10),
+                ple_eos=get_int(g, p + "ple.eos_token_id", base["eos_id"], min=-1, max=MAX_TOKEN_ID),
+                ple_mult=get_array(g, p + "ple.layer_multipliers", of="int", length=ngram, min=1, max=(1 << 63) - 1),
+                ple_sizes=get_array(g, p + "ple.head_vocab_sizes", of="int", length=n_ple_heads, min=1,
+                                    max=1 << 40),
+                ple_offsets=get_array(g, p + "ple.head_offsets", of="int", length=n_ple_heads, min=0, max=1 << 40),
             )
+            ends = [o + s for o, s in zip(extra["ple_offsets"], extra["ple_sizes"])]
+            if g.has(PLE_TABLE) and max(ends) > g.info(PLE_TABLE).shape[0]:
+                raise key_error(g, p + "ple.head_offsets", f"inside the {g.info(PLE_TABLE).shape[0]} rows of "
+                                f"{PLE_TABLE} (each plus its ple.head_vocab_sizes entry)", extra["ple_offsets"])
             if len(extra["ple_layers"]) > 1:
                 raise UnsupportedError(f"{path}: {len(extra['ple_layers'])} PLE layers (one table and one hash "
                                        "parameter set per file are read)")
+    ssm_k_heads = get_int(g, p + "ssm.group_count", min=1, max=MAX_HEADS)
+    inner = get_int(g, p + "ssm.inner_size", min=1, max=MAX_WIDTH)
+    n_expert = get_int(g, p + "expert_count", min=1, max=MAX_EXPERTS)
+    # relations between the keys (what the GDN and MoE layers assume)
+    if inner % v_heads:
+        raise key_error(g, p + "ssm.inner_size", f"a multiple of {p}ssm.time_step_rank ({v_heads})", inner)
+    if v_heads % ssm_k_heads:
+        raise key_error(g, p + "ssm.group_count", f"a divisor of {p}ssm.time_step_rank ({v_heads})", ssm_k_heads)
     return HybridConfig(
         **base,
         **extra,
         rope_neox=True,
         layer_local=(False,) * n_layer,
         layer_recurrent=rec,
-        ssm_k_heads=int(require_key(md, p + "ssm.group_count", path)),
+        ssm_k_heads=ssm_k_heads,
         ssm_v_heads=v_heads,
-        ssm_d_k=int(require_key(md, p + "ssm.state_size", path)),
-        ssm_d_v=int(require_key(md, p + "ssm.inner_size", path)) // v_heads,
-        ssm_conv=int(md.get(p + "ssm.conv_kernel", 4)),
+        ssm_d_k=get_int(g, p + "ssm.state_size", min=1, max=MAX_WIDTH),
+        ssm_d_v=inner // v_heads,
+        ssm_conv=get_int(g, p + "ssm.conv_kernel", 4, min=1, max=1 << 10),
         v_order="grouped" if arch == "qwen3next" else "tiled",
         gdn_gate="sigmoid" if arch == "qwen4exp" else "silu",
-        n_expert=int(require_key(md, p + "expert_count", path)),
-        n_expert_used=int(require_key(md, p + "expert_used_count", path)),
-        expert_ff=int(md.get(p + "expert_feed_forward_length", 0)),
-        shared_ff=int(md.get(p + "expert_shared_feed_forward_length", 0)),
+        n_expert=n_expert,
+        n_expert_used=get_int(g, p + "expert_used_count", min=1, max=n_expert),
+        expert_ff=get_int(g, p + "expert_feed_forward_length", 0, min=0, max=MAX_WIDTH),
+        shared_ff=get_int(g, p + "expert_shared_feed_forward_length", 0, min=0, max=MAX_WIDTH),
         n_nextn=n_nextn,
     )
-
-
 
 
 def make_mixer(g, cfg: HybridConfig, i: int, device=None):
