@@ -207,7 +207,8 @@ def test_nested_arrays(tmp_path):
         assert isinstance(x, list) and len(x) == 2
         x = x[1]
     np.testing.assert_array_equal(x, [7, 8])
-    _refused(tmp_path, E.add_kv(lay, E.kv("x.nested", E.ARR, (E.ARR, [v]))), f"nested more than {reader.MAX_ARRAY_DEPTH}")
+    _refused(tmp_path, E.add_kv(lay, E.kv("x.nested", E.ARR, (E.ARR, [v]))),
+             f"nested more than {reader.MAX_ARRAY_DEPTH}")
     for _ in range(500):
         v = (E.ARR, [v])
     _refused(tmp_path, E.add_kv(lay, E.kv("x.deep", E.ARR, v)), "nested more than", "metadata key 'x.deep'")

@@ -25,10 +25,9 @@ from strata_jax.errors import StrataError
 REQUIRED = object()
 """Default of the getters: the key must be present (else ``<file>: GGUF metadata lacks 'X'``)."""
 
-_min, _max = min, max  # the builtins, shadowed below by the getters' range arguments
 
 
-def short_repr(v: Any, limit: int = 60) -> str:
+def short_repr(v: Any, limit: int = 80) -> str:
     """``repr(v)`` cut to ``limit`` characters; arrays named by element type and length (for messages)."""
     if isinstance(v, np.ndarray):
         return f"array of {v.size} {v.dtype}"
@@ -105,7 +104,10 @@ def get_float(g, key: str, default: Any = REQUIRED, *, min: float | None = None,
     found, v = _lookup(g, key, default)
     if not found:
         return v
-    what = _range_text("a finite number" + (" > 0" if positive else ""), min, max)
+    if positive and min is None:
+        what = f"a finite number in (0, {max}]" if max is not None else "a finite number > 0"
+    else:
+        what = _range_text("a finite number", min, max)
     if not _is_number(v):
         _fail(g, key, what, v)
     f = float(v)
@@ -151,18 +153,31 @@ def get_bool(g, key: str, default: Any = REQUIRED):
 
 
 _ELEMENT = {"int": "integers", "float": "finite numbers", "str": "strings", "bool": "bools"}
+_DTYPE_KINDS = {"int": "iu", "float": "iuf", "bool": "biu", "str": ""}
 
 
-def get_array(g, key: str, default: Any = REQUIRED, *, of: str, length: int | None = None,
-              min_length: int = 0, min: float | None = None, max: float | None = None):
-    """The array value of ``key`` as a tuple of Python values of kind ``of`` (``"int"``, ``"float"``, ``"str"``,
-    ``"bool"``), with exactly ``length`` (or at least ``min_length``) elements, numbers in ``[min, max]``.
+def _element_type_ok(t: type, of: str) -> bool:
+    if of == "str":
+        return t is str
+    integer = issubclass(t, (int, np.integer)) and not issubclass(t, (bool, np.bool_))
+    if of == "int":
+        return integer
+    if of == "float":
+        return integer or issubclass(t, (float, np.floating))
+    return integer or issubclass(t, (bool, np.bool_))
+
+
+def get_array(g, key: str, default: Any = REQUIRED, *, of: str, length: int | None = None, min_length: int = 0,
+              min: float | None = None, max: float | None = None, as_numpy: bool = False):
+    """The array value of ``key``: elements of kind ``of`` (``"int"``, ``"float"``, ``"str"``, ``"bool"``), exactly
+    ``length`` (or at least ``min_length``) of them, numbers in ``[min, max]``.
 
     A numeric array read from a file is a numpy array; its dtype must match ``of`` (``"float"`` also takes integer
     dtypes). A bool array also accepts integer elements 0 and 1 (converters write layer masks either way).
 
     Returns:
-      A tuple, or ``default`` (unchecked) when the key is absent.
+      A tuple of Python values, or with ``as_numpy`` (numeric kinds) a 1-D numpy array (the stored one when it is
+      already one: no copy), or ``default`` (unchecked) when the key is absent.
 
     Raises:
       StrataError: the key is absent and required, not an array of that kind, of another length, or an element is
@@ -172,40 +187,38 @@ def get_array(g, key: str, default: Any = REQUIRED, *, of: str, length: int | No
     if not found:
         return v
     n = f"{length} " if length is not None else (f"at least {min_length} " if min_length else "")
-    what = _range_text(f"an array of {n}{_ELEMENT[of]}", min, max) if of in ("int", "float") else \
-        f"an array of {n}{_ELEMENT[of]}"
+    what = f"an array of {n}{_ELEMENT[of]}"
+    if of in ("int", "float"):
+        what = _range_text(what, min, max)
     if isinstance(v, np.ndarray):
-        if v.ndim != 1:
+        if v.ndim != 1 or v.dtype.kind not in _DTYPE_KINDS[of]:
             _fail(g, key, what, v)
-        kind = v.dtype.kind
-        ok = {"int": kind in "iu", "float": kind in "iuf", "bool": kind in "biu", "str": False}[of]
-        if not ok:
-            _fail(g, key, what, v)
-        if of == "float" and kind == "f" and not np.isfinite(v).all():
-            _fail(g, key, what, v)
-        vals = v.tolist()
+        arr = v
     elif isinstance(v, (list, tuple)):
-        vals = list(v)
-        check = {"int": _is_int, "float": _is_number, "str": lambda x: isinstance(x, str),
-                 "bool": lambda x: isinstance(x, (bool, np.bool_)) or (_is_int(x) and x in (0, 1))}[of]
-        if not all(check(x) for x in vals):
+        if not all(_element_type_ok(t, of) for t in set(map(type, v))):
             _fail(g, key, what, v)
-        if of == "float" and not all(math.isfinite(float(x)) for x in vals):
-            _fail(g, key, what, v)
+        if of == "str":
+            arr = None
+        else:
+            try:
+                arr = np.asarray(v) if v else np.zeros(0, np.int64)
+            except OverflowError:  # Python ints beyond 64 bits
+                arr = None
+            if arr is None or arr.dtype.kind == "O":  # e.g. -1 and 2**63 in one list
+                _fail(g, key, what, v)
     else:
         _fail(g, key, what, v)
-    if (length is not None and len(vals) != length) or len(vals) < min_length:
+    if (length is not None and len(v) != length) or len(v) < min_length:
         _fail(g, key, what, v)
-    if of in ("int", "float") and vals and ((min is not None and _min(vals) < min) or
-                                             (max is not None and _max(vals) > max)):
-        _fail(g, key, what, v)
-    if of == "bool":
-        if any(x not in (0, 1) for x in vals):
+    if arr is None:
+        return tuple(v)
+    if arr.size:
+        lo, hi = arr.min().item(), arr.max().item()
+        bad = (of == "float" and not (math.isfinite(lo) and math.isfinite(hi))) or (of == "bool" and (lo < 0 or hi > 1))
+        if bad or (min is not None and lo < min) or (max is not None and hi > max):
             _fail(g, key, what, v)
-        return tuple(bool(x) for x in vals)
-    if of == "int":
-        return tuple(int(x) for x in vals)
-    if of == "float":
-        return tuple(float(x) for x in vals)
-    return tuple(vals)
-
+    if of == "bool":
+        arr = arr.astype(bool)
+    if as_numpy:
+        return arr
+    return tuple(arr.tolist())

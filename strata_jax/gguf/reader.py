@@ -23,7 +23,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from strata_jax.errors import StrataError
-from strata_jax.gguf.metadata import get_str, key_error
+from strata_jax.gguf.metadata import get_str, key_error, short_repr
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -253,8 +253,8 @@ class GGUFFile:
             if not key:
                 c.fail("empty metadata key")
             if key in self.metadata:
-                raise StrataError(f"{self.path}: duplicate metadata key {key!r}")
-            c.where = f"metadata key {key!r}"
+                raise StrataError(f"{self.path}: duplicate metadata key {short_repr(key)}")
+            c.where = f"metadata key {short_repr(key)}"
             vtype = c.u32()
             self.metadata[key] = c.value(vtype)
         c.where = ""
@@ -268,9 +268,9 @@ class GGUFFile:
             c.where = f"tensor info {i}"
             name = self._tensor_name(c)
             if name in names:
-                raise StrataError(f"{self.path}: duplicate tensor name {name!r}")
+                raise StrataError(f"{self.path}: duplicate tensor name {short_repr(name)}")
             names.add(name)
-            c.where = f"tensor {name!r}"
+            c.where = f"tensor {short_repr(name)}"
             n_dims = c.u32()
             if n_dims > MAX_DIMS:
                 c.fail(f"{n_dims} dims (at most {MAX_DIMS})")
@@ -296,15 +296,16 @@ class GGUFFile:
         for name, shape, qtype, offset, nbytes in infos:
             start = self.data_offset + offset
             if (start + nbytes > size and not header_only) or start + nbytes > _MAX_INT64:
-                raise StrataError(f"{self.path}: tensor {name!r} ({qtype.name}, shape {shape}) ends at byte "
+                raise StrataError(f"{self.path}: tensor {short_repr(name)} ({qtype.name}, shape {shape}) ends at byte "
                                   f"{start + nbytes}, beyond the end of the file ({size} bytes): truncated GGUF file "
                                   "or corrupt tensor info")
             self.tensors[name] = TensorInfo(name, shape, qtype, start, nbytes)
         prev = None
         for t in sorted(self.tensors.values(), key=lambda t: t.offset):
             if prev is not None and t.offset < prev.offset + prev.nbytes:
-                raise StrataError(f"{self.path}: tensors {prev.name!r} (bytes {prev.offset}..{prev.offset + prev.nbytes}) "
-                                  f"and {t.name!r} (from byte {t.offset}) overlap")
+                raise StrataError(f"{self.path}: tensors {short_repr(prev.name)} (bytes {prev.offset}.."
+                                  f"{prev.offset + prev.nbytes}) and {short_repr(t.name)} (from byte {t.offset}) "
+                                  "overlap")
             prev = t
 
     def _tensor_name(self, c: _Cursor) -> str:
