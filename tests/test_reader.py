@@ -259,3 +259,18 @@ def test_failed_open_leaves_no_map(tmp_path, monkeypatch):
     lay = E.layout()
     _refused(tmp_path, E.set_field(lay.data, E.part(lay, "tensor:output.weight:dim1"), 0), "every dim")
     assert len(maps) == 1 and maps[0].closed
+
+
+def test_header_only(tmp_path):
+    """A header copy (cut where the tensor data starts) opens with header_only: the same tensor table, no data."""
+    lay = E.layout()
+    full = _open(tmp_path, lay.data, "full.gguf")
+    p = tmp_path / "header.gguf"
+    p.write_bytes(lay.data[:lay.data_offset])
+    g = open_gguf(p, header_only=True)
+    assert {n: (t.shape, t.qtype, t.offset) for n, t in g.tensors.items()} == \
+        {n: (t.shape, t.qtype, t.offset) for n, t in full.tensors.items()}
+    with pytest.raises(StrataError, match="has no data in this file"):
+        g.tensor_bytes("output.weight")
+    with pytest.raises(StrataError, match="truncated GGUF file"):
+        open_gguf(p)

@@ -26,7 +26,6 @@ REQUIRED = object()
 """Default of the getters: the key must be present (else ``<file>: GGUF metadata lacks 'X'``)."""
 
 
-
 def short_repr(v: Any, limit: int = 80) -> str:
     """``repr(v)`` cut to ``limit`` characters; arrays named by element type and length (for messages)."""
     if isinstance(v, np.ndarray):

@@ -8,6 +8,10 @@ Why our own parser: ``gguf.GGUFReader`` builds numpy views for every field (16 s
 2-core machine). Here numeric arrays become one ``np.frombuffer`` each and string arrays are decoded in one pass over
 the memory map, so the same header reads in well under 2 s. Tensor data is never copied: ``GGUFFile.tensor_bytes``
 returns a read-only view into the memory map.
+
+Files come from strangers, so every field is validated as it is read (see `GGUFFile`; limits after ggml's
+``gguf.cpp``): a file is refused with one `StrataError` line, or it is a consistent set of tensors inside the file.
+Typed reads of the metadata values are in `strata_jax.gguf.metadata`.
 """
 
 from __future__ import annotations
