@@ -178,7 +178,7 @@ def main():
 
 
 def _n_layer(path: str) -> int:
-    from strata_jax.config import config_from_gguf
+    from strata_jax.models.registry import config_from_gguf
     from strata_jax.gguf import open_gguf
 
     return config_from_gguf(open_gguf(path)).n_layer

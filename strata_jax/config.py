@@ -1,16 +1,9 @@
-"""Typed model configurations, built from GGUF metadata.
+"""The configuration every model family shares, and the GGUF key reading all of them do the same way.
 
-One `ModelConfig` describes every family the engine runs. `config_from_gguf` reads the ``{arch}.*`` keys written
-by llama.cpp's converter (gguf-py ``Keys``); facts a family's files do not state are set here, each with its source:
-
-- gemma3: every 6th layer is global (``(i + 1) % 6 == 0``), the others slide over 512 cells; local RoPE base 10000
-  (HF ``Gemma3TextConfig``: ``sliding_window_pattern = 6``, ``rope_local_base_freq = 10000``; llama.cpp
-  ``LLM_ARCH_GEMMA3``). Token embeddings are scaled by sqrt(hidden); the GGUF norm weights already include +1.
-- llama: the converter permutes Q/K rows so that RoPE rotates adjacent pairs ("normal"/interleaved RoPE in ggml).
-- qwen2: NeoX (half-split) RoPE, Q/K/V biases.
-
-Hybrid families (qwen35moe, qwen3next, qwen4exp) extend this config in `strata_jax.models` (their keys are read
-there, next to the code that uses them).
+`ModelConfig` is the typed geometry and numerics of a model; each family (one file in `strata_jax.models`, looked up
+by ``general.architecture`` in `strata_jax.models.registry`) reads its own ``{arch}.*`` keys into it, or into a
+subclass with its extra fields, and writes down there the facts its files do not state. `base_fields` is the part
+of that reading common to every family (llama.cpp's converters write these keys the same way for all of them).
 """
 
 from __future__ import annotations
@@ -19,24 +12,20 @@ import dataclasses
 import math
 from typing import Any
 
-from strata_jax.errors import UnsupportedError
 from strata_jax.gguf.metadata import get_array, get_float, get_int, key_error
-
-DENSE_ARCHS = ("llama", "qwen2", "gemma3")
-HYBRID_ARCHS = ("qwen35moe", "qwen3next", "qwen4exp")
-SUPPORTED_ARCHS = DENSE_ARCHS + HYBRID_ARCHS
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Geometry and numerics of a dense transformer (the fields every family shares).
+    """Geometry and numerics of a decoder-only transformer: the fields every family shares (a family with more
+    subclasses it, e.g. `strata_jax.models.hybrid.HybridConfig`).
 
     Attributes:
       arch: GGUF ``general.architecture``.
       n_layer: transformer blocks (trunk only).
       n_embd: hidden size.
       n_head / n_head_kv / head_dim: attention heads, KV heads (GQA), per-head width.
-      n_ff: MLP width.
+      n_ff: MLP width (0 for the MoE families without a dense FFN).
       vocab_size: rows of the embedding / head.
       rms_eps: RMSNorm epsilon.
       rope_theta: RoPE base of global layers; ``rope_theta_local`` of sliding-window layers.
@@ -47,12 +36,15 @@ class ModelConfig:
       layer_local: per layer, True if it uses the sliding window.
       tied_head: the head reuses ``token_embd``.
       attn_bias: Q/K/V projections have biases.
-      qk_norm: per-head RMSNorm on q and k (gemma3).
+      qk_norm: per-head RMSNorm on q and k before RoPE (gemma3, qwen3, qwen3moe).
       post_norms: gemma3's extra norms after attention and after the MLP.
       mlp_act: ``silu`` (SwiGLU) or ``gelu_tanh`` (GeGLU).
       embed_scale: multiplier of the token embedding (sqrt(n_embd) for gemma3, else 1).
       attn_scale: softmax scale (1/sqrt(head_dim) unless the family says otherwise).
       bos_id / eos_id: from the tokenizer metadata (-1 if absent).
+      n_expert / n_expert_used / expert_ff / shared_ff: the MoE FFN (``expert_count``, ``expert_used_count``,
+        ``expert_feed_forward_length``, ``expert_shared_feed_forward_length``); ``n_expert`` 0 = a dense SwiGLU/GeGLU
+        FFN of width ``n_ff`` (`strata_jax.layers.mlp.make_ffn`).
     """
 
     arch: str
@@ -80,6 +72,10 @@ class ModelConfig:
     attn_scale: float = 0.0
     bos_id: int = -1
     eos_id: int = -1
+    n_expert: int = 0
+    n_expert_used: int = 0
+    expert_ff: int = 0
+    shared_ff: int = 0
     extra: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
 
@@ -151,40 +147,3 @@ def base_fields(g, *, n_layer: int, n_ff: int, rope_fraction: int = 1) -> dict[s
         eos_id=get_int(g, "tokenizer.ggml.eos_token_id", -1, min=-1, max=MAX_TOKEN_ID),
     )
 
-
-def config_from_gguf(g) -> ModelConfig:
-    """Build the `ModelConfig` of an open `GGUFFile`.
-
-    Raises:
-      UnsupportedError: an architecture outside `SUPPORTED_ARCHS`.
-      StrataError: a required key is missing, or a key has the wrong type or is out of range.
-    """
-    arch, path = g.architecture, g.path
-    if arch not in SUPPORTED_ARCHS:
-        raise UnsupportedError(f"{path}: unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
-    if arch in HYBRID_ARCHS:
-        from strata_jax.models import hybrid_config_from_gguf  # the hybrid families read their own keys
-
-        return hybrid_config_from_gguf(g)
-    p = arch + "."
-    kw = base_fields(g, n_layer=get_int(g, p + "block_count", min=1, max=MAX_LAYERS),
-                     n_ff=get_int(g, p + "feed_forward_length", min=1, max=MAX_WIDTH))
-    n_layer, n_embd, head_dim = kw["n_layer"], kw["n_embd"], kw["head_dim"]
-    kw.update(rope_neox=arch != "llama", attn_bias=g.has("blk.0.attn_q.bias"))
-    if arch == "gemma3":
-        window = get_int(g, p + "attention.sliding_window", 512, min=1, max=1 << 40)
-        kw.update(
-            sliding_window=window,
-            # HF Gemma3TextConfig: sliding_window_pattern 6 -> layer i is global iff (i + 1) % 6 == 0.
-            layer_local=tuple((i + 1) % 6 != 0 for i in range(n_layer)),
-            rope_theta_local=10000.0,  # HF Gemma3TextConfig.rope_local_base_freq
-            qk_norm=True,
-            post_norms=True,
-            mlp_act="gelu_tanh",
-            embed_scale=math.sqrt(n_embd),
-            # HF Gemma3: query_pre_attn_scalar = 256 for the 270M model = head_dim.
-            attn_scale=get_float(g, p + "attention.scale", 1.0 / math.sqrt(head_dim), positive=True),
-        )
-    else:
-        kw["layer_local"] = (False,) * n_layer
-    return ModelConfig(**kw)

@@ -29,11 +29,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import strata_jax.models.hybrid  # noqa: F401 - imported here, not inside the first timed case
-from strata_jax.config import config_from_gguf
 from strata_jax.errors import StrataError
 from strata_jax.gguf import open_gguf
 from strata_jax.gguf.blocks import GGML_QUANT_SIZES
+from strata_jax.models.registry import config_from_gguf, get_family
 
 EXAMPLES = int(os.environ.get("STRATA_FUZZ_EXAMPLES", "300"))
 SEED = os.environ.get("STRATA_FUZZ_SEED")
@@ -42,6 +41,8 @@ CASE_SECONDS = 3.0  # a fixture header parses in a few ms; this bound catches ha
 CASE_PEAK_BYTES = 32 << 20  # the fixtures are 2.5-3 MB (memory-mapped, not traced)
 
 FIXTURES = [E.FIXTURE.parent / "qwen3next_q8_0.gguf", E.FIXTURE.parent / "qwen4exp_q8_0.gguf"]
+for _arch in ("qwen3next", "qwen4exp"):
+    get_family(_arch)  # import the family modules here, not inside the first timed case
 # keys the readers use that the fixtures do not all have
 EXTRA_KEYS = ["general.alignment", "{a}.vocab_size", "{a}.nextn_predict_layers", "{a}.full_attention_interval",
               "{a}.feed_forward_length", "{a}.attention.sliding_window", "{a}.attention.scale",

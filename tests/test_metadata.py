@@ -8,10 +8,10 @@ import gguf_edit as E
 import numpy as np
 import pytest
 
-from strata_jax.config import config_from_gguf
 from strata_jax.errors import StrataError
 from strata_jax.gguf import open_gguf
 from strata_jax.gguf.metadata import get_array, get_bool, get_float, get_int, get_str
+from strata_jax.models.registry import config_from_gguf
 
 FIX = E.FIXTURE.parent
 

@@ -12,7 +12,7 @@ import pytest
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
-from strata_jax.config import config_from_gguf
+from strata_jax.models.registry import config_from_gguf
 from strata_jax.errors import StrataError
 from strata_jax.gguf import open_gguf
 from strata_jax.models.random_weights import RANDOM_SCALE, SCALE_BYTES, VirtualGGUF, load_geometry

@@ -1,8 +1,11 @@
-"""Hybrid MoE families: qwen35moe (Qwen3.5/3.6 MoE), qwen3next (Qwen3-Next), qwen4exp (Qwen3.8-Flash-Next).
+"""The stage shared by the hybrid families: qwen35moe (Qwen3.5/3.6 MoE), qwen35 (Qwen3.5 dense), qwen3next
+(Qwen3-Next), qwen4exp (Qwen3.8-Flash-Next). Each family's own file (`strata_jax.models.qwen35moe`, ...) reads its
+keys into a `HybridConfig` (with `hybrid_fields`, the reading they share) and states its conventions and traps.
 
-Sources: HF transformers 5.24 ``modeling_qwen3_5_moe.py``, ``modeling_qwen3_next.py``, ``modeling_qwen4_exp.py``
-(numerics; HF wins where the spec disagrees), llama.cpp's converters ``conversion/{qwen,qwen4exp}.py`` and graphs
-``src/models/{qwen35moe,qwen3next}.cpp`` (GGUF names/keys), spec MODEL.md Part A (qwen4exp) and Part B.
+Sources: HF transformers 5.24 ``modeling_qwen3_5_moe.py``, ``modeling_qwen3_5.py``, ``modeling_qwen3_next.py``,
+``modeling_qwen4_exp.py`` (numerics; HF wins where the spec disagrees), llama.cpp's converters
+``conversion/{qwen,qwen4exp}.py`` and graphs ``src/models/{qwen35moe,qwen35,qwen3next}.cpp`` (GGUF names/keys),
+spec MODEL.md Part A (qwen4exp) and Part B.
 
 qwen4exp (`HCBlock`, MODEL.md A§1.2): the residual is ``R`` float32 [B, T, hc, D] (the embedding tiled into the hc
 streams); per layer ``[R += PLE(R, emb)]`` (PLE layers only), then ``mixed, inj = hc_attn(R)``, ``R += mixer(mixed) *
@@ -11,10 +14,11 @@ Mixers: GDN with a sigmoid output gate, or gated attention with the QSA indexer 
 ``output(output_hc(R))`` (a hyper-connection read without inject; no output_norm). Extra per-row input: the PLE
 table rows (``ple=`` of `HybridStage.__call__`), gathered on the host by `strata_jax.layers.ple.PLETable`.
 
-Block of qwen35moe / qwen3next (`HybridBlock`, plain pre-norm residual, every layer):
+Block of qwen35moe / qwen35 / qwen3next (`HybridBlock`, plain pre-norm residual, every layer):
   ``h += mixer(attn_norm(h))`` with mixer = GDN (`strata_jax.layers.gdn`) on recurrent layers, gated attention
   (`strata_jax.layers.qsa.GatedAttention`) on every ``full_attention_interval``-th layer;
-  ``h += MoE(post_attention_norm(h))`` (`strata_jax.layers.moe`). Head: ``output(output_norm(h))``.
+  ``h += ffn(post_attention_norm(h))`` with ffn = MoE (`strata_jax.layers.moe`; qwen35moe, qwen3next) or a SwiGLU
+  MLP (`strata_jax.layers.mlp`; qwen35). Head: ``output(output_norm(h))``.
 
 State per layer (``init_state``): a GDN layer holds ``{"S": f32 [n_slots, Hv, Dk, Dv], "conv": f32 [n_slots, K-1,
 C]}``, an attention layer ``(k_cache, v_cache)`` [n_slots, max_context + 1, Hkv, hd] (+ the raw indexer-key cache
@@ -24,8 +28,8 @@ indexer-key cells and leaves the GDN state and the PLE conv history alone; ``pen
 conv inputs and k, v, g, beta (and the PLE layer's normed conv inputs), and ``commit(state, pending, rows, keep)``
 replays exactly ``keep[b]`` rows. Prefill commits all valid rows (pending is None).
 
-Unused by the stage: ``out["mtp_hidden"]`` feeds `strata_jax.layers.mtp.MTPHead` (built separately from the same
-GGUF).
+Unused by the stage: ``out["mtp_hidden"]`` feeds the family's MTP draft layer (`strata_jax.layers.mtp`, built
+separately from the same GGUF by `strata_jax.models.registry.mtp_head`).
 """
 
 from __future__ import annotations
@@ -36,15 +40,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from strata_jax.config import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_TOKEN_ID, MAX_WIDTH, ModelConfig, base_fields
-from strata_jax.errors import StrataError, UnsupportedError
+from strata_jax.config import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_WIDTH, ModelConfig, base_fields
 from strata_jax.gguf.metadata import get_array, get_int, key_error
+from strata_jax.errors import StrataError, UnsupportedError
 from strata_jax.layers.gdn import GatedDeltaNet, conv_tail
 from strata_jax.layers.hyper import GatedResidual, hc_write
 from strata_jax.layers.linear import Embedding, QLinear, head_logits, load_f32
+from strata_jax.layers.mlp import make_ffn
 from strata_jax.layers.moe import MoE
 from strata_jax.layers.norms import RMSNorm
-from strata_jax.layers.ple import TABLE as PLE_TABLE, PLEBlock, PLETable, dequant_rows
+from strata_jax.layers.ple import PLEBlock, PLETable, dequant_rows
 from strata_jax.layers.qsa import GatedAttention
 from strata_jax.layers.stack import group_runs
 from strata_jax.state import Rows
@@ -60,7 +65,6 @@ class HybridConfig(ModelConfig):
         ``ssm.time_step_rank``, ``ssm.state_size``, ``ssm.inner_size / time_step_rank``, ``ssm.conv_kernel``).
       v_order: ``"tiled"`` (qwen35*/qwen4exp GGUFs) or ``"grouped"`` (qwen3next) v-head order.
       gdn_gate: ``"silu"`` or ``"sigmoid"`` (qwen4exp).
-      n_expert / n_expert_used / expert_ff / shared_ff: MoE geometry.
       n_nextn: MTP blocks appended after the trunk (``nextn_predict_layers``).
       hc / hc_lowrank: qwen4exp hyper-connection streams and rank (0 = plain residual).
       idx_heads / idx_head_dim / idx_budget / idx_ratio: qwen4exp QSA indexer (``attention.indexer.head_count``,
@@ -77,10 +81,6 @@ class HybridConfig(ModelConfig):
     ssm_conv: int = 4
     v_order: str = "tiled"
     gdn_gate: str = "silu"
-    n_expert: int = 0
-    n_expert_used: int = 0
-    expert_ff: int = 0
-    shared_ff: int = 0
     n_nextn: int = 0
     hc: int = 0
     hc_lowrank: int = 0
@@ -98,24 +98,25 @@ class HybridConfig(ModelConfig):
     ple_offsets: tuple[int, ...] = ()
 
 
-def hybrid_config_from_gguf(g) -> HybridConfig:
-    """The `HybridConfig` of an open qwen35moe / qwen3next / qwen4exp GGUF (keys written by llama.cpp's converters,
-    MODEL.md B§2.1, A§2.1).
+def hybrid_fields(g, *, moe: bool) -> dict:
+    """The `HybridConfig` fields every hybrid family reads alike (llama.cpp's converters write them the same way,
+    MODEL.md B§2.1): `strata_jax.config.base_fields` (partial RoPE: ``head_dim / 4`` rotated dims without
+    ``rope.dimension_count``), the trunk's layer count (``block_count`` minus ``nextn_predict_layers``, the MTP
+    blocks appended after the trunk), which layers are recurrent (``attention.recurrent_layers``, else every
+    ``full_attention_interval``-th layer is attention), the GDN geometry (``ssm.*``), and the FFN: the MoE keys
+    (``moe=True``) or ``feed_forward_length``. The family adds its own fields (GDN value order and gate, ...).
 
     Raises:
-      UnsupportedError: another architecture.
       StrataError: a required key is missing, or a key has the wrong type or is out of range
-        (`strata_jax.gguf.metadata`).
+        (`strata_jax.gguf.metadata`), or the GDN keys disagree (``ssm.inner_size`` a multiple of
+        ``ssm.time_step_rank``, ``ssm.group_count`` a divisor of it).
     """
-    arch, path = g.architecture, g.path
-    if arch not in ("qwen35moe", "qwen3next", "qwen4exp"):
-        raise UnsupportedError(f"{path}: hybrid architecture {arch!r} is not implemented "
-                               "(qwen35moe, qwen3next, qwen4exp)")
-    p = arch + "."
+    p = g.architecture + "."
     n_nextn = get_int(g, p + "nextn_predict_layers", 0, min=0, max=MAX_LAYERS)
     n_layer = get_int(g, p + "block_count", min=n_nextn + 1, max=MAX_LAYERS + n_nextn) - n_nextn
-    base = base_fields(g, n_layer=n_layer, n_ff=get_int(g, p + "feed_forward_length", 0, min=0, max=MAX_WIDTH),
-                       rope_fraction=4)
+    n_ff = (get_int(g, p + "feed_forward_length", 0, min=0, max=MAX_WIDTH) if moe else
+            get_int(g, p + "feed_forward_length", min=1, max=MAX_WIDTH))
+    kw = base_fields(g, n_layer=n_layer, n_ff=n_ff, rope_fraction=4)
     rec = get_array(g, p + "attention.recurrent_layers", None, of="bool", min_length=n_layer)
     if rec is not None:
         rec = rec[:n_layer]
@@ -123,52 +124,14 @@ def hybrid_config_from_gguf(g) -> HybridConfig:
         interval = get_int(g, p + "full_attention_interval", 4, min=1, max=MAX_LAYERS)
         rec = tuple((i + 1) % interval != 0 for i in range(n_layer))
     v_heads = get_int(g, p + "ssm.time_step_rank", min=1, max=MAX_HEADS)
-    extra = {}
-    if arch == "qwen4exp":
-        ratios = get_array(g, p + "attention.compress_ratios", None, of="int", min_length=n_layer, min=0,
-                           max=MAX_WIDTH)
-        ratios = ratios[:n_layer] if ratios is not None else (0,) * n_layer
-        extra = dict(
-            hc=get_int(g, p + "hyper_connection.count", min=1, max=MAX_HEADS),
-            hc_lowrank=get_int(g, p + "hyper_connection.low_rank", 0, min=0, max=MAX_WIDTH),
-            idx_heads=get_int(g, p + "attention.indexer.head_count", min=1, max=MAX_HEADS),
-            idx_head_dim=get_int(g, p + "attention.indexer.key_length", min=1, max=MAX_WIDTH),
-            idx_budget=get_int(g, p + "attention.indexer.top_k", min=1, max=1 << 40),
-            idx_ratio=ratios,
-            ple_layers=get_array(g, p + "ple.layers", (), of="int", min=0, max=n_layer - 1),
-        )
-        if extra["ple_layers"]:
-            ngram = get_int(g, p + "ple.ngram_size", min=2, max=64)
-            hpn = get_int(g, p + "ple.heads_per_ngram", min=1, max=MAX_HEADS)
-            n_ple_heads = (ngram - 1) * hpn  # bigram .. ngram heads (strata_jax.layers.ple)
-            extra.update(
-                ple_ngram=ngram,
-                ple_heads_per_ngram=hpn,
-                ple_conv=get_int(g, p + "ple.conv_kernel", 4, min=1, max=1 << 10),
-                ple_eos=get_int(g, p + "ple.eos_token_id", base["eos_id"], min=-1, max=MAX_TOKEN_ID),
-                ple_mult=get_array(g, p + "ple.layer_multipliers", of="int", length=ngram, min=1, max=(1 << 63) - 1),
-                ple_sizes=get_array(g, p + "ple.head_vocab_sizes", of="int", length=n_ple_heads, min=1,
-                                    max=1 << 40),
-                ple_offsets=get_array(g, p + "ple.head_offsets", of="int", length=n_ple_heads, min=0, max=1 << 40),
-            )
-            ends = [o + s for o, s in zip(extra["ple_offsets"], extra["ple_sizes"])]
-            if g.has(PLE_TABLE) and max(ends) > g.info(PLE_TABLE).shape[0]:
-                raise key_error(g, p + "ple.head_offsets", f"inside the {g.info(PLE_TABLE).shape[0]} rows of "
-                                f"{PLE_TABLE} (each plus its ple.head_vocab_sizes entry)", extra["ple_offsets"])
-            if len(extra["ple_layers"]) > 1:
-                raise UnsupportedError(f"{path}: {len(extra['ple_layers'])} PLE layers (one table and one hash "
-                                       "parameter set per file are read)")
     ssm_k_heads = get_int(g, p + "ssm.group_count", min=1, max=MAX_HEADS)
     inner = get_int(g, p + "ssm.inner_size", min=1, max=MAX_WIDTH)
-    n_expert = get_int(g, p + "expert_count", min=1, max=MAX_EXPERTS)
-    # relations between the keys (what the GDN and MoE layers assume)
+    # relations between the keys (what the GDN layer assumes)
     if inner % v_heads:
         raise key_error(g, p + "ssm.inner_size", f"a multiple of {p}ssm.time_step_rank ({v_heads})", inner)
     if v_heads % ssm_k_heads:
         raise key_error(g, p + "ssm.group_count", f"a divisor of {p}ssm.time_step_rank ({v_heads})", ssm_k_heads)
-    return HybridConfig(
-        **base,
-        **extra,
+    kw.update(
         rope_neox=True,
         layer_local=(False,) * n_layer,
         layer_recurrent=rec,
@@ -177,14 +140,17 @@ def hybrid_config_from_gguf(g) -> HybridConfig:
         ssm_d_k=get_int(g, p + "ssm.state_size", min=1, max=MAX_WIDTH),
         ssm_d_v=inner // v_heads,
         ssm_conv=get_int(g, p + "ssm.conv_kernel", 4, min=1, max=1 << 10),
-        v_order="grouped" if arch == "qwen3next" else "tiled",
-        gdn_gate="sigmoid" if arch == "qwen4exp" else "silu",
-        n_expert=n_expert,
-        n_expert_used=get_int(g, p + "expert_used_count", min=1, max=n_expert),
-        expert_ff=get_int(g, p + "expert_feed_forward_length", 0, min=0, max=MAX_WIDTH),
-        shared_ff=get_int(g, p + "expert_shared_feed_forward_length", 0, min=0, max=MAX_WIDTH),
         n_nextn=n_nextn,
     )
+    if moe:
+        n_expert = get_int(g, p + "expert_count", min=1, max=MAX_EXPERTS)
+        kw.update(
+            n_expert=n_expert,
+            n_expert_used=get_int(g, p + "expert_used_count", min=1, max=n_expert),
+            expert_ff=get_int(g, p + "expert_feed_forward_length", 0, min=0, max=MAX_WIDTH),
+            shared_ff=get_int(g, p + "expert_shared_feed_forward_length", 0, min=0, max=MAX_WIDTH),
+        )
+    return kw
 
 
 def make_mixer(g, cfg: HybridConfig, i: int, device=None):
@@ -215,7 +181,8 @@ def mixer_state(mixer, cfg: HybridConfig, n_slots: int, max_context: int, kv_dty
 
 
 class HybridBlock(nnx.Module):
-    """One trunk layer: pre-norm mixer (GDN or gated attention) + pre-norm MoE, plain residual."""
+    """One trunk layer: pre-norm mixer (GDN or gated attention) + pre-norm FFN (MoE or SwiGLU MLP), plain
+    residual."""
 
     def __init__(self, g, cfg: HybridConfig, i: int, device=None):
         p = f"blk.{i}."
@@ -223,7 +190,7 @@ class HybridBlock(nnx.Module):
         self.attn_norm = RMSNorm(load_f32(g, p + "attn_norm.weight", device), cfg.rms_eps)
         self.mixer = make_mixer(g, cfg, i, device)
         self.ffn_norm = RMSNorm(load_f32(g, p + "post_attention_norm.weight", device), cfg.rms_eps)
-        self.moe = MoE(g, p, n_used=cfg.n_expert_used, renorm=True, device=device)
+        self.ffn = make_ffn(g, p, cfg, device)
 
     def __call__(self, h, st, rows: Rows, mode: str, max_context: int, ple_emb=None):
         a = self.attn_norm(h)
@@ -233,7 +200,7 @@ class HybridBlock(nnx.Module):
             y, st = self.mixer(a, st, rows, mode, max_context)
             pend = None
         h = h + y
-        h = h + self.moe(self.ffn_norm(h), mode == "window")
+        h = h + self.ffn(self.ffn_norm(h), mode == "window")
         return h, st, pend
 
     def commit(self, st, pend, rows: Rows, keep):
@@ -326,15 +293,15 @@ def _put(tree, i, new):
 
 
 class HybridStage(nnx.Module):
-    """Layers ``[start, stop)`` of a qwen35moe / qwen3next / qwen4exp model (embedding on the first stage, final
+    """Layers ``[start, stop)`` of a qwen35moe / qwen35 / qwen3next / qwen4exp model (embedding on the first stage, final
     norm / mixer + head on the last): the Stage protocol of `strata_jax.models.dense.DenseStage`.
 
     ``__call__(state, x, rows, mode, max_context, logits="all", ple=None) -> (out, state, pending)``: ``x`` int32 ids
     [B, T] (first stage) or the float32 handoff (``[B, T, D]``; qwen4exp ``[B, T, hc, D]``, the residual streams);
     ``mode`` "window" (T <= 8, recurrent state untouched, ``pending`` = list per layer or None) or "prefill" (all
     valid rows committed, ``pending`` None); ``out`` = {"hidden": the handoff, and on the last stage "logits" float32
-    [B, T, V] or [B, 1, V] (``logits="last"``) and "mtp_hidden" (what `strata_jax.layers.mtp.MTPHead` consumes:
-    the post-final-norm hidden [B, T, D], or for qwen4exp the final residual streams [B, T, hc, D])}.
+    [B, T, V] or [B, 1, V] (``logits="last"``) and "mtp_hidden" (what the MTP layer of `strata_jax.layers.mtp`
+    consumes: the post-final-norm hidden [B, T, D], or for qwen4exp the final residual streams [B, T, hc, D])}.
 
     ``ple`` (qwen4exp, only on the stage holding the PLE layer, ``self.has_ple``): the stored table rows of each
     row's n-gram heads, uint8 [B, T, n_heads, row_bytes] as returned by `ple_table(g).gather(prev, tokens)` on the

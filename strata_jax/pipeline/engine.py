@@ -19,11 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from strata_jax.config import ModelConfig, config_from_gguf
+from strata_jax.config import ModelConfig
 from strata_jax.errors import StrataError
 from strata_jax.gguf import open_gguf
 from strata_jax.layers.linear import blocks_as_f32
-from strata_jax.models import build_stage
+from strata_jax.models.registry import family_of, mtp_head
 from strata_jax.pipeline.stages import (Stage, build_commit_fn, build_mtp_fn, build_stage_fn, make_stage,
                                        parse_layer_split)
 from strata_jax.pipeline.windows import CompileCache
@@ -75,7 +75,8 @@ class Engine:
         t0 = time.perf_counter()
         # a path, or an already open GGUF-like object (e.g. strata_jax.models.random_weights.VirtualGGUF)
         self.gguf = model_path if hasattr(model_path, "tensors") else open_gguf(model_path)
-        self.cfg: ModelConfig = config_from_gguf(self.gguf)
+        self.family = family_of(self.gguf)  # general.architecture -> its family (strata_jax.models.registry)
+        self.cfg: ModelConfig = self.family.read_config(self.gguf)
         if max_context < 2:
             raise StrataError(f"--max_context {max_context}: must be at least 2")
         self.max_context = int(max_context)
@@ -87,7 +88,7 @@ class Engine:
         bar = _load_bar(len(ranges), progress)
         for i, (a, b) in enumerate(ranges):
             with blocks_as_f32(self.weights == "f32"):
-                module = build_stage(self.gguf, self.cfg, a, b, devices[i])
+                module = self.family.stage(self.gguf, self.cfg, a, b, devices[i])
             self.stages.append(make_stage(module, i, devices[i]))
             if bar:
                 bar.update(1)
@@ -346,8 +347,6 @@ class Engine:
         """
         from flax import nnx
 
-        from strata_jax.layers.mtp import MTPHead
-
         n_draft = int(n_draft)
         if not 1 <= n_draft <= MAX_WINDOW - 1:
             raise StrataError(f"MTP chain of {n_draft} drafts: must lie in 1..{MAX_WINDOW - 1}")
@@ -356,7 +355,7 @@ class Engine:
                 raise StrataError(f"{self.gguf.path} ({self.cfg.arch}) has no MTP layer (nextn_predict_layers = 0)")
             dev = self.stages[-1].device
             with blocks_as_f32(self.weights == "f32"):
-                self.mtp = MTPHead(self.gguf, self.cfg, dev, reuse=self._loaded_on(dev))
+                self.mtp = mtp_head(self.gguf, self.cfg, dev, reuse=self._loaded_on(dev))
             self._mtp_graphdef, self._mtp_params = nnx.split(self.mtp)
             self.mtp_state = self.mtp.init_state(self.n_slots, self.max_context, self.kv_dtype, dev)
         self.mtp_n = max(self.mtp_n, n_draft)

@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from strata_jax.config import HYBRID_ARCHS
 from strata_jax.errors import StrataError
 from strata_jax.proposers.base import Proposer
 from strata_jax.sampling import RowSampling, SamplingParams
@@ -67,7 +66,7 @@ class DraftModelProposer(Proposer):
 
     def __init__(self, engine, target=None, *, slot: int = 0, window: int = 4):
         super().__init__()
-        if engine.cfg.arch in HYBRID_ARCHS:
+        if engine.family.recurrent:
             raise StrataError(f"draft model {engine.gguf.path}: architecture {engine.cfg.arch!r} has recurrent state "
                               f"and cannot draft (use a dense model with the same tokenizer)")
         if target is not None and target is not engine:
