@@ -32,6 +32,8 @@ class Sequence:
       on_token: ``on_token(token_id)`` for each streamed token.
       proposer: a `strata_jax.proposers.Proposer` (None: no proposals).
       spec_min_p: cut proposals at the first one whose proposer probability is below it (0 = off).
+      tokens: the list to append the generated ids to (the batch scheduler passes its `RequestResult`'s; default a
+        new list).
 
     Attributes:
       tokens: the generated ids (list[int]; EOS included when it ended the generation).
