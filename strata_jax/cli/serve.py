@@ -115,12 +115,12 @@ def main(argv) -> int:
     api_key = FLAGS.api_key if FLAGS.api_key is not None else os.environ.get("STRATA_API_KEY")
     if api_key is not None and not api_key.strip():
         fail("--api_key: empty key (leave the flag out for an open server)")
-    try:
-        import fastapi  # noqa: F401
-        import prometheus_client  # noqa: F401
-        import uvicorn
-    except ImportError as e:
-        fail(f"strata-serve needs the 'serve' extra ({e.name} is missing): pip install -e '.[serve]'")
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
+    if missing:
+        fail(f"strata-serve needs the 'serve' extra ({', '.join(missing)} missing): pip install -e '.[serve]'")
+    import uvicorn
     sock = _bind()
     engine = shared.load_engine()
     from strata_jax.cli import openai_api as oa
