@@ -50,9 +50,9 @@ flags.DEFINE_enum("draft", "none", ["none", "lookup", "model", "mtp"], "Speculat
                   "lookup (prompt lookup / suffix match), model (--draft_model drafts greedily), mtp (the model's MTP "
                   "layer). The output is the same as without.")
 flags.DEFINE_string("draft_model", None, "With --draft model: a registry name or .gguf path with the same tokenizer.")
-flags.DEFINE_integer("spec", 4, "Speculative window cap T (2..8): the last token + up to T-1 proposals (strata-generate: "
-                     "one prompt only, with --prompts_file use --batch_mtp or --piped_mtp; strata-serve: the window "
-                     "cap of a request that decodes alone, with --draft).")
+flags.DEFINE_integer("spec", 4, "Speculative window cap T (2..8): the last token + up to T-1 proposals "
+                     "(strata-generate: one prompt only, with --prompts_file use --batch_mtp or --piped_mtp; "
+                     "strata-serve: the window cap of a request that decodes alone, with --draft).")
 flags.DEFINE_float("spec_min_p", 0.0, "Cut proposals at the first one below this proposer probability, in [0, 1] "
                    "(0 = off).")
 flags.DEFINE_integer("batch", 1, "Batch slots: requests decode together (strata-generate: needs --prompts_file when "
