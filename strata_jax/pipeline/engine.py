@@ -228,8 +228,6 @@ class Engine:
         samp = RowSampling.make([sampling])
         if start == 0:
             self.reset_slot(slot)  # a new sequence: recurrent state from zero (K/V cells are overwritten)
-            if self.ple_table is not None:
-                self.ple_prev[slot] = self.ple_table.start_prev()
         logits_out = []
         pick = None
         C = PREFILL_CHUNK
@@ -301,9 +299,12 @@ class Engine:
 
     def reset_slot(self, slot: int) -> None:
         """Zero one slot's state on every stage (recurrent state must start from zero before a new prompt; K/V
-        cells are overwritten anyway). Other slots' entries are untouched, bit for bit."""
+        cells are overwritten anyway) and put its PLE predecessors at the sequence start. Other slots' entries are
+        untouched, bit for bit."""
         if not 0 <= slot < self.n_slots:
             raise StrataError(f"slot {slot}: the engine has {self.n_slots} slots")
+        if self.ple_table is not None:
+            self.ple_prev[slot] = self.ple_table.start_prev()
         for i, stage in enumerate(self.stages):
             fn = self._commit_fns.get(("reset", i))
             if fn is None:
