@@ -42,7 +42,7 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, low
     from flax import nnx
 
     from strata_jax.models.registry import build_stage, config_from_gguf, mtp_head
-    from strata_jax.models.random_weights import VirtualGGUF, load_geometry
+    from strata_jax.testing.random_weights import VirtualGGUF, load_geometry
     from strata_jax.pipeline.engine import PREFILL_CHUNK
     from strata_jax.pipeline.stages import build_mtp_fn, build_stage_fn, make_stage
     from strata_jax.sampling import RowSampling, SamplingParams
