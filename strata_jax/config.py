@@ -12,7 +12,7 @@ import dataclasses
 import math
 from typing import Any
 
-from strata_jax.errors import StrataError
+from strata_jax.errors import StrataError, UnsupportedError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,3 +133,12 @@ def base_fields(g, *, n_layer: int, n_ff: int, rope_fraction: int = 1) -> dict[s
         eos_id=int(md.get("tokenizer.ggml.eos_token_id", -1)),
     )
 
+
+def refuse_rope_scaling(g) -> None:
+    """Raise `UnsupportedError` when the file asks for RoPE scaling (``{arch}.rope.scaling.type`` other than
+    ``none``, e.g. the YaRN that Qwen3 model cards suggest for contexts past 32K): llama.cpp applies it at every
+    position, so running without it would give other logits, not just a shorter context."""
+    kind = str(g.metadata.get(g.architecture + ".rope.scaling.type", "none") or "none")
+    if kind != "none":
+        raise UnsupportedError(f"{g.path}: RoPE scaling {kind!r} ({g.architecture}.rope.scaling.type) is not "
+                               "implemented; use a file converted without rope_scaling")
