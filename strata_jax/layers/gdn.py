@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from strata_jax.layers.exact import row_sum
 from strata_jax.layers.linear import QLinear, load_f32
 from strata_jax.layers.norms import rms_norm
+from strata_jax.pallas import rows as row_ops
 from strata_jax.pallas.gdn import gdn_chunked, gdn_commit, gdn_window
 from strata_jax.state import Rows
 
@@ -46,23 +46,19 @@ def qcall(lin: QLinear, x: jax.Array, exact: bool) -> jax.Array:
 
 def rowwise(fn, x: jax.Array, exact: bool = True) -> jax.Array:
     """``fn(x)`` for an elementwise ``fn`` (with exp/log inside: sigmoid, softplus) on a narrow last axis, computed
-    one row (``x[..., :]``) at a time when ``exact``.
+    one row (``x[..., :]``) at a time when ``exact`` (`strata_jax.pallas.rows.row_map`: one Pallas program per row
+    on the kernel path, ``lax.map`` over the rows on the reference path).
 
     XLA CPU evaluates such functions with vector instructions over the fused iteration space and with scalar ones on
     its remainder; when a row holds fewer values than a vector (hc = 4 inject weights, the PLE gates, 6 GDN heads)
     the path a row takes -- and its last bit -- depends on how many rows are computed together (seen: T=1 vs T=4
-    windows differ by 1 ulp with AVX, agree with SSE 4.2). ``lax.map`` over the rows gives every row the same
-    program."""
-    if not exact:
-        return fn(x)
-    lead, n = x.shape[:-1], x.shape[-1]
-    flat = x.reshape(-1, n)
-    return jax.lax.map(lambda r: fn(flat[r]), jnp.arange(flat.shape[0])).reshape(*lead, n)
+    windows differ by 1 ulp with AVX, agree with SSE 4.2)."""
+    return row_ops.row_map(fn, x) if exact else fn(x)
 
 
 def l2norm(x: jax.Array, eps: float = L2_EPS) -> jax.Array:
-    """``x * rsqrt(sum(x^2, -1) + eps)`` (HF ``l2norm``), float32."""
-    return x * jax.lax.rsqrt(row_sum(x * x) + eps)
+    """``x * rsqrt(sum(x^2, -1) + eps)`` (HF ``l2norm``), float32, row-independent (`strata_jax.pallas.rows`)."""
+    return row_ops.rms_norm(x, None, eps, mean=False)
 
 
 def causal_conv(hist: jax.Array, x: jax.Array, w: jax.Array) -> jax.Array:

@@ -61,6 +61,16 @@ def on_gpu() -> bool:
     return jax.default_backend() in ("gpu", "cuda", "rocm")
 
 
+def kernels_in_use() -> bool:
+    """Whether ``impl="auto"`` calls may take a Pallas kernel now: ``STRATA_PALLAS_IMPL`` is ``kernel`` or
+    ``interpret``, or it is ``auto`` (or unset) on a GPU backend. (What builds a program for the kernels, e.g. the
+    per-layer weight buffers of `strata_jax.layers.stack`, asks this.)"""
+    env = os.environ.get("STRATA_PALLAS_IMPL", "auto")
+    if env == "reference":
+        return False
+    return on_gpu() if env == "auto" else True
+
+
 def resolve(op: str, impl: str, why_not: Callable[[], str | None]) -> str:
     """Pick the path for one call: returns ``"reference"``, ``"kernel"`` or ``"interpret"``.
 

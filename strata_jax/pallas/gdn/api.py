@@ -26,7 +26,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from strata_jax.errors import UnsupportedError
 from strata_jax.pallas import dispatch
@@ -53,13 +52,6 @@ def _check(S0, q, k, v, g, beta, *, t_max=None, op):
     return B, T, H, Dk, Dv
 
 
-def _n_steps(B, T, interpret):
-    """n = T for every segment; in interpret mode as data XLA cannot fold (the kernel is inlined into XLA, which
-    would otherwise specialise the loop for the constant trip count, and round differently for different T)."""
-    n = jnp.full((B,), T, jnp.int32)
-    return lax.optimization_barrier(n) if interpret else n
-
-
 def _why_not(k, v, *arrays):
     return lambda: _k.why_not(k.shape[-1], v.shape[-1], [a.dtype for a in arrays])
 
@@ -71,13 +63,13 @@ def _window(S0, q, k, v, g, beta, *, path, poison):
     B, T = q.shape[:2]
     interpret = path == "interpret"
     if interpret:
-        # Interpret mode inlines the kernel into XLA: pad to T_MAX rows and hide the trip count, so every T runs
-        # the very same program. (The compiled kernel reads the trip count from memory and its arithmetic does
-        # not depend on T; tested on the GPU.)
+        # Interpret mode inlines the kernel into XLA: pad to T_MAX rows (the padding rows masked), so every T runs
+        # the very same program. (The compiled kernel runs T steps; each step's arithmetic does not depend on T,
+        # tested on the GPU.)
         q, k, v, g, beta = (_ref._pad_t(a) for a in (q, k, v, g, beta))
     with dispatch.poison_outputs(poison):
-        (o,) = _k.gdn_scan(_n_steps(B, T, interpret), S0, q, k, v, g, beta, want_o=True, want_S=False,
-                           interpret=interpret)
+        (o,) = _k.gdn_scan(jnp.full((B,), T, jnp.int32), S0, q, k, v, g, beta, want_o=True, want_S=False,
+                           interpret=interpret, masked=interpret)
     return o[:, :T]
 
 
@@ -103,7 +95,6 @@ def _commit(S0, k, v, g, beta, n_keep, *, path, poison):
     interpret = path == "interpret"
     if interpret:  # see _window
         k, v, g, beta = (_ref._pad_t(a) for a in (k, v, g, beta))
-        n_keep = lax.optimization_barrier(n_keep)
     with dispatch.poison_outputs(poison):
         (S,) = _k.gdn_scan(n_keep, S0, k, k, v, g, beta, want_o=False, want_S=True, interpret=interpret)
     return S
@@ -131,8 +122,8 @@ def _chunked(S0, q, k, v, g, beta, *, path, poison):
         return _ref.gdn_chunked(S0, q, k, v, g, beta)
     B, T = q.shape[:2]
     with dispatch.poison_outputs(poison):
-        o, S = _k.gdn_scan(_n_steps(B, T, path == "interpret"), S0, q, k, v, g, beta, want_o=True, want_S=True,
-                           interpret=path == "interpret")
+        o, S = _k.gdn_scan(jnp.full((B,), T, jnp.int32), S0, q, k, v, g, beta, want_o=True, want_S=True,
+                           interpret=path == "interpret", masked=False)
     return o, S
 
 
