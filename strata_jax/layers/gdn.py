@@ -165,17 +165,17 @@ class GatedDeltaNet(nnx.Module):
         b, a = self._beta_alpha(x, exact)
         beta = rowwise(jax.nn.sigmoid, b, exact)
         gdec = rowwise(jax.nn.softplus, a + self.dt_bias[...], exact) * self.ssm_a[...]
-        S0 = st["S"][rows.slot]
         if mode == "window":
-            o = gdn_window(S0, q, k, v, gdec, beta, impl="auto")
+            o = gdn_window(st["S"], q, k, v, gdec, beta, slots=rows.slot, impl="auto")
             pending = {"qkv": qkv, "k": k, "v": v, "g": gdec, "beta": beta}
             new_st = st
         else:
             ok = rows.valid(T)[:, :, None]
             k_m = jnp.where(ok[..., None], k, 0.0)
-            o, S = gdn_chunked(S0, q, k_m, v, jnp.where(ok, gdec, 0.0), jnp.where(ok, beta, 0.0), impl="auto")
+            o, S = gdn_chunked(st["S"], q, k_m, v, jnp.where(ok, gdec, 0.0), jnp.where(ok, beta, 0.0),
+                               slots=rows.slot, impl="auto")
             tail = conv_tail(hist, qkv, rows.n_valid)
-            new_st = {"S": st["S"].at[rows.slot].set(S), "conv": st["conv"].at[rows.slot].set(tail)}
+            new_st = {"S": S, "conv": st["conv"].at[rows.slot].set(tail)}
             pending = None
         z = qcall(self.wz, x, exact).reshape(B, T, self.Hv, self.Dv)
         on = rms_norm(o, self.norm_w[...], self.eps)
@@ -190,7 +190,7 @@ class GatedDeltaNet(nnx.Module):
         Returns: the new st.
         """
         keep = jnp.asarray(keep, jnp.int32)
-        S0 = st["S"][rows.slot]
-        S = gdn_commit(S0, pending["k"], pending["v"], pending["g"], pending["beta"], keep, impl="auto")
+        S = gdn_commit(st["S"], pending["k"], pending["v"], pending["g"], pending["beta"], keep, slots=rows.slot,
+                       impl="auto")
         tail = conv_tail(st["conv"][rows.slot], pending["qkv"], keep)
-        return {"S": st["S"].at[rows.slot].set(S), "conv": st["conv"].at[rows.slot].set(tail)}
+        return {"S": S, "conv": st["conv"].at[rows.slot].set(tail)}
