@@ -70,7 +70,7 @@ def _stack_and_free(*xs):
     out = jnp.stack(xs)
     if len({id(x) for x in xs}) == len(xs):
         for x in xs:
-            if isinstance(x, jax.Array) and not x.is_deleted():
+            if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and not x.is_deleted():
                 x.delete()
     return out
 
