@@ -25,7 +25,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.append(os.path.dirname(HERE))  # after PYTHONPATH: a strata_jax given there (another version) wins
 
 
 def main() -> None:
@@ -115,7 +115,7 @@ def main() -> None:
     s = trace.summarize(trace.load_events(trace_dir), args.steps)
     r = {"model": args.random_from or args.geometry or args.model, "backend": jax.default_backend(),
          "device": str(jax.devices()[0]), "jax": jax.__version__, "kind": args.kind,
-         "impl": os.environ.get("STRATA_PALLAS_IMPL", "auto"), "kernels_in_use": dispatch.kernels_in_use(),
+         "impl": os.environ.get("STRATA_PALLAS_IMPL", "auto"), "kernels_in_use": getattr(dispatch, "kernels_in_use", dispatch.on_gpu)(),
          "stack_layers": os.environ.get("STRATA_STACK_LAYERS", "auto"), "xla_flags": os.environ.get("XLA_FLAGS", ""),
          "load_s": load_s, "first_step_s": first_s, "wall_ms": wall * 1e3, "traced_wall_ms": traced_wall * 1e3,
          "busy_fraction": s["busy_ms"] / (traced_wall * 1e3) if traced_wall else None, "trace": s,
@@ -125,7 +125,7 @@ def main() -> None:
     print(f"{'model':36s} {'ms/step':>8s} {'busy':>6s} {'launches':>9s} {'D2H':>14s} {'D2D':>14s} {'copy kern.':>10s}")
     print(f"{str(r['model'])[-36:]:36s} {wall * 1e3:8.2f} {r['busy_fraction'] or 0:6.2f} {s['launches']:9.1f} "
           f"{cp('D2H'):>14s} {cp('D2D'):>14s} {c.get('copy_kernel', {}).get('count', 0):10.1f}")
-    print("top kernels (ms/step, calls/step): " + "; ".join(f"{k[:40]} {t:.3f} x{n:.0f}"
+    print("top kernels (ms/step, calls/step): " + "; ".join(f"{k[:40]} {t:.3f} x{n:.1f}"
                                                            for k, t, n in s["top_kernels"][:6]))
     if args.out:
         with open(args.out, "w") as f:
