@@ -23,7 +23,6 @@ Three programs, as the engine builds them (`strata_jax.pipeline.stages.build_sta
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import jax
