@@ -1,5 +1,5 @@
 """Where a decode step of the full-size Qwen3.8-Flash-Next (qwen4exp) goes: one layer of each kind, plain jnp vs the
-Pallas kernels, on random weights drawn on the device (`strata_jax.models.random_weights`, the geometry's formats).
+Pallas kernels, on random weights drawn on the device (`strata_jax.testing.random_weights`, the geometry's formats).
 
 Usage:
   python experiments/bench_layers.py --out layers.json            # GPU (H200): full-size shapes, ~2-4 min
@@ -50,14 +50,15 @@ def build(small: bool, seed: int = 0):
     from strata_jax.layers.hyper import GatedResidual
     from strata_jax.layers.linear import QLinear
     from strata_jax.layers.moe import MoE
-    from strata_jax.models.hybrid import hybrid_config_from_gguf, make_mixer
-    from strata_jax.models.random_weights import VirtualGGUF, load_geometry
+    from strata_jax.models.hybrid import make_mixer
+    from strata_jax.models.registry import config_from_gguf
+    from strata_jax.testing.random_weights import VirtualGGUF, load_geometry
 
     geom = load_geometry("qwen3.8-flash-next")
     if small:
         geom.update(SMALL)
     g = VirtualGGUF(geom, n_layer=4, seed=seed)
-    cfg = hybrid_config_from_gguf(g)
+    cfg = config_from_gguf(g)
     assert cfg.layer_recurrent[0] and not cfg.layer_recurrent[3] and cfg.idx_ratio[3] > 0
     pieces = {
         "gdn": make_mixer(g, cfg, 0),

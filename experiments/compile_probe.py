@@ -49,9 +49,8 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, low
     import numpy as np
     from flax import nnx
 
-    from strata_jax.config import config_from_gguf
-    from strata_jax.models import build_stage
-    from strata_jax.models.random_weights import VirtualGGUF, load_geometry
+    from strata_jax.models.registry import build_stage, config_from_gguf, mtp_head
+    from strata_jax.testing.random_weights import VirtualGGUF, load_geometry
     from strata_jax.pipeline.engine import PREFILL_CHUNK
     from strata_jax.pipeline.stages import build_mtp_fn, build_stage_fn, make_stage
     from strata_jax.sampling import RowSampling, SamplingParams
@@ -85,9 +84,7 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, low
     rows = Rows.make([0], [0], [T])
     t0 = time.perf_counter()
     if kind.startswith("mtp"):
-        from strata_jax.layers.mtp import MTPHead
-
-        head = nnx.eval_shape(lambda: MTPHead(v, cfg, None))
+        head = nnx.eval_shape(lambda: mtp_head(v, cfg, None))
         gd, params = nnx.split(head)
         state = jax.eval_shape(lambda: head.init_state(1, max_context, jnp.float32, None))
         hc = int(getattr(cfg, "hc", 0) or 0)  # qwen4exp hands the MTP layer all hyper-connection streams

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 
 from strata_jax.errors import StrataError, UnsupportedError
+from strata_jax.gguf.metadata import get_array, get_bool, get_int, get_str
 
 if TYPE_CHECKING:
     from strata_jax.gguf import GGUFFile
@@ -204,10 +205,9 @@ class Tokenizer:
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
 
-        md = g.metadata
         where = getattr(g, "path", "GGUF file")
-        model = md.get("tokenizer.ggml.model")
-        tokens = md.get("tokenizer.ggml.tokens")
+        model = get_str(g, "tokenizer.ggml.model", None)
+        tokens = get_array(g, "tokenizer.ggml.tokens", None, of="str")
         if model is None or model == "none" or not tokens:
             raise StrataError(f"{where}: the file has no usable tokenizer (tokenizer.ggml.model={model!r}, "
                               f"{len(tokens or [])} tokens); pass token ids directly (--prompt_ids)")
@@ -216,20 +216,18 @@ class Tokenizer:
                                    "byte-level BPE, llama = SentencePiece BPE); pass token ids directly (--prompt_ids)")
         tokens = list(tokens)
         n = len(tokens)
-        types = md.get("tokenizer.ggml.token_type")
-        types = np.full(n, TOKEN_NORMAL, np.int32) if types is None else np.asarray(types, np.int32)
-        if len(types) != n:
-            raise StrataError(f"{where}: tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
+        types = get_array(g, "tokenizer.ggml.token_type", None, of="int", length=n, min=0, max=255, as_numpy=True)
+        types = np.full(n, TOKEN_NORMAL, np.int32) if types is None else types.astype(np.int32)
         vocab = {t: i for i, t in enumerate(tokens)}
         if len(vocab) != n:  # duplicate strings: the first id wins, as in llama.cpp's token_to_id
             vocab = {}
             for i, t in enumerate(tokens):
                 vocab.setdefault(t, i)
-        pre = md.get("tokenizer.ggml.pre")
+        pre = get_str(g, "tokenizer.ggml.pre", None)
         add_space_prefix = False
 
         if model == "gpt2":
-            merges = md.get("tokenizer.ggml.merges")
+            merges = get_array(g, "tokenizer.ggml.merges", None, of="str")
             if not merges:
                 raise StrataError(f"{where}: the file has no usable tokenizer (gpt2 model without "
                                   "tokenizer.ggml.merges); pass token ids directly (--prompt_ids)")
@@ -250,15 +248,15 @@ class Tokenizer:
             hf.decoder = decoders.ByteLevel()
             add_bos_default = False
         else:
-            scores = md.get("tokenizer.ggml.scores")
+            scores = get_array(g, "tokenizer.ggml.scores", None, of="float", as_numpy=True)
             if scores is None or len(scores) != n:
                 raise StrataError(f"{where}: the file has no usable tokenizer (llama model without "
                                   "tokenizer.ggml.scores); pass token ids directly (--prompt_ids)")
             merges = _merges_from_scores(tokens, types, np.asarray(scores, np.float32), vocab)
-            unk_id = md.get("tokenizer.ggml.unknown_token_id")
-            unk = tokens[unk_id] if isinstance(unk_id, int) and 0 <= unk_id < n else None
+            unk_id = get_int(g, "tokenizer.ggml.unknown_token_id", None)
+            unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < n else None
             hf = HFTokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
-            add_space_prefix = bool(md.get("tokenizer.ggml.add_space_prefix", True))
+            add_space_prefix = get_bool(g, "tokenizer.ggml.add_space_prefix", True)
             norm = [normalizers.Replace(" ", "▁")]
             if add_space_prefix:
                 norm.insert(0, normalizers.Prepend("▁"))
@@ -277,23 +275,23 @@ class Tokenizer:
             hf.add_tokens(user)
 
         def tid(key):
-            v = md.get(key)
-            return int(v) if v is not None and 0 <= int(v) < n else None
+            v = get_int(g, key, None)
+            return v if v is not None and 0 <= v < n else None
 
         bos_id, eos_id = tid("tokenizer.ggml.bos_token_id"), tid("tokenizer.ggml.eos_token_id")
         eos_ids = {i for i in (eos_id, tid("tokenizer.ggml.eot_token_id"), tid("tokenizer.ggml.eom_token_id"))
                    if i is not None}
         eos_ids |= {vocab[t] for t in END_OF_TURN_TOKENS if t in vocab}
 
-        template = md.get("tokenizer.chat_template")
-        if isinstance(template, str) and template.strip():
+        template = get_str(g, "tokenizer.chat_template", None)
+        if template is not None and template.strip():
             source = "gguf"
-        elif str(md.get("general.architecture", "")).startswith("gemma"):
+        elif get_str(g, "general.architecture", "").startswith("gemma"):
             template, source = GEMMA_TEMPLATE, "fallback:gemma"
         else:
             template, source = CHATML_TEMPLATE, "fallback:chatml"
 
-        add_bos = bool(md.get("tokenizer.ggml.add_bos_token", add_bos_default))
+        add_bos = get_bool(g, "tokenizer.ggml.add_bos_token", add_bos_default)
         return cls(hf=hf, tokens=tokens, types=types, vocab=vocab, model=model, pre=pre, bos_id=bos_id,
                    eos_id=eos_id, eos_ids=eos_ids, add_bos=add_bos,
                    add_space_prefix=add_space_prefix, chat_template=template, chat_template_source=source)

@@ -9,7 +9,7 @@ import pytest
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", "strata_jax.run_generate", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "strata_jax.cli.generate", *args], capture_output=True, text=True,
                           timeout=900)
 
 

@@ -11,7 +11,7 @@ import pytest
 def run_cli(*args, env=None):
     e = dict(os.environ)
     e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "strata_jax.run_generate", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "strata_jax.cli.generate", *args], capture_output=True, text=True,
                           timeout=600, env=e)
 
 
@@ -144,7 +144,7 @@ def test_prompt_file_not_utf8(tmp_path):
 def test_help_names_the_module():
     proc = run_cli("--help")
     assert proc.returncode == 0
-    assert "strata_jax.run_generate:" in proc.stdout and "__main__:" not in proc.stdout
+    assert "strata_jax.cli.generate:" in proc.stdout and "__main__:" not in proc.stdout
     def text(flag):
         return proc.stdout.split(f"\n  --{flag}:")[1].split("\n  --")[0]
 

@@ -45,7 +45,7 @@ def test_chat_answer_end_to_end(model_path, tmp_path):
     its compiled functions from the persistent compilation cache (--xla_cache_dir) and answers the same."""
     cache = tmp_path / "xla"
     for run in range(2):
-        proc = subprocess.run([sys.executable, "-m", "strata_jax.run_generate", "--model", model_path("smollm2-135m"),
+        proc = subprocess.run([sys.executable, "-m", "strata_jax.cli.generate", "--model", model_path("smollm2-135m"),
                                "--chat", "--prompt", "What is the capital of France?", "--max_new_tokens", "24",
                                "--max_context", "128", "--xla_cache_dir", str(cache)],
                               capture_output=True, text=True, timeout=900)

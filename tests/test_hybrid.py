@@ -24,9 +24,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from strata_jax.config import config_from_gguf
 from strata_jax.gguf.reader import open_gguf
-from strata_jax.models import build_stage
+from strata_jax.models.registry import build_stage, config_from_gguf
 from strata_jax.models.hybrid import HybridStage
 from strata_jax.state import Rows
 

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from strata_jax.config import config_from_gguf
 from strata_jax.gguf.reader import open_gguf
-from strata_jax.layers.mtp import HCMTP, MTPHead, NextNMTP
+from strata_jax.layers.mtp import HCMTP, NextNMTP
+from strata_jax.models.registry import config_from_gguf, mtp_head
 from strata_jax.state import Rows
 
 D, H, HKV, HD, RD, E, K, F, FS, V = 64, 4, 2, 16, 8, 4, 2, 16, 32, 96
@@ -280,7 +280,7 @@ def _window_exact(head, h, toks, split):
 def test_nextn_matches_reference(nextn_model):
     g, cfg, t, n = nextn_model
     assert cfg.n_layer == n and cfg.n_nextn == 1
-    head = MTPHead(g, cfg)
+    head = mtp_head(g, cfg)
     assert isinstance(head, NextNMTP)
     head = _Jitted(head)
     rng = np.random.default_rng(3)
@@ -297,7 +297,7 @@ def test_nextn_chain(nextn_model):
     """Chained drafting: each step feeds its own new_h and argmax token at the next position; equals running the
     reference on the chained inputs."""
     g, cfg, t, n = nextn_model
-    head = _Jitted(MTPHead(g, cfg))
+    head = _Jitted(mtp_head(g, cfg))
     rng = np.random.default_rng(5)
     h0 = rng.standard_normal((1, D)).astype(np.float32)
     tok = int(rng.integers(0, V))
@@ -316,7 +316,7 @@ def test_nextn_chain(nextn_model):
 
 def test_qwen4exp_mtp_matches_reference(hc_model):
     g, cfg, t, n = hc_model
-    head = MTPHead(g, cfg)
+    head = mtp_head(g, cfg)
     assert isinstance(head, HCMTP)
     head = _Jitted(head)
     rng = np.random.default_rng(4)

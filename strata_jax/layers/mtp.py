@@ -25,7 +25,9 @@ final mixer; ``out["mtp_hidden"]``) with the token at i+1:
   ``nextn``: ``blk.n.nextn.{enorm,hnorm,fc_embedding,fc_hidden}.weight`` (norm weights with the +1 folded in,
   ``hnorm`` of length hc*D) and the block's tensors under ``blk.n.`` as in a trunk QSA layer.
 
-Interface (`MTPHead`): ``init_state(n_slots, max_context)`` -> the MTP layer's K/V cache;
+Interface (both; built by `strata_jax.models.registry.mtp_head` from the family's ``Family.mtp``):
+``__init__(g, cfg, device=None, reuse=None)`` (``reuse``: the trunk's head / embedding modules already on the device,
+shared instead of loaded twice); ``init_state(n_slots, max_context)`` -> the MTP layer's K/V cache;
 ``draft(state, h_rows, tokens, rows, mode="window") -> (logits [B, T, V] float32, new_h, state)``; rows at
 positions i carry ``h_i`` and the token at i+1. Window mode computes each row alone (row exact); the K/V cells of
 rejected rows are overwritten when those positions are drafted again. There is no recurrent state, so no commit.
@@ -38,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from strata_jax.errors import StrataError, UnsupportedError
+from strata_jax.errors import StrataError
 from strata_jax.layers.gdn import qcall
 from strata_jax.layers.hyper import GatedResidual, hc_write
 from strata_jax.layers.linear import Embedding, QLinear, load_f32
@@ -165,20 +167,3 @@ class HCMTP(_Base):
         R = hc_write(R, self.moe(mixed, exact), inj)
         mixed, _ = self.out_hc(R, exact)
         return qcall(self.head, mixed, exact), R, state
-
-
-def MTPHead(g, cfg, device=None, reuse: dict | None = None):
-    """The MTP draft layer of ``cfg``'s family (`NextNMTP` or `HCMTP`).
-
-    ``reuse``: modules already loaded on ``device`` that the MTP layer shares instead of loading a second copy
-    (``"output.weight"``: the trunk's `QLinear` head; ``"token_embd.weight"``: its `Embedding`): the same device
-    buffers, e.g. ~0.5 GB of Q6_K head at the Qwen3.8-Flash-Next vocabulary.
-
-    Raises:
-      UnsupportedError: a family without MTP support; StrataError: the file has no MTP tensors.
-    """
-    if cfg.arch in ("qwen35moe", "qwen3next"):
-        return NextNMTP(g, cfg, device, reuse)
-    if cfg.arch == "qwen4exp":
-        return HCMTP(g, cfg, device, reuse)
-    raise UnsupportedError(f"no MTP draft layer for architecture {cfg.arch!r}")

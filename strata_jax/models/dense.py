@@ -1,30 +1,51 @@
-"""Dense decoder families: llama (SmolLM2), qwen2 (Qwen2.5-Coder), gemma3 (Gemma 3, sliding window).
+"""The transformer stage shared by the attention-only families: llama, qwen2, gemma3, qwen3 (dense FFN) and qwen3moe
+(MoE FFN). Each family's own file (`strata_jax.models.llama`, ...) reads its keys and states its conventions; this
+file holds the block, the stage and `dense_fields`, the key reading they share.
 
-Sources: HF transformers ``modeling_llama.py``, ``modeling_qwen2.py``, ``modeling_gemma3.py``; llama.cpp's graphs
-``src/models/{llama,qwen2,gemma3}.cpp`` for the GGUF tensor names (``blk.N.attn_q``, ``ffn_gate``, ...).
+Sources: HF transformers ``modeling_llama.py``, ``modeling_qwen2.py``, ``modeling_gemma3.py``, ``modeling_qwen3.py``,
+``modeling_qwen3_moe.py``; llama.cpp's graphs ``src/models/{llama,qwen2,gemma3,qwen3,qwen3moe}.cpp`` for the GGUF
+tensor names (``blk.N.attn_q``, ``ffn_gate``, ``ffn_gate_exps``, ...).
 
-Block (pre-norm): ``h += [post_attn_norm](attn(attn_norm(h)))``; ``h += [post_ffw_norm](mlp(ffn_norm(h)))``, the
-bracketed norms only for gemma3, whose q/k also get a per-head RMSNorm. The MLP is SwiGLU (``down(silu(gate x) *
-up x)``) or GeGLU with tanh-GELU (gemma3).
+Block (pre-norm): ``h += [post_attn_norm](attn(attn_norm(h)))``; ``h += [post_ffw_norm](ffn(ffn_norm(h)))``, the
+bracketed norms only for gemma3. With ``qk_norm`` (gemma3, qwen3, qwen3moe) q and k get a per-head RMSNorm before
+RoPE. The FFN is `strata_jax.layers.mlp.make_ffn`'s: SwiGLU (``down(silu(gate x) * up x)``), GeGLU with tanh-GELU
+(gemma3), or the routed experts (qwen3moe).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from strata_jax.config import ModelConfig
+from strata_jax.config import MAX_LAYERS, MAX_WIDTH, ModelConfig, base_fields
+from strata_jax.gguf.metadata import get_int
 from strata_jax.layers.attention import attend_prefill, attend_window
 from strata_jax.layers.linear import Embedding, QLinear, head_logits, load_f32
+from strata_jax.layers.mlp import make_ffn
 from strata_jax.layers.norms import RMSNorm
 from strata_jax.layers.rope import apply_rope
 from strata_jax.layers.stack import group_runs
 from strata_jax.state import Rows, write_cells
 
 
-def mlp_act(name: str):
-    return jax.nn.silu if name == "silu" else (lambda x: jax.nn.gelu(x, approximate=True))
+def dense_fields(g, *, n_ff_key: str | None = "feed_forward_length") -> dict[str, Any]:
+    """`strata_jax.config.base_fields` plus what the attention-only families read alike: ``block_count`` (no MTP
+    layers), the FFN width (``n_ff_key``; None for a family without a dense FFN: n_ff = 0), Q/K/V biases (present iff
+    ``blk.0.attn_q.bias`` is), no sliding window. A family updates the result and builds its config from it.
+
+    Raises:
+      StrataError: ``block_count``, ``n_ff_key``, ``embedding_length`` or ``attention.head_count`` is missing, or a
+        key has the wrong type or is out of range (`strata_jax.gguf.metadata`).
+    """
+    p = g.architecture + "."
+    n_layer = get_int(g, p + "block_count", min=1, max=MAX_LAYERS)
+    n_ff = get_int(g, p + n_ff_key, min=1, max=MAX_WIDTH) if n_ff_key else 0
+    kw = base_fields(g, n_layer=n_layer, n_ff=n_ff)
+    kw.update(attn_bias=g.has("blk.0.attn_q.bias"), layer_local=(False,) * n_layer)
+    return kw
 
 
 class DenseBlock(nnx.Module):
@@ -45,9 +66,7 @@ class DenseBlock(nnx.Module):
         self.post_attn_norm = (RMSNorm(load_f32(g, p + "post_attention_norm.weight", device), cfg.rms_eps)
                                if cfg.post_norms else None)
         self.ffn_norm = RMSNorm(load_f32(g, p + "ffn_norm.weight", device), cfg.rms_eps)
-        self.gate = QLinear.from_gguf(g, p + "ffn_gate.weight", device)
-        self.up = QLinear.from_gguf(g, p + "ffn_up.weight", device)
-        self.down = QLinear.from_gguf(g, p + "ffn_down.weight", device)
+        self.ffn = make_ffn(g, p, cfg, device)
         self.post_ffw_norm = (RMSNorm(load_f32(g, p + "post_ffw_norm.weight", device), cfg.rms_eps)
                               if cfg.post_norms else None)
 
@@ -78,15 +97,14 @@ class DenseBlock(nnx.Module):
         if self.post_attn_norm is not None:
             o = self.post_attn_norm(o)
         h = h + o
-        m = self.ffn_norm(h)
-        y = self.down(mlp_act(cfg.mlp_act)(self.gate(m, ex)) * self.up(m, ex), ex)
+        y = self.ffn(self.ffn_norm(h), ex)
         if self.post_ffw_norm is not None:
             y = self.post_ffw_norm(y)
         return h + y, (kc, vc)
 
 
 class DenseStage(nnx.Module):
-    """Layers ``[start, stop)`` of a dense model, with the embedding if ``start == 0`` and the final norm + head if
+    """Layers ``[start, stop)`` of an attention-only model, with the embedding if ``start == 0`` and the final norm + head if
     ``stop == n_layer``: what one device runs in a layer split (the whole model when unsplit).
 
     Stage protocol (shared by every family, see `strata_jax.pipeline.stages`):

@@ -1,8 +1,11 @@
-"""Hybrid MoE families: qwen35moe (Qwen3.5/3.6 MoE), qwen3next (Qwen3-Next), qwen4exp (Qwen3.8-Flash-Next).
+"""The stage shared by the hybrid families: qwen35moe (Qwen3.5/3.6 MoE), qwen35 (Qwen3.5 dense), qwen3next
+(Qwen3-Next), qwen4exp (Qwen3.8-Flash-Next). Each family's own file (`strata_jax.models.qwen35moe`, ...) reads its
+keys into a `HybridConfig` (with `hybrid_fields`, the reading they share) and states its conventions and traps.
 
-Sources: HF transformers 5.24 ``modeling_qwen3_5_moe.py``, ``modeling_qwen3_next.py``, ``modeling_qwen4_exp.py``
-(numerics; HF wins where the spec disagrees), llama.cpp's converters ``conversion/{qwen,qwen4exp}.py`` and graphs
-``src/models/{qwen35moe,qwen3next}.cpp`` (GGUF names/keys), spec MODEL.md Part A (qwen4exp) and Part B.
+Sources: HF transformers 5.24 ``modeling_qwen3_5_moe.py``, ``modeling_qwen3_5.py``, ``modeling_qwen3_next.py``,
+``modeling_qwen4_exp.py`` (numerics; HF wins where the spec disagrees), llama.cpp's converters
+``conversion/{qwen,qwen4exp}.py`` and graphs ``src/models/{qwen35moe,qwen35,qwen3next}.cpp`` (GGUF names/keys),
+spec MODEL.md Part A (qwen4exp) and Part B.
 
 qwen4exp (`HCBlock`, MODEL.md A§1.2): the residual is ``R`` float32 [B, T, hc, D] (the embedding tiled into the hc
 streams); per layer ``[R += PLE(R, emb)]`` (PLE layers only), then ``mixed, inj = hc_attn(R)``, ``R += mixer(mixed) *
@@ -11,10 +14,11 @@ Mixers: GDN with a sigmoid output gate, or gated attention with the QSA indexer 
 ``output(output_hc(R))`` (a hyper-connection read without inject; no output_norm). Extra per-row input: the PLE
 table rows (``ple=`` of `HybridStage.__call__`), gathered on the host by `strata_jax.layers.ple.PLETable`.
 
-Block of qwen35moe / qwen3next (`HybridBlock`, plain pre-norm residual, every layer):
+Block of qwen35moe / qwen35 / qwen3next (`HybridBlock`, plain pre-norm residual, every layer):
   ``h += mixer(attn_norm(h))`` with mixer = GDN (`strata_jax.layers.gdn`) on recurrent layers, gated attention
   (`strata_jax.layers.qsa.GatedAttention`) on every ``full_attention_interval``-th layer;
-  ``h += MoE(post_attention_norm(h))`` (`strata_jax.layers.moe`). Head: ``output(output_norm(h))``.
+  ``h += ffn(post_attention_norm(h))`` with ffn = MoE (`strata_jax.layers.moe`; qwen35moe, qwen3next) or a SwiGLU
+  MLP (`strata_jax.layers.mlp`; qwen35). Head: ``output(output_norm(h))``.
 
 State per layer (``init_state``): a GDN layer holds ``{"S": f32 [n_slots, Hv, Dk, Dv], "conv": f32 [n_slots, K-1,
 C]}``, an attention layer ``(k_cache, v_cache)`` [n_slots, max_context + 1, Hkv, hd] (+ the raw indexer-key cache
@@ -24,8 +28,8 @@ indexer-key cells and leaves the GDN state and the PLE conv history alone; ``pen
 conv inputs and k, v, g, beta (and the PLE layer's normed conv inputs), and ``commit(state, pending, rows, keep)``
 replays exactly ``keep[b]`` rows. Prefill commits all valid rows (pending is None).
 
-Unused by the stage: ``out["mtp_hidden"]`` feeds `strata_jax.layers.mtp.MTPHead` (built separately from the same
-GGUF).
+Unused by the stage: ``out["mtp_hidden"]`` feeds the family's MTP draft layer (`strata_jax.layers.mtp`, built
+separately from the same GGUF by `strata_jax.models.registry.mtp_head`).
 """
 
 from __future__ import annotations
@@ -36,11 +40,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from strata_jax.config import ModelConfig, base_fields, require_key
+from strata_jax.config import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_WIDTH, ModelConfig, base_fields
+from strata_jax.gguf.metadata import get_array, get_int, key_error
 from strata_jax.errors import StrataError, UnsupportedError
 from strata_jax.layers.gdn import GatedDeltaNet, conv_tail
 from strata_jax.layers.hyper import GatedResidual, hc_write
 from strata_jax.layers.linear import Embedding, QLinear, head_logits, load_f32
+from strata_jax.layers.mlp import make_ffn
 from strata_jax.layers.moe import MoE
 from strata_jax.layers.norms import RMSNorm
 from strata_jax.layers.ple import PLEBlock, PLETable, dequant_rows
@@ -59,7 +65,6 @@ class HybridConfig(ModelConfig):
         ``ssm.time_step_rank``, ``ssm.state_size``, ``ssm.inner_size / time_step_rank``, ``ssm.conv_kernel``).
       v_order: ``"tiled"`` (qwen35*/qwen4exp GGUFs) or ``"grouped"`` (qwen3next) v-head order.
       gdn_gate: ``"silu"`` or ``"sigmoid"`` (qwen4exp).
-      n_expert / n_expert_used / expert_ff / shared_ff: MoE geometry.
       n_nextn: MTP blocks appended after the trunk (``nextn_predict_layers``).
       hc / hc_lowrank: qwen4exp hyper-connection streams and rank (0 = plain residual).
       idx_heads / idx_head_dim / idx_budget / idx_ratio: qwen4exp QSA indexer (``attention.indexer.head_count``,
@@ -76,10 +81,6 @@ class HybridConfig(ModelConfig):
     ssm_conv: int = 4
     v_order: str = "tiled"
     gdn_gate: str = "silu"
-    n_expert: int = 0
-    n_expert_used: int = 0
-    expert_ff: int = 0
-    shared_ff: int = 0
     n_nextn: int = 0
     hc: int = 0
     hc_lowrank: int = 0
@@ -97,76 +98,59 @@ class HybridConfig(ModelConfig):
     ple_offsets: tuple[int, ...] = ()
 
 
-def hybrid_config_from_gguf(g) -> HybridConfig:
-    """The `HybridConfig` of an open qwen35moe / qwen3next / qwen4exp GGUF (keys written by llama.cpp's converters,
-    MODEL.md B§2.1, A§2.1).
+def hybrid_fields(g, *, moe: bool) -> dict:
+    """The `HybridConfig` fields every hybrid family reads alike (llama.cpp's converters write them the same way,
+    MODEL.md B§2.1): `strata_jax.config.base_fields` (partial RoPE: ``head_dim / 4`` rotated dims without
+    ``rope.dimension_count``), the trunk's layer count (``block_count`` minus ``nextn_predict_layers``, the MTP
+    blocks appended after the trunk), which layers are recurrent (``attention.recurrent_layers``, else every
+    ``full_attention_interval``-th layer is attention), the GDN geometry (``ssm.*``), and the FFN: the MoE keys
+    (``moe=True``) or ``feed_forward_length``. The family adds its own fields (GDN value order and gate, ...).
 
     Raises:
-      UnsupportedError: another architecture.
-      StrataError: a required key is missing.
+      StrataError: a required key is missing, or a key has the wrong type or is out of range
+        (`strata_jax.gguf.metadata`), or the GDN keys disagree (``ssm.inner_size`` a multiple of
+        ``ssm.time_step_rank``, ``ssm.group_count`` a divisor of it).
     """
-    md, arch, path = g.metadata, g.architecture, g.path
-    if arch not in ("qwen35moe", "qwen3next", "qwen4exp"):
-        raise UnsupportedError(f"{path}: hybrid architecture {arch!r} is not implemented "
-                               "(qwen35moe, qwen3next, qwen4exp)")
-    p = arch + "."
-    n_nextn = int(md.get(p + "nextn_predict_layers", 0))
-    n_layer = int(require_key(md, p + "block_count", path)) - n_nextn
-    base = base_fields(g, n_layer=n_layer, n_ff=int(md.get(p + "feed_forward_length", 0)), rope_fraction=4)
-    rec = md.get(p + "attention.recurrent_layers")
+    p = g.architecture + "."
+    n_nextn = get_int(g, p + "nextn_predict_layers", 0, min=0, max=MAX_LAYERS)
+    n_layer = get_int(g, p + "block_count", min=n_nextn + 1, max=MAX_LAYERS + n_nextn) - n_nextn
+    n_ff = (get_int(g, p + "feed_forward_length", 0, min=0, max=MAX_WIDTH) if moe else
+            get_int(g, p + "feed_forward_length", min=1, max=MAX_WIDTH))
+    kw = base_fields(g, n_layer=n_layer, n_ff=n_ff, rope_fraction=4)
+    rec = get_array(g, p + "attention.recurrent_layers", None, of="bool", min_length=n_layer)
     if rec is not None:
-        rec = tuple(bool(r) for r in list(rec)[:n_layer])
+        rec = rec[:n_layer]
     else:
-        interval = int(md.get(p + "full_attention_interval", 4))
+        interval = get_int(g, p + "full_attention_interval", 4, min=1, max=MAX_LAYERS)
         rec = tuple((i + 1) % interval != 0 for i in range(n_layer))
-    v_heads = int(require_key(md, p + "ssm.time_step_rank", path))
-    extra = {}
-    if arch == "qwen4exp":
-        ratios = md.get(p + "attention.compress_ratios")
-        ratios = tuple(int(r) for r in list(ratios)[:n_layer]) if ratios is not None else (0,) * n_layer
-        extra = dict(
-            hc=int(require_key(md, p + "hyper_connection.count", path)),
-            hc_lowrank=int(md.get(p + "hyper_connection.low_rank", 0)),
-            idx_heads=int(require_key(md, p + "attention.indexer.head_count", path)),
-            idx_head_dim=int(require_key(md, p + "attention.indexer.key_length", path)),
-            idx_budget=int(require_key(md, p + "attention.indexer.top_k", path)),
-            idx_ratio=ratios,
-            ple_layers=tuple(int(v) for v in list(md.get(p + "ple.layers", []))),
-        )
-        if extra["ple_layers"]:
-            extra.update(
-                ple_ngram=int(require_key(md, p + "ple.ngram_size", path)),
-                ple_heads_per_ngram=int(require_key(md, p + "ple.heads_per_ngram", path)),
-                ple_conv=int(md.get(p + "ple.conv_kernel", 4)),
-                ple_eos=int(md.get(p + "ple.eos_token_id", md.get("tokenizer.ggml.eos_token_id", -1))),
-                ple_mult=tuple(int(v) for v in list(require_key(md, p + "ple.layer_multipliers", path))),
-                ple_sizes=tuple(int(v) for v in list(require_key(md, p + "ple.head_vocab_sizes", path))),
-                ple_offsets=tuple(int(v) for v in list(require_key(md, p + "ple.head_offsets", path))),
-            )
-            if len(extra["ple_layers"]) > 1:
-                raise UnsupportedError(f"{path}: {len(extra['ple_layers'])} PLE layers (one table and one hash "
-                                       "parameter set per file are read)")
-    return HybridConfig(
-        **base,
-        **extra,
+    v_heads = get_int(g, p + "ssm.time_step_rank", min=1, max=MAX_HEADS)
+    ssm_k_heads = get_int(g, p + "ssm.group_count", min=1, max=MAX_HEADS)
+    inner = get_int(g, p + "ssm.inner_size", min=1, max=MAX_WIDTH)
+    # relations between the keys (what the GDN layer assumes)
+    if inner % v_heads:
+        raise key_error(g, p + "ssm.inner_size", f"a multiple of {p}ssm.time_step_rank ({v_heads})", inner)
+    if v_heads % ssm_k_heads:
+        raise key_error(g, p + "ssm.group_count", f"a divisor of {p}ssm.time_step_rank ({v_heads})", ssm_k_heads)
+    kw.update(
         rope_neox=True,
         layer_local=(False,) * n_layer,
         layer_recurrent=rec,
-        ssm_k_heads=int(require_key(md, p + "ssm.group_count", path)),
+        ssm_k_heads=ssm_k_heads,
         ssm_v_heads=v_heads,
-        ssm_d_k=int(require_key(md, p + "ssm.state_size", path)),
-        ssm_d_v=int(require_key(md, p + "ssm.inner_size", path)) // v_heads,
-        ssm_conv=int(md.get(p + "ssm.conv_kernel", 4)),
-        v_order="grouped" if arch == "qwen3next" else "tiled",
-        gdn_gate="sigmoid" if arch == "qwen4exp" else "silu",
-        n_expert=int(require_key(md, p + "expert_count", path)),
-        n_expert_used=int(require_key(md, p + "expert_used_count", path)),
-        expert_ff=int(md.get(p + "expert_feed_forward_length", 0)),
-        shared_ff=int(md.get(p + "expert_shared_feed_forward_length", 0)),
+        ssm_d_k=get_int(g, p + "ssm.state_size", min=1, max=MAX_WIDTH),
+        ssm_d_v=inner // v_heads,
+        ssm_conv=get_int(g, p + "ssm.conv_kernel", 4, min=1, max=1 << 10),
         n_nextn=n_nextn,
     )
-
-
+    if moe:
+        n_expert = get_int(g, p + "expert_count", min=1, max=MAX_EXPERTS)
+        kw.update(
+            n_expert=n_expert,
+            n_expert_used=get_int(g, p + "expert_used_count", min=1, max=n_expert),
+            expert_ff=get_int(g, p + "expert_feed_forward_length", 0, min=0, max=MAX_WIDTH),
+            shared_ff=get_int(g, p + "expert_shared_feed_forward_length", 0, min=0, max=MAX_WIDTH),
+        )
+    return kw
 
 
 def make_mixer(g, cfg: HybridConfig, i: int, device=None):
@@ -197,7 +181,8 @@ def mixer_state(mixer, cfg: HybridConfig, n_slots: int, max_context: int, kv_dty
 
 
 class HybridBlock(nnx.Module):
-    """One trunk layer: pre-norm mixer (GDN or gated attention) + pre-norm MoE, plain residual."""
+    """One trunk layer: pre-norm mixer (GDN or gated attention) + pre-norm FFN (MoE or SwiGLU MLP), plain
+    residual."""
 
     def __init__(self, g, cfg: HybridConfig, i: int, device=None):
         p = f"blk.{i}."
@@ -205,7 +190,7 @@ class HybridBlock(nnx.Module):
         self.attn_norm = RMSNorm(load_f32(g, p + "attn_norm.weight", device), cfg.rms_eps)
         self.mixer = make_mixer(g, cfg, i, device)
         self.ffn_norm = RMSNorm(load_f32(g, p + "post_attention_norm.weight", device), cfg.rms_eps)
-        self.moe = MoE(g, p, n_used=cfg.n_expert_used, renorm=True, device=device)
+        self.ffn = make_ffn(g, p, cfg, device)
 
     def __call__(self, h, st, rows: Rows, mode: str, max_context: int, ple_emb=None):
         a = self.attn_norm(h)
@@ -215,7 +200,7 @@ class HybridBlock(nnx.Module):
             y, st = self.mixer(a, st, rows, mode, max_context)
             pend = None
         h = h + y
-        h = h + self.moe(self.ffn_norm(h), mode == "window")
+        h = h + self.ffn(self.ffn_norm(h), mode == "window")
         return h, st, pend
 
     def commit(self, st, pend, rows: Rows, keep):
@@ -308,15 +293,15 @@ def _put(tree, i, new):
 
 
 class HybridStage(nnx.Module):
-    """Layers ``[start, stop)`` of a qwen35moe / qwen3next / qwen4exp model (embedding on the first stage, final
+    """Layers ``[start, stop)`` of a qwen35moe / qwen35 / qwen3next / qwen4exp model (embedding on the first stage, final
     norm / mixer + head on the last): the Stage protocol of `strata_jax.models.dense.DenseStage`.
 
     ``__call__(state, x, rows, mode, max_context, logits="all", ple=None) -> (out, state, pending)``: ``x`` int32 ids
     [B, T] (first stage) or the float32 handoff (``[B, T, D]``; qwen4exp ``[B, T, hc, D]``, the residual streams);
     ``mode`` "window" (T <= 8, recurrent state untouched, ``pending`` = list per layer or None) or "prefill" (all
     valid rows committed, ``pending`` None); ``out`` = {"hidden": the handoff, and on the last stage "logits" float32
-    [B, T, V] or [B, 1, V] (``logits="last"``) and "mtp_hidden" (what `strata_jax.layers.mtp.MTPHead` consumes:
-    the post-final-norm hidden [B, T, D], or for qwen4exp the final residual streams [B, T, hc, D])}.
+    [B, T, V] or [B, 1, V] (``logits="last"``) and "mtp_hidden" (what the MTP layer of `strata_jax.layers.mtp`
+    consumes: the post-final-norm hidden [B, T, D], or for qwen4exp the final residual streams [B, T, hc, D])}.
 
     ``ple`` (qwen4exp, only on the stage holding the PLE layer, ``self.has_ple``): the stored table rows of each
     row's n-gram heads, uint8 [B, T, n_heads, row_bytes] as returned by `ple_table(g).gather(prev, tokens)` on the

@@ -19,11 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from strata_jax.config import ModelConfig, config_from_gguf
+from strata_jax.config import ModelConfig
 from strata_jax.errors import StrataError
 from strata_jax.gguf import open_gguf
 from strata_jax.layers.linear import blocks_as_f32
-from strata_jax.models import build_stage
+from strata_jax.models.registry import family_of, mtp_head
 from strata_jax.pipeline.stages import (Stage, build_commit_fn, build_mtp_fn, build_stage_fn, make_stage,
                                        parse_layer_split)
 from strata_jax.pipeline.windows import CompileCache
@@ -50,7 +50,7 @@ class Engine:
     """A model loaded on one or more devices, with ``n_slots`` slots of state.
 
     Args:
-      model_path: a GGUF file, or an open GGUF-like object (`strata_jax.models.random_weights.VirtualGGUF`).
+      model_path: a GGUF file, or an open GGUF-like object (`strata_jax.testing.random_weights.VirtualGGUF`).
       max_context: cells per slot (prompt + generated tokens).
       n_slots: slots of state (1 for the solo path).
       layer_split: ``"K1,K2,..."`` or None (see `parse_layer_split`).
@@ -73,9 +73,10 @@ class Engine:
                  devices=None, kv_dtype=jnp.float32, compile_cache_size: int = 32, progress: bool = False,
                  weights: str = "auto"):
         t0 = time.perf_counter()
-        # a path, or an already open GGUF-like object (e.g. strata_jax.models.random_weights.VirtualGGUF)
+        # a path, or an already open GGUF-like object (e.g. strata_jax.testing.random_weights.VirtualGGUF)
         self.gguf = model_path if hasattr(model_path, "tensors") else open_gguf(model_path)
-        self.cfg: ModelConfig = config_from_gguf(self.gguf)
+        self.family = family_of(self.gguf)  # general.architecture -> its family (strata_jax.models.registry)
+        self.cfg: ModelConfig = self.family.read_config(self.gguf)
         if max_context < 2:
             raise StrataError(f"--max_context {max_context}: must be at least 2")
         self.max_context = int(max_context)
@@ -87,7 +88,7 @@ class Engine:
         bar = _load_bar(len(ranges), progress)
         for i, (a, b) in enumerate(ranges):
             with blocks_as_f32(self.weights == "f32"):
-                module = build_stage(self.gguf, self.cfg, a, b, devices[i])
+                module = self.family.stage(self.gguf, self.cfg, a, b, devices[i])
             self.stages.append(make_stage(module, i, devices[i]))
             if bar:
                 bar.update(1)
@@ -227,8 +228,6 @@ class Engine:
         samp = RowSampling.make([sampling])
         if start == 0:
             self.reset_slot(slot)  # a new sequence: recurrent state from zero (K/V cells are overwritten)
-            if self.ple_table is not None:
-                self.ple_prev[slot] = self.ple_table.start_prev()
         logits_out = []
         pick = None
         C = PREFILL_CHUNK
@@ -300,9 +299,12 @@ class Engine:
 
     def reset_slot(self, slot: int) -> None:
         """Zero one slot's state on every stage (recurrent state must start from zero before a new prompt; K/V
-        cells are overwritten anyway). Other slots' entries are untouched, bit for bit."""
+        cells are overwritten anyway) and put its PLE predecessors at the sequence start. Other slots' entries are
+        untouched, bit for bit."""
         if not 0 <= slot < self.n_slots:
             raise StrataError(f"slot {slot}: the engine has {self.n_slots} slots")
+        if self.ple_table is not None:
+            self.ple_prev[slot] = self.ple_table.start_prev()
         for i, stage in enumerate(self.stages):
             fn = self._commit_fns.get(("reset", i))
             if fn is None:
@@ -346,8 +348,6 @@ class Engine:
         """
         from flax import nnx
 
-        from strata_jax.layers.mtp import MTPHead
-
         n_draft = int(n_draft)
         if not 1 <= n_draft <= MAX_WINDOW - 1:
             raise StrataError(f"MTP chain of {n_draft} drafts: must lie in 1..{MAX_WINDOW - 1}")
@@ -356,7 +356,7 @@ class Engine:
                 raise StrataError(f"{self.gguf.path} ({self.cfg.arch}) has no MTP layer (nextn_predict_layers = 0)")
             dev = self.stages[-1].device
             with blocks_as_f32(self.weights == "f32"):
-                self.mtp = MTPHead(self.gguf, self.cfg, dev, reuse=self._loaded_on(dev))
+                self.mtp = mtp_head(self.gguf, self.cfg, dev, reuse=self._loaded_on(dev))
             self._mtp_graphdef, self._mtp_params = nnx.split(self.mtp)
             self.mtp_state = self.mtp.init_state(self.n_slots, self.max_context, self.kv_dtype, dev)
         self.mtp_n = max(self.mtp_n, n_draft)

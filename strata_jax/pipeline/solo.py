@@ -16,6 +16,7 @@ import numpy as np
 
 from strata_jax.errors import StrataError
 from strata_jax.pipeline.engine import MAX_WINDOW, Engine
+from strata_jax.pipeline.sequence import Sequence
 from strata_jax.sampling import RowSampling, SamplingParams
 from strata_jax.state import Rows
 
@@ -132,21 +133,6 @@ class Generation:
     step_logits: np.ndarray | None = None
 
 
-def stop_strings(tokenizer, strings) -> Callable[[list[int]], bool] | None:
-    """The ``stop`` callback of `generate` (and of batch `Request`s) for stop strings: True once the decoded text of
-    the tokens so far contains one of ``strings`` (the token that completes it is kept, as llama.cpp's ``--stop``
-    keeps the matched text). None when ``strings`` is empty."""
-    strings = [s for s in (strings or ()) if s]
-    if not strings:
-        return None
-
-    def stop(tokens: list[int]) -> bool:
-        text = tokenizer.decode(tokens, skip_special=True)
-        return any(s in text for s in strings)
-
-    return stop
-
-
 def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256,
              sampling: SamplingParams = SamplingParams(), eos_ids=(), stop: Callable[[list[int]], bool] | None = None,
              on_token: Callable[[int], None] | None = None, slot: int = 0, dump_logits: bool = False,
@@ -181,39 +167,24 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
                               stop=stop, on_token=on_token, slot=slot, dump_logits=dump_logits, proposer=proposer,
                               spec=int(spec), spec_min_p=float(spec_min_p), policy=policy)
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
-    eos = set(int(e) for e in eos_ids)
     t0 = time.perf_counter()
     c0 = engine.cache.compiles
     first, prefill_logits = engine.prefill(slot, list(prompt_ids), sampling, all_logits=dump_logits)
     stats.prefill_seconds = time.perf_counter() - t0
     stats.prefill_compiled = engine.cache.compiles != c0
-    tokens: list[int] = []
     step_logits: list[np.ndarray] = []
     if dump_logits:
         step_logits.append(prefill_logits[-1])
     samp = RowSampling.make([sampling])
-    pos = len(prompt_ids)  # position of the next input token
-    token = first
+    seq = Sequence(prompt_ids, max_new_tokens=max_new_tokens, max_context=engine.max_context, eos_ids=eos_ids,
+                   stop=stop, on_token=on_token)
+    tokens = seq.tokens
     t1 = time.perf_counter()
-    while True:
-        tokens.append(token)
-        if token in eos:
-            stats.stop_reason = "eos"
-            break
-        if on_token is not None:
-            on_token(token)
-        if stop is not None and stop(tokens):
-            stats.stop_reason = "stop string"
-            break
-        if len(tokens) >= max_new_tokens:
-            stats.stop_reason = "max tokens"
-            break
-        if pos >= engine.max_context - 1:
-            stats.stop_reason = "context end"
-            break
+    seq.emit(first)
+    while not seq.reason:
         tw = time.perf_counter()
         c0 = engine.cache.compiles
-        res = engine.window(np.array([[token]], np.int32), Rows.make([slot], [pos], [1]), samp, kind="step")
+        res = engine.window(np.array([[seq.last]], np.int32), Rows.make([slot], [seq.pos], [1]), samp, kind="step")
         dtw = time.perf_counter() - tw
         stats.window_seconds += dtw
         stats.windows += 1
@@ -221,8 +192,8 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
             stats.add_compiled_window(1, dtw, dtw)
         if dump_logits:
             step_logits.append(np.asarray(res.device_out["logits"][0, 0]))
-        token = int(res.picks[0, 0])
-        pos += 1
+        seq.emit(int(res.picks[0, 0]))
+    stats.stop_reason = seq.reason
     stats.decode_seconds = time.perf_counter() - t1
     stats.generated = len(tokens)
     return Generation(tokens, stats, prefill_logits,
@@ -242,7 +213,6 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
     stats = GenerationStats(prompt_tokens=len(prompt_ids), spec=spec, proposer=getattr(proposer, "name", "?"),
                             offered_at=[0] * (spec - 1), accepted_at=[0] * (spec - 1))
     pstats = stats.per_proposer.setdefault(stats.proposer, {"offered": 0, "accepted": 0, "windows": 0})
-    eos = set(int(e) for e in eos_ids)
     compiles0 = engine.cache.compiles
     d_eng = getattr(proposer, "engine", None)
     d_cache = d_eng.cache if d_eng is not None and d_eng is not engine else None
@@ -259,50 +229,24 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
     first, prefill_logits = engine.prefill(slot, list(prompt_ids), sampling, all_logits=dump_logits)
     stats.prefill_seconds = time.perf_counter() - t0
     stats.prefill_compiled = n_compiles() != c_pre
-    history: list[int] = list(prompt_ids)
-    n_prompt = len(history)
-    tokens: list[int] = []
     step_logits: list[np.ndarray] = []
     if dump_logits:
         step_logits.append(prefill_logits[-1])
     samp = RowSampling.make([sampling])
-
-    def emit(tok: int) -> str:
-        """Append one token and apply plain decoding's checks, in its order; returns a stop reason or ''."""
-        tokens.append(tok)
-        history.append(tok)
-        if tok in eos:
-            return "eos"
-        if on_token is not None:
-            on_token(tok)
-        if stop is not None and stop(tokens):
-            return "stop string"
-        if len(tokens) >= max_new_tokens:
-            return "max tokens"
-        if n_prompt + len(tokens) - 1 >= engine.max_context - 1:
-            return "context end"
-        return ""
-
+    seq = Sequence(prompt_ids, max_new_tokens=max_new_tokens, max_context=engine.max_context, eos_ids=eos_ids,
+                   stop=stop, on_token=on_token, proposer=proposer, spec_min_p=spec_min_p)
+    tokens = seq.tokens
     t1 = time.perf_counter()
-    reason = emit(first)
-    while not reason:
-        token = tokens[-1]
-        pos = n_prompt + len(tokens) - 1  # position of the window's row 0
-        room = min(spec - 1, max_new_tokens - len(tokens) - 1, engine.max_context - 2 - pos)
+    seq.emit(first)
+    while not seq.reason:
+        token, pos = seq.last, seq.pos
         tr = time.perf_counter()
         c0 = n_compiles()
         props: list[int] = []
-        if room > 0:
-            if policy is None or policy.use_proposer():
-                tp = time.perf_counter()
-                props = [int(t) for t in proposer.propose(list(history), room, spec_min_p)][:room]
-                probs = proposer.last_probs
-                if spec_min_p > 0 and probs is not None:
-                    n_ok = 0
-                    while n_ok < len(props) and n_ok < len(probs) and probs[n_ok] >= spec_min_p:
-                        n_ok += 1
-                    props = props[:n_ok]
-                stats.propose_seconds += time.perf_counter() - tp
+        if seq.room(spec - 1) > 0 and (policy is None or policy.use_proposer()):
+            tp = time.perf_counter()
+            props = seq.propose(spec - 1)
+            stats.propose_seconds += time.perf_counter() - tp
         tw = time.perf_counter()
         k = len(props)
         if k:
@@ -312,20 +256,13 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
             rows = Rows.make([slot], [pos], [1 + k])
             res = engine.window(toks, rows, samp, kind="window")
             n_keep = int(res.n_keep[0])
-            emitted = props[:n_keep - 1] + [int(res.picks[0, n_keep - 1])]
         else:
             rows = Rows.make([slot], [pos], [1])
             res = engine.window(np.array([[token]], np.int32), rows, samp, kind="step")
             n_keep = 1
-            emitted = [int(res.picks[0, 0])]
-        kept = 0
-        for j, t in enumerate(emitted):
-            if dump_logits:
-                step_logits.append(np.asarray(res.device_out["logits"][0, j]))
-            kept += 1
-            reason = emit(t)
-            if reason:
-                break
+        kept = len(seq.accept(props, res.picks[0], n_keep))
+        if dump_logits:
+            step_logits.extend(np.asarray(res.device_out["logits"][0, j]) for j in range(kept))
         if k and any(pd is not None for pd in res.pending):
             engine.commit(rows, res.pending, np.array([kept], np.int32))
         now = time.perf_counter()
@@ -348,8 +285,7 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
                     stats.accepted_at[i] += 1
         if policy is not None:
             policy.record("spec" if k else "plain", 1 + k, kept, now - tr, compiled=n_compiles() != c0)
-        proposer.observe(emitted[:kept])
-    stats.stop_reason = reason
+    stats.stop_reason = seq.reason
     stats.decode_seconds = time.perf_counter() - t1
     stats.generated = len(tokens)
     stats.compiles = engine.cache.compiles - compiles0

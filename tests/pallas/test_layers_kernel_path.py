@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from strata_jax.config import config_from_gguf
+from strata_jax.models.registry import config_from_gguf
 from strata_jax.gguf.reader import open_gguf
 from strata_jax.models.hybrid import HybridStage
 from strata_jax.state import Rows

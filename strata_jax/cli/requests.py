@@ -1,0 +1,233 @@
+"""Requests as the command line and the server take them: the rules of one request's values, the ``--prompts_file``
+JSONL reader (errors named ``file:line``), chat prompts rendered with the model's template, token-id checks, and the
+``--out_jsonl`` writer. One rule in one place: `check_request_values` serves the flags of ``strata-generate``, the
+lines of ``--prompts_file`` and the fields of ``strata-serve``'s requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+from strata_jax.errors import StrataError
+from strata_jax.pipeline.scheduler import Request, RequestResult
+from strata_jax.sampling import SEED_MAX, SamplingParams
+
+REQUEST_KEYS = ("prompt", "prompt_ids", "chat", "max_new_tokens", "seed", "temperature", "top_k", "top_p", "min_p",
+                "arrival", "arrival_offset", "id")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+
+def check_request_values(values: dict, label: Callable[[str], str]) -> None:
+    """The rules one request's settings must follow, shared by the solo flags (``label = lambda k: "--" + k``) and
+    the lines of ``--prompts_file`` (``label = lambda k: repr(k)``): types and ranges of ``temperature`` (finite),
+    ``top_k`` (0..64), ``top_p`` ((0, 1]), ``min_p`` ([0, 1]), ``seed`` (0..2**32-1), ``max_new_tokens`` (>= 1),
+    ``arrival`` (finite, >= 0), ``prompt`` (non-empty text), ``prompt_ids`` (non-empty list of ids >= 0; the
+    vocabulary bound is `check_prompt_ids_vocab`), ``chat`` (bool), ``id`` (a string or a number).
+
+    Raises:
+      StrataError: the first value that breaks a rule, named with ``label(key)``.
+    """
+    import math
+
+    for key, v in values.items():
+        name = label(key)
+        if key in ("temperature", "top_p", "min_p", "arrival", "arrival_offset"):
+            if not _is_num(v):
+                raise StrataError(f"{name} {v!r}: must be a number")
+            if not math.isfinite(float(v)):
+                raise StrataError(f"{name} {v}: must be a finite number" + (" (<= 0 is greedy)"
+                                                                            if key == "temperature" else ""))
+            if key == "top_p" and not 0.0 < v <= 1.0:
+                raise StrataError(f"{name} {v}: must lie in (0, 1]")
+            if key == "min_p" and not 0.0 <= v <= 1.0:
+                raise StrataError(f"{name} {v}: must lie in [0, 1]")
+            if key in ("arrival", "arrival_offset") and v < 0:
+                raise StrataError(f"{name} {v}: must be >= 0 (seconds after the start)")
+        elif key in ("top_k", "seed", "max_new_tokens"):
+            if not _is_int(v):
+                raise StrataError(f"{name} {v!r}: must be an integer")
+            if key == "top_k" and not 0 <= v <= 64:
+                raise StrataError(f"{name} {v}: must lie in 0..64 (0 = 64)")
+            if key == "seed" and not 0 <= v <= SEED_MAX:
+                raise StrataError(f"{name} {v}: must lie in 0..{SEED_MAX} (2**32 - 1)")
+            if key == "max_new_tokens" and v < 1:
+                raise StrataError(f"{name} {v}: must be >= 1")
+        elif key == "prompt":
+            if not isinstance(v, str):
+                raise StrataError(f"{name} {v!r}: must be a string")
+            if not v:
+                raise StrataError(f"{name} is empty")
+        elif key == "prompt_ids":
+            if not isinstance(v, (list, tuple)) or not all(_is_int(t) for t in v):
+                raise StrataError(f"{name} {v!r}: must be a list of integer token ids")
+            if not v:
+                raise StrataError(f"{name} is empty")
+            bad = [int(t) for t in v if t < 0]
+            if bad:
+                raise StrataError(f"{name}: token ids must be >= 0 (got {bad[:3]})")
+        elif key == "chat":
+            if not isinstance(v, bool):
+                raise StrataError(f"{name} {v!r}: must be true or false")
+        elif key == "id":
+            if not (isinstance(v, str) or (_is_num(v) and math.isfinite(float(v)))):
+                raise StrataError(f"{name} {v!r}: must be a string or a number")
+        else:
+            raise StrataError(f"unknown key {name} (known: {', '.join(REQUEST_KEYS)})")
+
+
+def check_prompt_ids_vocab(ids, vocab_size: int, name: str) -> None:
+    """Raises StrataError when a token id lies outside the model's vocabulary 0..vocab_size-1."""
+    bad = [int(t) for t in ids if not 0 <= int(t) < vocab_size]
+    if bad:
+        raise StrataError(f"{name}: token ids must lie in 0..{vocab_size - 1} (got {bad[:3]})")
+
+
+def usable_tokenizer(engine):
+    """``(tokenizer, None)``, or ``(None, reason)`` when the model's tokenizer cannot be built (no tokenizer in the
+    file, or one the tokenizer library refuses)."""
+    try:
+        return engine.tokenizer, None
+    except StrataError as e:
+        return None, str(e)
+    except Exception as e:  # the tokenizers library's own errors (e.g. "Error while initializing BPE")
+        return None, f"cannot build it: {type(e).__name__}: {e}"
+
+
+@dataclasses.dataclass
+class PromptLine:
+    """One validated line of ``--prompts_file`` (before tokenization): ``where`` is ``path:line``, ``rid`` the
+    request's id, ``d`` the JSON object."""
+
+    where: str
+    rid: Any
+    d: dict
+
+
+def read_prompts_file(path: str) -> list[PromptLine]:
+    """Read and check ``--prompts_file`` without a model: every line a JSON object with known keys, values of the
+    right type and range (`check_request_values`, the solo flags' rules), one of ``prompt`` / ``prompt_ids``, unique
+    scalar ids (a line without ``id`` gets its index among the requests).
+
+    Raises:
+      StrataError: unreadable or non-UTF-8 file, or a bad line, named as ``--prompts_file PATH:LINE``.
+    """
+    import json
+
+    try:
+        with open(path, encoding="utf-8-sig") as f:  # a leading byte-order mark is not part of line 1
+            # JSON Lines ends lines with "\n" (or "\r\n") only: U+2028, U+0085, ... are legal inside a JSON string
+            lines = [ln[:-1] if ln.endswith("\r") else ln for ln in f.read().split("\n")]
+    except OSError as e:
+        raise StrataError(f"--prompts_file {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise StrataError(f"--prompts_file {path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    out: list[PromptLine] = []
+    seen: dict = {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            d = json.loads(line)
+        except ValueError:
+            d = None
+        if not isinstance(d, dict):
+            raise StrataError(f"--prompts_file {where}: not a JSON object")
+        try:
+            check_request_values(d, repr)
+            if "prompt" in d and "prompt_ids" in d:
+                raise StrataError("give one of 'prompt', 'prompt_ids', not both")
+            if "prompt" not in d and "prompt_ids" not in d:
+                raise StrataError("needs 'prompt' or 'prompt_ids'")
+            if "prompt_ids" in d and d.get("chat"):
+                raise StrataError("'chat' needs text: it cannot be combined with 'prompt_ids'")
+            if "arrival" in d and "arrival_offset" in d:
+                raise StrataError("give one of 'arrival', 'arrival_offset', not both")
+        except StrataError as e:
+            raise StrataError(f"--prompts_file {where}: {e}") from None
+        rid = d.get("id", len(out))
+        if rid in seen:
+            raise StrataError(f"--prompts_file {where}: duplicate id {rid!r} (already used on line {seen[rid]}; "
+                              f"a line without 'id' gets its request index)")
+        seen[rid] = n
+        out.append(PromptLine(where, rid, d))
+    if not out:
+        raise StrataError(f"--prompts_file {path}: no requests")
+    return out
+
+
+def build_requests(lines: list[PromptLine], tokenizer, *, default_max_new: int, default_sampling: SamplingParams,
+                   default_chat: bool = False, system: str | None = None, stop_ids=(), vocab_size: int | None = None,
+                   max_context: int | None = None, no_tokenizer_reason: str | None = None,
+                   stop=None) -> list[Request]:
+    """The `Request` of each checked line (`read_prompts_file`): text prompts tokenized (``chat``, default
+    ``default_chat``, wraps them in the chat template with ``system``), ids checked against ``vocab_size``, every
+    prompt checked against ``max_context``; missing keys take the defaults; ``stop`` (a `Request.stop` callback)
+    applies to every request.
+
+    Raises:
+      StrataError: the first bad request, named as ``--prompts_file PATH:LINE`` and its id.
+    """
+    reqs = []
+    for pl in lines:
+        d = pl.d
+        try:
+            if "prompt_ids" in d:
+                ids, text = [int(t) for t in d["prompt_ids"]], ""
+                if vocab_size is not None:
+                    check_prompt_ids_vocab(ids, vocab_size, "'prompt_ids'")
+            else:
+                if tokenizer is None:
+                    raise StrataError(f"this model has no usable tokenizer ({no_tokenizer_reason or 'none'}): "
+                                      f"give 'prompt_ids'")
+                text = d["prompt"]
+                if d.get("chat", default_chat):
+                    text = tokenizer.apply_chat_template(chat_messages(text, system), add_generation_prompt=True)
+                ids = list(tokenizer.encode(text))
+                if not ids:
+                    raise StrataError("'prompt' gives no tokens")
+            if max_context is not None and len(ids) >= max_context:
+                raise StrataError(f"prompt of {len(ids)} tokens does not fit in --max_context {max_context} (it "
+                                  f"needs at least {len(ids) + 1}: the prompt and one generated token)")
+        except StrataError as e:
+            raise StrataError(f"--prompts_file {pl.where}: request {pl.rid!r}: {e}") from None
+        ds = default_sampling
+        samp = SamplingParams(float(d.get("temperature", ds.temperature)), int(d.get("top_k", ds.top_k)),
+                              float(d.get("top_p", ds.top_p)), float(d.get("min_p", ds.min_p)),
+                              int(d.get("seed", ds.seed)))
+        reqs.append(Request(ids, int(d.get("max_new_tokens", default_max_new)), samp, tuple(stop_ids), stop,
+                            float(d.get("arrival", d.get("arrival_offset", 0.0))), rid=pl.rid, text=text))
+    return reqs
+
+
+def write_jsonl(path: str, results: list[RequestResult], tokenizer=None) -> None:
+    """One JSON object per request: id, tokens, text (when a tokenizer is given), stop reason, slot, timings."""
+    import json
+
+    with open(path, "w", encoding="utf-8") as f:
+        for r in results:
+            d = r.as_dict()
+            if tokenizer is not None:
+                try:
+                    d["text"] = tokenizer.decode(r.tokens, skip_special=True)
+                except Exception:
+                    d["text"] = None
+            f.write(json.dumps(d) + "\n")
+
+
+
+
+def chat_messages(text: str, system: str | None = None) -> list[dict]:
+    """The conversation of one user message (after a system message when ``system`` is given), as ``--chat`` and
+    ``--system`` make it; `strata_jax.tokenizer.Tokenizer.apply_chat_template` renders it."""
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]

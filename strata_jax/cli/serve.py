@@ -1,0 +1,166 @@
+"""strata-serve: an OpenAI-compatible HTTP server over the batch slots.
+
+Examples:
+  strata-serve --model qwen2.5-coder-0.5b --batch 4                 (listens on http://127.0.0.1:8000)
+  curl -s localhost:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16}'
+  strata-serve --model ./model.gguf --layer_split 24 --batch 4 --piped_mtp 3 --host 0.0.0.0 --api_key "$KEY"
+
+Routes: POST /v1/chat/completions, POST /v1/completions (streaming with "stream": true), GET /v1/models, GET
+/health, GET /metrics (Prometheus). Requests are admitted into free slots as they arrive (continuous batching; the
+batch mode comes from the same flags as strata-generate's: --batch, --batch_groups, --batch_mtp, --piped_mtp, and a
+request alone decodes on the solo path with --draft's proposals up to --spec). A greedy or seeded request gets
+exactly the tokens strata-generate gives for the same prompt and settings, whatever runs beside it; sampling fields
+a request leaves out take the flags' values (--temperature, --top_k, --top_p, --min_p, --seed, --max_new_tokens).
+Bad requests get a 400 with an OpenAI-style error naming the field; a full queue (--max_queue) a 429 with
+Retry-After. SIGTERM (or Ctrl-C) stops accepting connections, lets the running requests finish, and exits.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from absl import flags
+
+from strata_jax.cli import flags as shared
+from strata_jax.cli.flags import FLAGS, fail
+
+flags.DEFINE_string("host", "127.0.0.1", "Address to listen on (default: loopback only; 0.0.0.0 for every interface).")
+flags.DEFINE_integer("port", 8000, "TCP port to listen on (0: a free port, printed at start).", lower_bound=0,
+                     upper_bound=65535)
+flags.DEFINE_string("api_key", None, "Require 'Authorization: Bearer KEY' on the /v1 routes (401 without it). "
+                    "Default: $STRATA_API_KEY if set, else open.")
+flags.DEFINE_integer("max_queue", 64, "Most requests waiting for a free slot; one more gets 429 with Retry-After.",
+                     lower_bound=0)
+flags.DEFINE_string("model_name", None, "The model id /v1/models lists and answers name (default: the --model "
+                    "name, without .gguf).")
+flags.DEFINE_bool("warmup", True, "Before listening, decode --batch short requests at once so the first requests "
+                  "do not wait for the prefill and window compiles.")
+
+
+def _draining_server_class():
+    import contextlib
+    import signal
+
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn's server, whose SIGTERM / SIGINT handler starts the graceful shutdown (stop accepting, let the
+        open requests finish) and, unlike uvicorn's own, does not raise the signal again afterwards: the command
+        then exits with status 0. A second Ctrl-C forces the exit."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            old = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, h in old.items():
+                    signal.signal(s, h)
+
+    return DrainingServer
+
+
+def _model_id() -> str:
+    if FLAGS.model_name:
+        return FLAGS.model_name
+    name = os.path.basename(FLAGS.model)
+    return name[:-5] if name.endswith(".gguf") else name
+
+
+def _bind() -> socket.socket:
+    """The listening socket (bound here, so that a busy port is one error line before the model loads)."""
+    try:
+        infos = socket.getaddrinfo(FLAGS.host, FLAGS.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        fail(f"--host {FLAGS.host}: {e.strerror}")
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        fail(f"--host {FLAGS.host} --port {FLAGS.port}: cannot listen there ({e.strerror})")
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _warmup(loop, engine, tokenizer) -> None:
+    """``--batch`` short requests at once: the prefill, solo and batch window shapes compile before the first
+    client's request."""
+    from strata_jax.pipeline.scheduler import Request
+    from strata_jax.sampling import SamplingParams
+
+    ids = list(tokenizer.encode("Hello"))[: max(1, engine.max_context - 4)] or [0]
+    streams = [loop.submit(Request(ids, 3, SamplingParams(0.0), rid=f"warmup-{i}")) for i in range(engine.n_slots)]
+    for s in streams:
+        s.wait()
+
+
+def main(argv) -> int:
+    shared.quiet_logs()
+    import logging
+
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("strata_jax.serve").setLevel(logging.INFO)
+    extra = list(argv[1:])
+    if extra:
+        fail(f"unexpected argument{'s' if len(extra) > 1 else ''} {' '.join(repr(a) for a in extra)}: each flag "
+             f"takes one value")
+    shared.check_spec_flag()
+    shared.check_shared_flags(batch=True)
+    api_key = FLAGS.api_key if FLAGS.api_key is not None else os.environ.get("STRATA_API_KEY")
+    if api_key is not None and not api_key.strip():
+        fail("--api_key: empty key (leave the flag out for an open server)")
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
+    if missing:
+        fail(f"strata-serve needs the 'serve' extra ({', '.join(missing)} missing): pip install -e '.[serve]'")
+    import uvicorn
+    sock = _bind()
+    engine = shared.load_engine()
+    from strata_jax.cli import openai_api as oa
+    from strata_jax.cli.requests import usable_tokenizer
+    from strata_jax.cli.server import Metrics, create_app
+    from strata_jax.pipeline.loop import EngineLoop
+
+    tok, why = usable_tokenizer(engine)
+    if tok is None:
+        fail(f"strata-serve needs the model's tokenizer, and this model has no usable one ({why})")
+    if tok.chat_template_source != "gguf":
+        print(f"warning: this file has no chat template; /v1/chat/completions uses a generic one "
+              f"({tok.chat_template_source}), which a base model may not follow", file=sys.stderr)
+    metrics = Metrics()
+    sch, res, _ = shared.batch_scheduler(engine, solo_spec=True, on_window=metrics.on_window)
+    loop = EngineLoop(sch, max_queue=FLAGS.max_queue, on_step=metrics.on_step).start()
+    if FLAGS.warmup:
+        print(f"warming up: {engine.n_slots} request(s) of 3 tokens ...", file=sys.stderr)
+        _warmup(loop, engine, tok)
+    app = create_app(loop, tok, model_id=_model_id(), max_context=engine.max_context,
+                     vocab_size=engine.cfg.vocab_size,
+                     defaults=oa.Defaults(FLAGS.max_new_tokens, shared.default_sampling()), eos_ids=tok.eos_ids,
+                     api_key=api_key, metrics=metrics, on_shutdown=lambda: loop.close(drain=True))
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"strata-serve: {_model_id()} ({res.mode}, {engine.n_slots} slot(s)) on http://{shown}:{port}"
+          f"{' (API key required)' if api_key else ''}", file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, log_level="info" if FLAGS.verbose else "warning", timeout_graceful_shutdown=None,
+                            access_log=bool(FLAGS.verbose))
+    server = _draining_server_class()(config)
+    server.run(sockets=[sock])  # SIGTERM / SIGINT: stop accepting, finish the open requests, then shut the app down
+    loop.close(drain=True)
+    print("strata-serve: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def run() -> None:
+    """Console entry point (``strata-serve``)."""
+    shared.run_command(main, "strata_jax.cli.serve", __doc__)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,449 @@
+"""strata-serve on loopback with the real `openai` client: exact answers under concurrency (greedy and seeded, chat
+and completions, streamed and not, against the solo decode and one strata-generate run), stop strings, usage,
+a client that disconnects (its slot is freed at the next window boundary), a full queue (429 + Retry-After), an
+engine error in one request (that request fails, the others go on), bad requests (400 naming the field), the API
+key, /v1/models, /health, /metrics, and SIGTERM draining a real strata-serve process.
+
+The in-process server runs the app with uvicorn in a thread over the session's shared SmolLM2 engine (two slots,
+context ``CTX``: the engine of tests/test_spec.py), serial windows beside solo windows with prompt-lookup proposals
+(window cap 4), so its compiled functions are reused. The solo references are decoded on the same engine before the
+server starts.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import types
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the server tests need the 'test' extra (fastapi, uvicorn, openai)")
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+
+from strata_jax.cli import openai_api as oa  # noqa: E402
+from strata_jax.cli.requests import chat_messages  # noqa: E402
+from strata_jax.sampling import SamplingParams  # noqa: E402
+
+CTX = 96
+N_NEW = 6
+DEFAULT = SamplingParams(0.0)  # the flag defaults (temperature 0, top_k 40, top_p 1, min_p 0, seed 0)
+
+
+def _seeded(seed):
+    return SamplingParams(0.7, 20, 1.0, 0.0, seed)
+
+
+# (kind, prompt, sampling, stream): greedy and seeded, chat and completions, streamed and not
+CASES = [("chat", "What is 2+2?", DEFAULT, False), ("chat", "Name a color.", _seeded(11), True),
+         ("completion", "The capital of France is", DEFAULT, True),
+         ("completion", "Once upon a time", _seeded(12), False),
+         ("chat", "Say hello in French.", _seeded(13), False), ("chat", "Count to three.", DEFAULT, True),
+         ("completion", "def add(a, b):", _seeded(14), True), ("chat", "What is the color of the sky?", DEFAULT, False)]
+STOP_PROMPT = "Write one sentence about the sea."
+
+
+def _prompt_ids(tok, kind, text):
+    """The prompt as strata-generate reads it (--chat renders one user message with the file's template)."""
+    if kind == "chat":
+        text = tok.apply_chat_template(chat_messages(text), add_generation_prompt=True)
+    return list(tok.encode(text))
+
+
+@pytest.fixture(scope="module")
+def served(engine_for):
+    import uvicorn
+
+    from strata_jax.cli.server import Metrics, create_app
+    from strata_jax.pipeline.groups import resolve_groups
+    from strata_jax.pipeline.loop import EngineLoop
+    from strata_jax.pipeline.scheduler import BatchScheduler
+    from strata_jax.pipeline.solo import generate
+    from strata_jax.proposers import LookupProposer
+
+    eng = engine_for("smollm2-135m", max_context=CTX, n_slots=2)
+    tok = eng.tokenizer
+    refs = []
+    for kind, text, samp, _ in CASES:
+        ids = _prompt_ids(tok, kind, text)
+        eng.reset_slot(0)
+        refs.append((ids, generate(eng, ids, max_new_tokens=N_NEW, sampling=samp, eos_ids=tok.eos_ids).tokens))
+    stop_ids = _prompt_ids(tok, "chat", STOP_PROMPT)
+    long_ref = generate(eng, stop_ids, max_new_tokens=14, sampling=DEFAULT, eos_ids=tok.eos_ids).tokens
+    words = [w for w in tok.decode(long_ref, skip_special=True).split(" ") if len(w) >= 2]
+    assert len(words) >= 5, words
+    stop = " " + words[3]  # a stop string the greedy answer reaches after a few tokens
+    # the solo run with that stop string keeps the greedy tokens up to the one whose text completes it
+    stop_ref = next(long_ref[:k] for k in range(1, len(long_ref) + 1)
+                    if stop in tok.decode(long_ref[:k], skip_special=True))
+
+    metrics = Metrics()
+    records = []
+
+    def on_window(rec):
+        records.append(rec)
+        metrics.on_window(rec)
+
+    sch = BatchScheduler(eng, resolve_groups(2, 1), proposer_factory=LookupProposer, solo_spec=4, spec_policy=True,
+                         on_window=on_window)
+    loop = EngineLoop(sch, max_queue=16, on_step=metrics.on_step).start()
+    app = create_app(loop, tok, model_id="smollm2-135m", max_context=CTX, vocab_size=eng.cfg.vocab_size,
+                     defaults=oa.Defaults(N_NEW, DEFAULT), eos_ids=tok.eos_ids, metrics=metrics)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    th.start()
+    t0 = time.time()
+    while not server.started:
+        assert time.time() - t0 < 60 and th.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    yield types.SimpleNamespace(url=url, engine=eng, tok=tok, loop=loop, sch=sch, metrics=metrics, records=records,
+                                refs=refs, stop=stop, stop_ids=stop_ids, stop_ref=stop_ref, app=app,
+                                client=openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
+                                                     timeout=300))
+    server.should_exit = True
+    th.join(60)
+    assert loop.close(drain=False, timeout=60)
+
+
+def _ask(client, kind, text, samp, stream, **kw):
+    """One request through the openai client; returns (text, token ids, finish reason, usage)."""
+    args = dict(model="smollm2-135m", max_tokens=kw.pop("max_tokens", N_NEW), stream=stream,
+                extra_body={"return_token_ids": True, **kw.pop("extra_body", {})}, **kw)
+    if samp != DEFAULT:
+        args.update(temperature=samp.temperature, seed=samp.seed)
+        args["extra_body"]["top_k"] = samp.top_k
+    if stream:
+        args["stream_options"] = {"include_usage": True}
+    if kind == "chat":
+        r = client.chat.completions.create(messages=[{"role": "user", "content": text}], **args)
+    else:
+        r = client.completions.create(prompt=text, **args)
+    if not stream:
+        c = r.choices[0]
+        return (c.message.content if kind == "chat" else c.text), c.model_extra["token_ids"], c.finish_reason, r.usage
+    parts, ids, finish, usage = [], [], None, None
+    for ch in r:
+        if ch.usage is not None:
+            usage = ch.usage
+        for c in ch.choices:
+            piece = c.delta.content if kind == "chat" else c.text
+            parts.append(piece or "")
+            ids += c.model_extra.get("token_ids") or []
+            finish = c.finish_reason or finish
+    return "".join(parts), ids, finish, usage
+
+
+@pytest.mark.slow
+def test_concurrent_requests_equal_solo_decode(served, model_path):
+    """8 concurrent clients (greedy and seeded, chat and completions, streamed and not) on 2 slots: every answer
+    is token for token the request's solo decode, its text the decoded tokens, usage and finish reason right."""
+    n0 = len(served.records)
+    with concurrent.futures.ThreadPoolExecutor(len(CASES)) as ex:
+        futs = [ex.submit(_ask, served.client, *case) for case in CASES]
+        got = [f.result() for f in futs]
+    tok = served.tok
+    for (kind, prompt, samp, stream), (text, ids, finish, usage), (p_ids, ref) in zip(CASES, got, served.refs):
+        assert ids == ref, (prompt, ids, ref)
+        assert text == tok.decode(ref, skip_special=True), (prompt, text)
+        assert finish == ("stop" if ref[-1] in tok.eos_ids else "length")
+        assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (len(p_ids), len(ref),
+                                                                                        len(p_ids) + len(ref))
+    windows = served.records[n0:]
+    assert any(w.mode == "serial" and w.segments == 2 for w in windows)  # requests shared windows
+    assert served.loop.running == 0 and served.loop.queue_depth == 0
+    # the same answer from strata-generate itself (its solo path, the same engine flags)
+    kind, prompt, _, _ = CASES[0]
+    proc = subprocess.run([sys.executable, "-m", "strata_jax.cli.generate", "--model", model_path("smollm2-135m"),
+                           "--chat", "--prompt", prompt, "--max_new_tokens", str(N_NEW), "--max_context", str(CTX),
+                           "--xla_cache_dir", ""], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == got[0][0].strip()
+
+
+@pytest.mark.slow
+def test_stop_string_streamed_and_not(served):
+    """Generation stops at the token that completes the stop string (the solo run's tokens); the text ends before
+    the stop string (OpenAI's rule), streamed (held back until it cannot start the stop string) and not."""
+    tok = served.tok
+    want_text = tok.decode(served.stop_ref, skip_special=True)
+    want_text = want_text[:want_text.index(served.stop)]
+    for stream in (False, True):
+        text, ids, finish, _ = _ask(served.client, "chat", STOP_PROMPT, DEFAULT, stream, max_tokens=14,
+                                    stop=[served.stop, "never-seen-stop"])
+        assert ids == served.stop_ref and finish == "stop" and text == want_text, (stream, text, want_text)
+
+
+@pytest.mark.slow
+def test_disconnect_frees_the_slot(served):
+    """A streaming client that goes away mid-stream: its request is cancelled at the next window boundary (at most
+    one window finishes after the server learns of it) and the slot serves the next request."""
+    loop, records = served.loop, served.records
+    marks = []
+    orig = loop.cancel
+
+    def cancel(rid):
+        marks.append(len(records))
+        orig(rid)
+
+    loop.cancel = cancel
+    try:
+        body = {"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 60, "stream": True}
+        with httpx.Client(timeout=300) as c:
+            with c.stream("POST", served.url + "/v1/chat/completions", json=body) as r:
+                assert r.status_code == 200
+                n = 0
+                for line in r.iter_lines():
+                    n += line.startswith("data: ")
+                    if n >= 3:
+                        break
+        t0 = time.time()
+        while loop.running or not marks:
+            assert time.time() - t0 < 60, "the slot was not freed"
+            time.sleep(0.01)
+        assert len(records) - marks[0] <= 1, (len(records), marks)
+    finally:
+        loop.cancel = orig
+    text = served.metrics.text()[0].decode()
+    assert 'strata_requests_total{endpoint="chat",outcome="cancelled"} 1.0' in text
+    assert _ask(served.client, "chat", "Hi", DEFAULT, False, max_tokens=2)[2] == "length"
+
+
+@pytest.mark.slow
+def test_full_queue_gets_429(served):
+    """With both slots busy and --max_queue 0, one more request gets 429 with Retry-After (the openai client raises
+    RateLimitError); the busy requests are not disturbed."""
+    loop = served.loop
+    body = {"prompt": "Once upon a time", "max_tokens": 20, "stream": True}
+    with httpx.Client(timeout=300) as c, c.stream("POST", served.url + "/v1/completions", json=body) as a, \
+            c.stream("POST", served.url + "/v1/completions", json=body) as b:
+        lines = [a.iter_lines(), b.iter_lines()]
+        for it in lines:
+            assert next(it).startswith("data: ")  # both admitted: first tokens streamed
+        loop.max_queue = 0
+        try:
+            with pytest.raises(openai.RateLimitError) as e:
+                served.client.completions.create(model="m", prompt="hi", max_tokens=2)
+        finally:
+            loop.max_queue = 16
+        assert e.value.response.headers["retry-after"] == "1"
+        assert e.value.body["code"] == "rate_limit_exceeded"
+        tails = ["".join(it) for it in lines]
+    for t in tails:
+        assert t.endswith("data: [DONE]") and '"finish_reason":"length"' in t.replace(" ", "")
+
+
+@pytest.mark.slow
+def test_engine_error_fails_one_request(served, monkeypatch):
+    """An exception in one request's prefill fails that request (500, server_error, streamed or not); a request
+    beside it is answered exactly, and the server stays healthy."""
+    eng = served.engine
+    marker = [7, 7, 7, 7, 7]
+    orig = eng.prefill
+
+    def prefill(slot, ids, sampling, **kw):
+        if list(ids) == marker:
+            raise RuntimeError("injected device fault")
+        return orig(slot, ids, sampling, **kw)
+
+    monkeypatch.setattr(eng, "prefill", prefill)
+    kind, prompt, samp, stream = CASES[2]
+    with concurrent.futures.ThreadPoolExecutor(3) as ex:
+        bad = [ex.submit(_ask, served.client, "completion", marker, DEFAULT, s) for s in (False, True)]
+        good = ex.submit(_ask, served.client, kind, prompt, samp, stream)
+        for f in bad:
+            with pytest.raises(openai.InternalServerError) as e:
+                f.result()
+            assert "injected device fault" in e.value.body["message"] and e.value.body["type"] == "server_error"
+        assert good.result()[1] == served.refs[2][1]
+    assert httpx.get(served.url + "/health").json()["status"] == "ok"
+
+
+BAD = [
+    ("chat", b"{not json", None),
+    ("chat", [1, 2], None),
+    ("chat", {"max_tokens": 2}, "messages"),
+    ("chat", {"messages": "hi"}, "messages"),
+    ("chat", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content[0]"),
+    ("chat", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0]"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "temperature": float("nan")}, "temperature"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "top_p": 2}, "top_p"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "top_k": 100}, "top_k"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "min_p": -0.1}, "min_p"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "seed": -1}, "seed"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 1.5}, "max_completion_tokens"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "stop": ""}, "stop"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5}, "frequency_penalty"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "presence_penalty": -1}, "presence_penalty"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 1}}, "logit_bias"),
+    ("chat", {"messages": [{"role": "user", "content": "word " * 200}]}, "messages"),
+    ("completion", {"prompt": "word " * 200}, "prompt"),
+    ("completion", {"prompt": ["a", "b"]}, "prompt"),
+    ("completion", {"prompt": [1, 10 ** 9]}, "prompt"),
+    ("completion", {"prompt": ""}, "prompt"),
+    ("completion", {"prompt": "a", "echo": True}, "echo"),
+    ("completion", {"prompt": "a", "best_of": 3}, "best_of"),
+    ("completion", {"prompt": "a", "logprobs": 2}, "logprobs"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, body, param", BAD, ids=[f"{k}-{p}-{i}" for i, (k, _, p) in enumerate(BAD)])
+def test_bad_request_is_400_naming_the_field(served, kind, body, param):
+    path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(served.url + path, content=content, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"], err
+    if param:
+        assert repr(param.split(".")[0].split("[")[0])[1:-1] in err["message"], err
+
+
+@pytest.mark.slow
+def test_unknown_fields_ignored_and_logged_once(served, caplog):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "frobnicate": {"a": 1}}
+    with caplog.at_level(logging.WARNING, logger="strata_jax.serve"):
+        for _ in range(2):
+            r = httpx.post(served.url + "/v1/chat/completions", json=body, timeout=300)
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1
+    hits = [rec for rec in caplog.records if "frobnicate" in rec.getMessage()]
+    assert len(hits) == 1, [rec.getMessage() for rec in caplog.records]
+
+
+@pytest.mark.slow
+def test_models_health_metrics_and_api_key(served):
+    from fastapi.testclient import TestClient
+
+    from strata_jax.cli.server import create_app
+
+    models = served.client.models.list()
+    assert [m.id for m in models.data] == ["smollm2-135m"]
+    h = httpx.get(served.url + "/health").json()
+    assert h["status"] == "ok" and h["slots"] == 2
+    text = httpx.get(served.url + "/metrics").text
+    for name in ("strata_requests_total", "strata_prompt_tokens_total", "strata_generated_tokens_total",
+                 "strata_queue_depth", "strata_slots_busy", "strata_proposals_offered_total",
+                 "strata_proposals_accepted_total", "strata_window_seconds_bucket", "strata_step_seconds_bucket",
+                 "strata_time_to_first_token_seconds_bucket"):
+        assert name in text, name
+    assert "strata_slots 2.0" in text
+    # an API key: the /v1 routes answer 401 without it (an app on the same loop; nothing decodes here)
+    keyed = create_app(served.loop, served.tok, model_id="m", max_context=CTX, vocab_size=served.engine.cfg.vocab_size,
+                       defaults=oa.Defaults(), api_key="s3cret")
+    with TestClient(keyed) as c:
+        for r in (c.get("/v1/models"), c.post("/v1/chat/completions", json={"messages": []}),
+                  c.get("/v1/models", headers={"Authorization": "Bearer wrong"})):
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert c.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert c.get("/health").status_code == 200
+
+
+@pytest.mark.slow
+def test_sigterm_drains_and_exits(model_path, tmp_path):
+    """A real strata-serve process: SIGTERM while a stream runs lets it finish (every token, [DONE]), refuses new
+    connections, and exits with status 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "strata_jax.cli.serve", "--model", model_path("smollm2-135m"),
+                             "--max_context", "64", "--batch", "2", "--port", "0", "--nowarmup", "--xla_cache_dir",
+                             ""], stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        url = None
+        t0 = time.time()
+        while url is None:
+            line = proc.stderr.readline()
+            assert line or proc.poll() is None, "strata-serve exited before listening"
+            if "strata-serve:" in line and "http://" in line:
+                url = line.split("http://")[1].split()[0]
+            assert time.time() - t0 < 300
+        body = {"prompt": "Once upon a time", "max_tokens": 12, "stream": True, "return_token_ids": True}
+        ids, finish, done, sent = [], None, False, False
+        with httpx.Client(timeout=300) as c, c.stream("POST", f"http://{url}/v1/completions", json=body) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    done = True
+                    break
+                d = json.loads(line[6:])
+                ids += d["choices"][0].get("token_ids", [])
+                finish = d["choices"][0]["finish_reason"] or finish
+                if ids and not sent:  # the first tokens arrived: the request is decoding
+                    sent = True
+                    proc.send_signal(signal.SIGTERM)
+                    t1 = time.time()
+                    while True:  # the listening socket closes at once; the stream goes on
+                        try:
+                            httpx.get(f"http://{url}/health", timeout=5)
+                        except httpx.ConnectError:
+                            break
+                        assert time.time() - t1 < 30, "still accepting connections after SIGTERM"
+                        time.sleep(0.2)
+        assert done and finish == "length" and len(ids) == 12
+        assert proc.wait(timeout=120) == 0
+        assert "strata-serve: stopped" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# ---- the command line of strata-serve: checks before anything is loaded -------------------------------------------
+NO_MODEL = os.path.join(os.path.dirname(__file__), "no-such-model.gguf")  # never reached: the checks fire first
+
+
+def _serve(*args):
+    return subprocess.run([sys.executable, "-m", "strata_jax.cli.serve", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_serve_flag_errors_before_load():
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        for args, needles in [
+            (["--draft", "lookup", "--spec", "20"], ["--spec 20", "2..8"]),
+            (["--batch", "2", "--batch_groups", "3"], ["--batch_groups 3", "1..2"]),
+            (["--api_key", " "], ["--api_key", "empty key"]),
+            (["--top_p", "0"], ["--top_p 0", "(0, 1]"]),
+            (["--port", str(busy.getsockname()[1])], ["cannot listen there"]),
+            (["--port", "0", "stray"], ["unexpected argument 'stray'"]),
+            (["--port", "0"], ["no such file", "no-such-model"]),  # the flags pass: the model is the first error
+        ]:
+            proc = _serve("--model", NO_MODEL, *args)
+            line = proc.stderr.strip().splitlines()[-1]
+            assert proc.returncode == 2 and "Traceback" not in proc.stderr, (args, proc.stderr[-2000:])
+            assert line.startswith("error: ") and all(n in line for n in needles), (args, line)
+    finally:
+        busy.close()
+
+
+def test_serve_help_lists_its_flags_and_the_shared_ones():
+    proc = _serve("--help")
+    assert proc.returncode == 0
+    out = proc.stdout
+    assert "strata_jax.cli.serve:" in out and "strata_jax.cli.flags:" in out and "__main__:" not in out
+    for flag in ("--host", "--port", "--api_key", "--max_queue", "--model", "--batch", "--piped_mtp", "--spec"):
+        assert f"\n  {flag}:" in out or f"\n  --[no]{flag[2:]}:" in out, flag
