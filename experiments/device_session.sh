@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (<= 10 minutes on an nvidia-h200) that measures issue 12's GPU step: the compiled Pallas kernel
-# tests, the step profile of the Qwen2.5-Coder-1.5B shape (random blocks) on the old path (the package as it was
-# at the branch's base, carried) and the new one, bench_decode, and llama.cpp on the same file; one short table at
+# tests, the step profile of the Qwen2.5-Coder-1.5B shape (random blocks) on the old path (the package at BASE,
+# default c6351ea, carried) and the new one, bench_decode, and llama.cpp on the same file; one short table at
 # the end, full logs under $OUT.
 #
 #   bash experiments/device_session.sh prepare   # here, once before the call: fills the git-ignored .carry/
@@ -17,7 +17,7 @@
 set -uo pipefail
 MODE=${1:-}
 OUT=${OUT:-/tmp/out}
-BASE=${BASE:-$(git merge-base HEAD main 2>/dev/null || echo c6351ea)}
+BASE=${BASE:-c6351ea}  # the commit the 2026-12-01 H200 figures were measured at (old path)
 BUDGET=${BUDGET:-570}
 T0=$(date +%s)
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
@@ -55,7 +55,7 @@ case "$MODE" in
       part env 60 python3 -c "import jax, flax; print(jax.__version__, flax.__version__, jax.devices())"
       part flags 60 env XLA_FLAGS="$FLAGS" python3 -c "import jax; print('XLA flags accepted:', jax.devices())"
       bash .carry/anchor/anchor.sh build > "$OUT/anchor_build.log" 2>&1
-      part random_gguf 60 python3 experiments/random_gguf.py fill experiments/data/qwen2.5-coder-1.5b.header $MODEL
+      part random_gguf 60 python3 -m strata_jax.testing.random_gguf fill experiments/data/qwen2.5-coder-1.5b.header $MODEL
       part pallas 130 env STRATA_TEST_GPU=1 python3 -m pytest -q tests/pallas $PTESTS
     else
       MODEL=tests/fixtures/hybrid/qwen4exp_q8_0.gguf; PROF="--steps 2 --warmup 1 --prompt_tokens 8 --max_context 64"

@@ -32,7 +32,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="a GGUF file (or a registry name)")
-    src.add_argument("--random_from", help="a header file (experiments/random_gguf.py): random blocks of its shapes")
+    src.add_argument("--random_from", help="a header file (python -m strata_jax.testing.random_gguf header): random "
+                     "blocks of its shapes")
     src.add_argument("--geometry", help="configs/geometries/<name>.json: random weights made on the device")
     ap.add_argument("--n_layer", type=int, default=None, help="with --geometry: trunk layers")
     ap.add_argument("--kind", default="step", help="step (T = 1, window + commit) or windowT (a T-row verify window)")
@@ -59,7 +60,7 @@ def main() -> None:
     from strata_jax.state import Rows
 
     if args.random_from:
-        import random_gguf
+        from strata_jax.testing import random_gguf
 
         path = os.path.join(tempfile.gettempdir(), "strata_profile_random.gguf")
         random_gguf.fill(args.random_from, path)

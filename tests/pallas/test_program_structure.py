@@ -30,9 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from strata_jax.config import config_from_gguf
 from strata_jax.gguf.reader import open_gguf
-from strata_jax.models import build_stage
+from strata_jax.models import build_stage, config_from_gguf
 from strata_jax.pallas import dispatch, structure
 from strata_jax.pipeline.engine import PREFILL_CHUNK
 from strata_jax.pipeline.stages import build_stage_fn, make_stage
