@@ -127,13 +127,13 @@ def test_errors(rng):
 
 @pytest.mark.parametrize("window", [0, 5], ids=["causal", "sliding5"])
 def test_dense_attention_kernel_path(window, rng, monkeypatch):
-    """The dense attention layer on the kernel path (`strata_jax.layers.attention`, ``STRATA_PALLAS_IMPL=interpret``:
-    every row's causal cells listed for `attend_cells`): close to float64, a window of 3 segments x 4 rows gives
-    each row the bits of the row alone (B = 1, T = 1), whatever the other rows hold."""
+    """The dense attention layer on the kernel path (`strata_jax.layers.attention`, ``STRATA_PALLAS_IMPL=interpret``,
+    compiled on a GPU: every row's causal cells listed for `attend_cells`): close to float64, a window of 3
+    segments x 4 rows gives each row the bits of the row alone (B = 1, T = 1), whatever the other rows hold."""
     from strata_jax.layers.attention import attend_prefill, attend_window
     from strata_jax.state import Rows
 
-    monkeypatch.setenv("STRATA_PALLAS_IMPL", "interpret")
+    monkeypatch.setenv("STRATA_PALLAS_IMPL", "kernel" if "kernel" in IMPLS else "interpret")
     n_slots, mc, Hq, Hkv, Dh, T = 4, 40, 4, 2, 32, 4
     kc = jnp.asarray(rng.standard_normal((n_slots, mc + 1, Hkv, Dh)).astype(np.float32))
     vc = jnp.asarray(rng.standard_normal((n_slots, mc + 1, Hkv, Dh)).astype(np.float32))
