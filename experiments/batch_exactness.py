@@ -55,7 +55,7 @@ def main():
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # compile times
     path = a.model
-    if path.endswith(".header"):
+    if path.endswith((".header", ".header.xz")):
         from strata_jax.testing import random_gguf
 
         path, src = "/tmp/strata_exactness_random.gguf", path

@@ -96,8 +96,8 @@ GREEDY = SamplingParams(0.0)
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "experiments" / "data"
-HEADER_1P5B = DATA / "qwen2.5-coder-1.5b.header"
-HEADER_0P5B = DATA / "qwen2.5-coder-0.5b.header"
+HEADER_1P5B = DATA / "qwen2.5-coder-1.5b.header.xz"
+HEADER_0P5B = DATA / "qwen2.5-coder-0.5b.header.xz"
 TINY_MODEL = ROOT / "tests" / "fixtures" / "hybrid" / "qwen4exp_f32.gguf"
 
 
@@ -377,8 +377,8 @@ def _build(args) -> Setup:
     if args.model_set == "a":
         tokenizer = Tokenizer.from_gguf(open_gguf(src))
     elif args.model_set == "b":
-        tokenizer = Tokenizer.from_gguf(open_gguf(str(HEADER_1P5B), header_only=True))
-        notes.append("prompts tokenized with the Qwen2.5 tokenizer of experiments/data/qwen2.5-coder-1.5b.header "
+        tokenizer = Tokenizer.from_gguf(open_gguf(random_gguf.header_file(HEADER_1P5B), header_only=True))
+        notes.append("prompts tokenized with the Qwen2.5 tokenizer of experiments/data/qwen2.5-coder-1.5b.header.xz "
                      "(the full-size model's own tokenizer is not available; ids < 151936 < its vocabulary)")
     t0 = time.perf_counter()
     eng_kw = dict(n_slots=slots, layer_split=split, devices=devs, compile_cache_size=96)

@@ -5,7 +5,7 @@ Ceiling: on a GPU, a bf16 GEMV of an 8192 x 28672 matrix (bytes of weight read p
 on the CPU, a large copy (bytes read per second).
 
   python experiments/bench_decode.py --model smollm2-135m                         # CPU, real weights
-  python experiments/bench_decode.py --random_from experiments/data/qwen2.5-coder-1.5b.header   # same shapes/formats
+  python experiments/bench_decode.py --random_from experiments/data/qwen2.5-coder-1.5b.header.xz   # same shapes/formats
 
 Prints a short table and writes JSON with --out.
 """

@@ -55,7 +55,7 @@ case "$MODE" in
       part env 60 python3 -c "import jax, flax; print(jax.__version__, flax.__version__, jax.devices())"
       part flags 60 env XLA_FLAGS="$FLAGS" python3 -c "import jax; print('XLA flags accepted:', jax.devices())"
       bash .carry/anchor/anchor.sh build > "$OUT/anchor_build.log" 2>&1
-      part random_gguf 60 python3 -m strata_jax.testing.random_gguf fill experiments/data/qwen2.5-coder-1.5b.header $MODEL
+      part random_gguf 60 python3 -m strata_jax.testing.random_gguf fill experiments/data/qwen2.5-coder-1.5b.header.xz $MODEL
       part pallas 130 env STRATA_TEST_GPU=1 python3 -m pytest -q tests/pallas $PTESTS
     else
       MODEL=tests/fixtures/hybrid/qwen4exp_q8_0.gguf; PROF="--steps 2 --warmup 1 --prompt_tokens 8 --max_context 64"

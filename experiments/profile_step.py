@@ -3,7 +3,7 @@ host<->device and device-to-device copies per step (count and bytes), the top ke
 trace of ``--steps`` steps (`strata_jax.pallas.trace.summarize`). (The step program's structure -- XLA loops,
 kernel operands copied from slices -- is `compile_probe.py --structure`.)
 
-  python experiments/profile_step.py --random_from experiments/data/qwen2.5-coder-1.5b.header --out p.json
+  python experiments/profile_step.py --random_from experiments/data/qwen2.5-coder-1.5b.header.xz --out p.json
   python experiments/profile_step.py --model tests/fixtures/hybrid/qwen4exp_q8_0.gguf --steps 3   # CPU plumbing
   STRATA_PALLAS_IMPL=reference python experiments/profile_step.py ...    # the XLA-only path, for comparison
 

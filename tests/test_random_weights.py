@@ -81,6 +81,12 @@ def test_random_gguf_fill_round_trip(tmp_path, model_path):
             assert np.isfinite(vals).all() and np.abs(vals).max() <= BOUND and vals.std() > 0, t.name
             checked += 1
     assert checked > 0
+    # an xz-compressed header (how experiments/data keeps them) fills the same file
+    hxz, out2 = tmp_path / "h.bin.xz", tmp_path / "r2.gguf"
+    random_gguf.write_header(src, str(hxz))
+    assert hxz.stat().st_size < hdr.stat().st_size
+    random_gguf.fill(str(hxz), str(out2))
+    assert out2.read_bytes() == out.read_bytes()
 
 
 def test_unknown_geometry():
