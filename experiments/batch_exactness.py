@@ -31,6 +31,7 @@ import jax
 
 from strata_jax.pipeline.engine import Engine
 from strata_jax.pipeline.groups import resolve_groups
+from strata_jax.pipeline.memory import memory_lines
 from strata_jax.testing.exactness import check, make_prompts, solo_tokens, workload
 
 
@@ -72,7 +73,7 @@ def main():
                      str(round(i * _n_layer(path) / a.stages)) for i in range(1, a.stages)))
     print(f"loaded {path} on {len(eng.stages)} stage(s) {[str(s.device) for s in eng.stages]}, {n_slots} slots in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
-    for line in eng.memory_lines():
+    for line in memory_lines(eng):
         print(" ", line)
     factory = None
     if a.draft == "mtp":

@@ -28,7 +28,7 @@ Model sets:
         run beside the replay so their cost is in the timing.
   b     the full-size Qwen3.8-Flash-Next geometry (configs/geometries) with random 4-bit-class weights made on the
         devices, split at layer 24; MTP-style proposals at set rates: "synthetic acceptance". When the model has an
-        MTP layer and the engine has ``enable_mtp``, the MTP chain runs after every window (its cost is timed; its
+        MTP layer, the MTP chain runs after every window (its cost is timed; its
         drafts are replaced by the replayed ones); the JSON says whether it ran.
   tiny  the committed tiny qwen4exp fixture with a random MTP block appended (`strata_jax.testing.mtp_block`;
         ``--no_mtp``: without) on 2 CPU devices, a few tokens: a smoke run of the whole pipeline, MTP chain included
@@ -127,11 +127,9 @@ class CallCounter:
 
 
 def set_mtp_chain(engine, n: int) -> int:
-    """Run the model's MTP chain with ``n`` drafts after every window (0: off) through ``Engine.set_mtp_chain``;
-    returns the chain length now running (0 when the engine or the model has none)."""
-    if not hasattr(engine, "set_mtp_chain"):
-        return 0
-    return engine.set_mtp_chain(n)
+    """Run the model's MTP chain with ``n`` drafts after every window (0: off) through ``MtpChain.set_chain``;
+    returns the chain length now running (0 when the model has none)."""
+    return engine.mtp.set_chain(n)
 
 
 def time_call_alone(engine, key: tuple, pos: int, reps: int) -> float:
@@ -610,11 +608,10 @@ def main(argv=None) -> int:
             "layer_split": setup.split, "stages": len(eng.stages), "slots": eng.n_slots, "tokens": args.tokens,
             "reps": args.reps, "streams": streams, "arms": [a.name for a in setup.arms],
             "prompt_tokens": {w: [len(p) for p in prompts[w]] for w in works}, "notes": setup.notes}
-    has_mtp = hasattr(eng, "enable_mtp") and int(getattr(eng.cfg, "n_nextn", 0) or 0) > 0
+    has_mtp = int(getattr(eng.cfg, "n_nextn", 0) or 0) > 0
     meta["mtp_chain_available"] = bool(has_mtp)
     meta["mtp_note"] = ("runs after every window of the MTP-named arms (N drafts), off in the others" if has_mtp else
-                        "not run (" + ("the model has no MTP layer" if hasattr(eng, "enable_mtp") else
-                                       "this engine has no enable_mtp") + ")")
+                        "not run (the model has no MTP layer)")
     print(f"model set {args.model_set}: {setup.model}, {len(eng.stages)} stages, {eng.n_slots} slots, "
           f"arms {', '.join(a.name for a in setup.arms)}", flush=True)
     for n in setup.notes:

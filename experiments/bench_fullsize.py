@@ -49,7 +49,7 @@ def main() -> None:
     from bench_decode import time_prefill_and_decode, time_windows
     from strata_jax.testing.random_weights import VirtualGGUF, load_geometry
     from strata_jax.pipeline.engine import Engine
-    from strata_jax.state import tree_bytes
+    from strata_jax.pipeline.memory import state_bytes_per_slot, weight_bytes
 
     devs = jax.devices()[: args.devices] if args.devices else jax.devices()
     geom = load_geometry(args.geometry)
@@ -57,7 +57,7 @@ def main() -> None:
     v = VirtualGGUF(geom, n_layer=args.n_layer, mtp=args.mtp > 0)
     eng = Engine(v, max_context=args.max_context, layer_split=args.layer_split, devices=devs, progress=True)
     if args.mtp:
-        eng.enable_mtp(args.mtp)
+        eng.mtp.enable(args.mtp)
     jax.block_until_ready([s.params for s in eng.stages])
     t_build = time.perf_counter() - t0
     mem_after_load = mem_per_device(devs)
@@ -65,11 +65,11 @@ def main() -> None:
     t_decode = t["decode_s_per_token"]
     wins = time_windows(eng, args.prompt_tokens, [int(x) for x in args.windows.split(",") if x]) \
         if args.windows else {}
-    wbytes = sum(tree_bytes(s.params) for s in eng.stages)
+    wbytes = weight_bytes(eng)
     r = {
         "geometry": args.geometry, "n_layer": eng.cfg.n_layer, "layer_split": args.layer_split,
         "devices": [str(d) for d in devs], "jax": jax.__version__, "build_seconds": t_build,
-        "weight_bytes_on_devices": wbytes, "state_bytes_per_slot_per_stage": eng.state_bytes_per_slot(),
+        "weight_bytes_on_devices": wbytes, "state_bytes_per_slot_per_stage": state_bytes_per_slot(eng),
         "memory_after_load": mem_after_load, "memory_after_decode": mem_per_device(devs),
         "prefill_first_call_s": t["prefill_first_s"], "prefill_tok_s": args.prompt_tokens / t["prefill_s"],
         "step_first_call_s": t["step_first_s"], "decode_ms_per_token": t_decode * 1e3,

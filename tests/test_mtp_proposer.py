@@ -1,5 +1,6 @@
-"""MTP proposals on whole models (`strata_jax.proposers.mtp`, `Engine.enable_mtp`): the tiny hybrid fixtures with an
-MTP block appended (`strata_jax.testing.mtp_block`; the MTP weights are random, so few drafts are accepted).
+"""MTP proposals on whole models (`strata_jax.proposers.mtp`, `strata_jax.pipeline.mtp_chain`): the tiny hybrid
+fixtures with an MTP block appended (`strata_jax.testing.mtp_block`; the MTP weights are random, so few drafts are
+accepted).
 
 * Speculative solo decoding with ``--draft mtp`` gives token for token the plain output (greedy and seeded, with
   and without ``--spec_min_p``), for qwen35moe and qwen4exp.
@@ -60,7 +61,7 @@ def test_mtp_speculative_equals_plain(tmp_path_factory, arch):
     assert eng.cfg.n_nextn == 1
     prompt = _prompt(eng)
     prop = make_proposer("mtp", eng, spec=4)
-    assert isinstance(prop, MtpProposer) and eng.mtp_n == 3
+    assert isinstance(prop, MtpProposer) and eng.mtp.n_draft == 3
     for samp, min_p in [(SamplingParams(0.0), 0.0), (SEEDED, 0.05)]:
         plain = generate(eng, prompt, max_new_tokens=20, sampling=samp)
         spec = generate(eng, prompt, max_new_tokens=20, sampling=samp, proposer=prop, spec=4, spec_min_p=min_p)
@@ -91,7 +92,7 @@ def test_mtp_drafts_follow_history(tmp_path_factory):
         assert len(drafts) == 3, "the drafts waiting after each window follow the history"
         pick, _ = eng.prefill(0, hist[:-1], SamplingParams(0.0))
         assert pick == hist[-1]
-        pos, d2, p2 = eng.mtp_proposal(0)
+        pos, d2, p2 = eng.mtp.proposal(0)
         assert pos == len(hist) - 1
         assert d2 == drafts
         np.testing.assert_allclose(p2, probs, rtol=1e-4)
@@ -104,32 +105,32 @@ def test_mtp_refusals(tmp_path_factory):
     with pytest.raises(StrataError, match="no MTP layer"):
         make_proposer("mtp", plain)
     with pytest.raises(StrataError, match="no MTP layer"):
-        plain.enable_mtp(2)
-    assert plain.set_mtp_chain(3) == 0 and not plain.mtp_active  # no MTP layer: nothing runs
+        plain.mtp.enable(2)
+    assert plain.mtp.set_chain(3) == 0 and not plain.mtp.active  # no MTP layer: nothing runs
     eng = _engine(tmp_path_factory, "qwen35moe")
     with pytest.raises(StrataError, match="1..7"):
-        eng.enable_mtp(8)
+        eng.mtp.enable(8)
     with pytest.raises(StrataError, match="0..7"):
-        eng.set_mtp_chain(8)
+        eng.mtp.set_chain(8)
 
 
 def test_set_mtp_chain_pauses_and_resumes(tmp_path_factory):
-    """``set_mtp_chain(0)`` stops the chain (no drafts are made while paused), ``set_mtp_chain(3)`` brings it back."""
+    """``mtp.set_chain(0)`` stops the chain (no drafts are made while paused), ``mtp.set_chain(3)`` brings it back."""
     eng = _engine(tmp_path_factory, "qwen35moe")
-    assert eng.set_mtp_chain(3) == 3 and eng.mtp_active and eng.mtp_n == 3
+    assert eng.mtp.set_chain(3) == 3 and eng.mtp.active and eng.mtp.n_draft == 3
     # the MTP layer shares the trunk's head and embedding buffers on this device (no second copy)
     trunk = eng.stages[-1].module
-    assert eng.mtp.head.w[...] is trunk.head.w[...] and eng.mtp.embed.w[...] is trunk.embed.w[...]
+    assert eng.mtp.layer.head.w[...] is trunk.head.w[...] and eng.mtp.layer.embed.w[...] is trunk.embed.w[...]
     a, b = _prompt(eng, seed=7), _prompt(eng, seed=8)
     generate(eng, a, max_new_tokens=4)
-    pos, drafts, _ = eng.mtp_proposal(0)
+    pos, drafts, _ = eng.mtp.proposal(0)
     assert pos == len(a) + 4 - 1 and len(drafts) == 3  # the drafts follow the 4th new token (history end)
-    assert eng.set_mtp_chain(0) == 0 and not eng.mtp_active
+    assert eng.mtp.set_chain(0) == 0 and not eng.mtp.active
     generate(eng, b, max_new_tokens=4)
-    assert eng.mtp_proposal(0) == (pos, drafts, eng.mtp_proposal(0)[2])  # untouched while paused
-    assert eng.set_mtp_chain(3) == 3
+    assert eng.mtp.proposal(0) == (pos, drafts, eng.mtp.proposal(0)[2])  # untouched while paused
+    assert eng.mtp.set_chain(3) == 3
     generate(eng, b, max_new_tokens=4)
-    assert eng.mtp_proposal(0)[0] == len(b) + 4 - 1
+    assert eng.mtp.proposal(0)[0] == len(b) + 4 - 1
 
 
 # qwen4exp (PLE, QSA, hyper-connections) in every mode that carries MTP proposals; qwen3next in piped MTP (the

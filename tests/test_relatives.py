@@ -173,11 +173,11 @@ def test_qwen35_mtp_drafts_are_exact(engine_for, plain_decode):
         spec = generate(eng, prompt, max_new_tokens=16, sampling=seeded, proposer=prop, spec=4)
         assert spec.tokens == plain_seeded.tokens[:16]
     finally:
-        eng.set_mtp_chain(0)  # the shared engine: later tests decode without the chain
+        eng.mtp.set_chain(0)  # the shared engine: later tests decode without the chain
     small = engine_for(_path("qwen35", "q8_0"), max_context=CTX)
     assert small.cfg.n_nextn == 0
     with pytest.raises(StrataError, match="no MTP layer"):
-        small.enable_mtp(1)
+        small.mtp.enable(1)
 
 
 def test_qwen3_drafts_for_qwen3moe(engine_for, plain_decode):

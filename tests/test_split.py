@@ -72,23 +72,25 @@ def test_split_out_of_range(model_path, split):
 
 def test_memory_report_and_refusal(model_path):
     from strata_jax.pipeline.engine import Engine
+    from strata_jax.pipeline.memory import (check_batch_fits, handoff_bytes_per_row, memory_lines, memory_report,
+                                            slots_that_fit, state_bytes_per_slot)
 
     _need(2)
     eng = Engine(model_path("smollm2-135m"), max_context=CTX, n_slots=1, layer_split="15", devices=jax.devices()[:2])
-    rep = eng.memory_report()
+    rep = memory_report(eng)
     assert len(rep["stages"]) == 2 and all(s["slot_bytes"] > 0 for s in rep["stages"])
     assert rep["handoff_bytes_per_row"] == 4 * eng.cfg.n_embd
-    lines = eng.memory_lines()
+    lines = memory_lines(eng)
     assert "per slot" in lines[0] and "hand-off" in lines[-1]
     per = max(s["slot_bytes"] for s in rep["stages"])
     wts = max(s["weight_bytes"] for s in rep["stages"])
-    limit = wts + 8 * eng.handoff_bytes_per_row() + 3 * per + per // 2  # room for 3 slots
-    assert eng.slots_that_fit(limit) == 3
-    eng.check_batch_fits(3, limit)
+    limit = wts + 8 * handoff_bytes_per_row(eng) + 3 * per + per // 2  # room for 3 slots
+    assert slots_that_fit(eng, limit) == 3
+    check_batch_fits(eng, 3, limit)
     with pytest.raises(StrataError, match="3 slot\\(s\\) would fit"):
-        eng.check_batch_fits(4, limit)
+        check_batch_fits(eng, 4, limit)
     eng.set_slots(3)
-    assert eng.n_slots == 3 and eng.state_bytes_per_slot()[0] == rep["stages"][0]["slot_bytes"]
+    assert eng.n_slots == 3 and state_bytes_per_slot(eng)[0] == rep["stages"][0]["slot_bytes"]
 
 
 def test_set_slots_resizes_ple_history():
@@ -97,9 +99,9 @@ def test_set_slots_resizes_ple_history():
     from strata_jax.pipeline.engine import Engine
 
     eng = Engine(str(Path(__file__).parent / "fixtures" / "hybrid" / "qwen4exp_q8_0.gguf"), max_context=CTX)
-    assert eng.ple_table is not None and len(eng.ple_prev) == 1
+    assert eng.ple is not None and len(eng.ple.prev) == 1
     eng.set_slots(2)
-    assert len(eng.ple_prev) == 2
+    assert len(eng.ple.prev) == 2
     prompt = [int(t) for t in np.random.default_rng(4).integers(3, eng.cfg.vocab_size, 12)]
     picks = [eng.prefill(s, prompt, SamplingParams(0.0))[0] for s in (0, 1)]
     assert picks[0] == picks[1]

@@ -129,7 +129,7 @@ def check_shared_flags(*, batch: bool) -> None:
 
 def check_spec_flag() -> None:
     """``--spec`` lies in 2..8 when proposals are asked for (``--draft`` not none)."""
-    from strata_jax.pipeline.engine import MAX_WINDOW
+    from strata_jax.pipeline.stages import MAX_WINDOW
 
     if FLAGS.draft != "none" and not 2 <= FLAGS.spec <= MAX_WINDOW:
         fail(f"--spec {FLAGS.spec}: the window cap must lie in 2..{MAX_WINDOW}")
@@ -205,12 +205,13 @@ def batch_scheduler(engine, *, solo_spec: bool = False, **kwargs):
       StrataError: the slots do not fit, impossible group flags, proposals the model cannot give.
     """
     from strata_jax.pipeline.groups import resolve_groups
+    from strata_jax.pipeline.memory import check_batch_fits, memory_lines
     from strata_jax.pipeline.scheduler import BatchScheduler
 
-    for line in engine.memory_lines():
+    for line in memory_lines(engine):
         print(line, file=sys.stderr)
     limit = int(FLAGS.memory_limit_gib * 2 ** 30) if FLAGS.memory_limit_gib else None
-    engine.check_batch_fits(FLAGS.batch, limit)
+    check_batch_fits(engine, FLAGS.batch, limit)
     res = resolve_groups(FLAGS.batch, len(engine.stages), FLAGS.batch_groups, FLAGS["batch_groups"].present > 0,
                          FLAGS.batch_mtp, FLAGS.piped_mtp)
     if engine.n_slots != FLAGS.batch:

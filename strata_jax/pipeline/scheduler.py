@@ -55,9 +55,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from strata_jax.errors import StrataError
-from strata_jax.pipeline.engine import MAX_WINDOW, Engine
+from strata_jax.pipeline.engine import Engine
 from strata_jax.pipeline.groups import Resolution
 from strata_jax.pipeline.sequence import Sequence
+from strata_jax.pipeline.stages import MAX_WINDOW
 from strata_jax.sampling import RowSampling, SamplingParams
 from strata_jax.state import Rows
 

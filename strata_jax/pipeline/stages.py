@@ -19,6 +19,8 @@ from strata_jax.errors import StrataError
 from strata_jax.sampling import RowSampling, pick_tokens
 from strata_jax.state import Rows
 
+MAX_WINDOW = 8  # most rows of a verify window (the last accepted token + up to 7 proposals)
+
 
 def parse_layer_split(spec: str | None, n_layer: int, n_devices: int) -> list[tuple[int, int]]:
     """Layer ranges per stage from ``--layer_split``.
@@ -192,3 +194,24 @@ def build_mtp_fn(graphdef, mode: str, n_draft: int):
         return (jnp.concatenate([d[:, None], ds.T], axis=1), jnp.concatenate([p[:, None], ps.T], axis=1), state)
 
     return jax.jit(fn, donate_argnums=(1,))
+
+
+def build_reset_fn(stage: Stage, max_context: int, kv_dtype):
+    """``reset(state, slot) -> state``: one slot's entries of every state leaf zeroed, the other slots' untouched
+    bit for bit. The slot axis of each leaf is found by comparing the state shapes for 1 and 2 slots (leaves without
+    one are kept). ``state`` is donated."""
+    module = stage.module
+    a = jax.eval_shape(lambda: module.init_state(1, max_context, kv_dtype))
+    b = jax.eval_shape(lambda: module.init_state(2, max_context, kv_dtype))
+
+    def slot_axis(x, y):
+        d = [i for i, (p, q) in enumerate(zip(x.shape, y.shape)) if p != q]
+        return d[0] if d else None
+
+    axes = jax.tree.map(slot_axis, a, b)
+
+    def reset(state, s):
+        return jax.tree.map(lambda x, ax: x if ax is None else jax.lax.dynamic_update_index_in_dim(
+            x, jnp.zeros_like(jax.lax.index_in_dim(x, 0, ax, keepdims=True)), s, ax), state, axes)
+
+    return jax.jit(reset, donate_argnums=(0,))

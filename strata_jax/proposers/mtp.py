@@ -1,6 +1,6 @@
 """MTP proposals: the model's own multi-token-prediction draft layer (SERVING.md §3.3; llama.cpp ``draft-mtp``).
 
-The drafting itself runs on the device, on the last stage, right after every window (`Engine.enable_mtp`,
+The drafting itself runs on the device, on the last stage, right after every window (`strata_jax.pipeline.mtp_chain`,
 `strata_jax.pipeline.stages.build_mtp_fn`): the MTP layer catches up on the window's kept rows (each row's trunk
 hidden with the token that followed it), then chains up to ``n_draft`` greedy drafts. `MtpProposer` only hands the
 waiting drafts of its slot to the host loop that builds the next window, so proposing costs one small read and no
@@ -16,19 +16,19 @@ class MtpProposer(Proposer):
     """Drafts from the target's MTP layer for one slot.
 
     Args:
-      engine: the target `strata_jax.pipeline.engine.Engine` (its MTP layer is enabled here with ``n_draft``).
+      engine: the target `strata_jax.pipeline.engine.Engine` (its MTP chain, ``engine.mtp``, is enabled here with ``n_draft``).
       n_draft: longest chain (the window cap minus one).
       slot: the slot whose drafts are read (`bind` changes it; the batch scheduler binds each request's slot).
 
     Raises:
-      StrataError: the model has no MTP layer (from `Engine.enable_mtp`).
+      StrataError: the model has no MTP layer (from `MtpChain.enable`).
     """
 
     name = "mtp"
 
     def __init__(self, engine, n_draft: int = 3, slot: int = 0):
         super().__init__()
-        engine.enable_mtp(n_draft)
+        engine.mtp.enable(n_draft)
         self.engine = engine
         self.slot = int(slot)
 
@@ -40,7 +40,7 @@ class MtpProposer(Proposer):
         """The slot's waiting drafts (at most ``max_n``; cut at the first probability below ``min_p``). Empty when
         the drafts do not follow ``history_ids`` (e.g. the slot's last window was cut short)."""
         self.last_probs = None
-        got = self.engine.mtp_proposal(self.slot)
+        got = self.engine.mtp.proposal(self.slot)
         if got is None or max_n <= 0:
             return []
         pos, drafts, probs = got

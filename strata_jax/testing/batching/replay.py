@@ -181,8 +181,8 @@ class ReplayProposer(Proposer):
         if self.cost is not None:
             self.cost.propose(h, max_n)  # timing only
         eng = self.mtp_engine
-        if eng is not None and self.slot is not None and getattr(eng, "mtp", None) is not None:
-            eng.mtp_proposal(self.slot)  # the device read MtpProposer makes; the drafts are not used
+        if eng is not None and self.slot is not None and eng.mtp.layer is not None:
+            eng.mtp.proposal(self.slot)  # the device read MtpProposer makes; the drafts are not used
             self.mtp_reads += 1
         if self._entry is None:
             self._entry = self.book.find(h)

@@ -1,0 +1,80 @@
+"""qwen4exp's per-layer embeddings (PLE) on the host: the table stays in the file's memory map, and each window's
+table rows are gathered here from the slot's committed predecessor ids (SERVING.md §3.2: they advance only by
+committed tokens), then handed to the stage that holds the PLE layer as its ``ple`` input.
+
+`PleHost.for_stages` gives None for every other family (they have no host-side per-row inputs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata_jax.state import Rows
+
+
+class PleHost:
+    """Each slot's committed PLE predecessor ids and the gather of a window's table rows.
+
+    Args:
+      table: the file's `strata_jax.layers.ple.PLETable` (``type(stage.module).ple_table(g, cfg)``).
+      stage: index of the stage holding the PLE layer (the one that takes `rows_for`'s output).
+      n_slots: slots of state.
+
+    Attributes:
+      table, stage: as given.
+      prev: per slot, its last ``ngram - 1`` committed token ids (int64 numpy), EOS-filled at a sequence start.
+    """
+
+    def __init__(self, table, stage: int, n_slots: int):
+        self.table = table
+        self.stage = int(stage)
+        self.reset(n_slots)
+
+    @classmethod
+    def for_stages(cls, g, cfg, stages, n_slots: int) -> "PleHost | None":
+        """The PLE host state of a model whose stages hold a PLE layer (``module.has_ple``), else None."""
+        st = next((s for s in stages if getattr(s.module, "has_ple", False)), None)
+        if st is None:
+            return None
+        return cls(type(st.module).ple_table(g, cfg), st.index, n_slots)
+
+    def reset(self, n_slots: int) -> None:
+        """Every slot at the sequence start (after `Engine.set_slots`)."""
+        self.prev = [self.table.start_prev() for _ in range(int(n_slots))]
+        self._window: dict[tuple, np.ndarray] = {}
+
+    def reset_slot(self, slot: int) -> None:
+        """One slot at the sequence start (a new prompt)."""
+        self.prev[slot] = self.table.start_prev()
+
+    def rows_for(self, kind: str, tokens, rows: Rows) -> np.ndarray:
+        """The table rows of a window's tokens, uint8 [B, T, n_heads, row_bytes] (host numpy).
+
+        Steps and prefill chunks commit every valid row at once, so the slots' predecessors advance here; a verify
+        window's advance in `commit` by its kept rows only (its tokens are remembered until then).
+
+        Args:
+          kind: ``step``, ``prefill`` or ``window``.
+          tokens: int [B, T] the window's token ids (host or device; a device array is read back).
+          rows: the window's layout.
+        """
+        toks = np.asarray(tokens, np.int64)
+        slots = np.asarray(rows.slot).tolist()
+        prev = np.stack([self.prev[s] for s in slots])
+        got = self.table.gather(prev, toks)
+        if kind in ("step", "prefill"):
+            for b, (s, n) in enumerate(zip(slots, np.asarray(rows.n_valid).tolist())):
+                self.prev[s] = self.table.advance(self.prev[s], toks[b], n)
+        else:
+            self._window[tuple(slots)] = toks
+        return got
+
+    def commit(self, rows: Rows, keep) -> None:
+        """Advance the predecessors of a verify window's slots by their kept rows (``keep`` int [B]; a device array
+        is read back: on the stage holding the PLE layer this is the one host read of a verdict)."""
+        slots = tuple(np.asarray(rows.slot).tolist())
+        toks = self._window.pop(slots, None)
+        if toks is None:
+            return
+        for b, (s, k) in enumerate(zip(slots, np.asarray(keep).tolist())):
+            self.prev[s] = self.table.advance(self.prev[s], toks[b], int(k))
