@@ -2,6 +2,8 @@
 
 A weight ``[n_out, n_in]`` is held as the file's bytes (uint8 ``[n_out, row_bytes]``) for block formats, or as its
 float dtype for F32/F16/BF16; it is dequantized inside the matmul (`strata_jax.pallas.quant_matmul.qmatmul`).
+Under ``STRATA_QMATMUL=planar`` with the Pallas kernels in use, block formats are repacked at load into the planar
+device layout instead (`strata_jax.pallas.quant_matmul.prepare_weight`: uint32, exact, the same values).
 
 Inside ``with blocks_as_f32():`` (what `strata_jax.pipeline.engine.Engine` does on a CPU when the copy fits, its
 ``weights="f32"``), block-format tensors are dequantized once at load instead (`strata_jax.gguf.blocks.dequantize`,
@@ -22,7 +24,7 @@ from flax import nnx
 from gguf.constants import GGMLQuantizationType as Q
 
 from strata_jax.gguf import blocks
-from strata_jax.pallas.quant_matmul import qmatmul
+from strata_jax.pallas.quant_matmul import dequantize_weight, prepare_weight, qmatmul
 from strata_jax.state import Rows
 
 _FLOAT_DTYPES = {Q.F32: np.float32, Q.F16: np.float16}
@@ -123,7 +125,7 @@ class QLinear(nnx.Module):
     def from_gguf(cls, g, name: str, device=None, bias: str | None = None) -> "QLinear":
         w, qtype, shape = load_raw(g, name, device)
         b = load_f32(g, bias, device) if bias and g.has(bias) else None
-        return cls(w, qtype, shape[0], shape[1], b)
+        return cls(prepare_weight(w, qtype, shape[1]), qtype, shape[0], shape[1], b)
 
     def __call__(self, x: jax.Array, exact_rows: bool = True) -> jax.Array:
         """x float [..., n_in] -> float32 [..., n_out].
@@ -157,12 +159,12 @@ class Embedding(nnx.Module):
     @classmethod
     def from_gguf(cls, g, name: str, device=None, scale: float = 1.0) -> "Embedding":
         w, qtype, shape = load_raw(g, name, device)
-        return cls(w, qtype, shape[0], shape[1], scale)
+        return cls(prepare_weight(w, qtype, shape[1]), qtype, shape[0], shape[1], scale)
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         """ids int32 [...] -> float32 [..., D] (times ``scale``)."""
         rows = jnp.take(self.w[...], jnp.clip(ids, 0, self.vocab - 1), axis=0)
-        e = blocks.dequantize(rows, self.qtype, self.dim)
+        e = dequantize_weight(rows, self.qtype, self.dim)
         return e * self.scale if self.scale != 1.0 else e
 
     def as_linear(self) -> QLinear:

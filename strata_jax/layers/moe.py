@@ -33,6 +33,7 @@ from strata_jax.layers.gdn import qcall, rowwise
 from strata_jax.layers.linear import QLinear, load_f32, load_raw
 from strata_jax.pallas import rows as row_ops
 from strata_jax.pallas.grouped_experts import moe_experts
+from strata_jax.pallas.quant_matmul import prepare_weight
 
 RENORM_MIN = 2.0 ** -14
 
@@ -42,7 +43,7 @@ class StackedExperts(nnx.Module):
 
     def __init__(self, g, name: str, device=None):
         w, qtype, shape = load_raw(g, name, device)
-        self.w = nnx.Param(w)
+        self.w = nnx.Param(prepare_weight(w, qtype, int(shape[-1])))
         self.qtype = qtype
         self.E, self.n_out, self.n_in = (int(s) for s in shape)
 
@@ -76,11 +77,13 @@ class MoE(nnx.Module):
             w = w / jnp.maximum(row_sum(w), RENORM_MIN)
         return w, ids
 
-    def routed(self, x: jax.Array, w: jax.Array, ids: jax.Array, impl: str = "auto") -> jax.Array:
-        """The routed experts of rows x float32 [N, D] with weights / ids [N, k] -> float32 [N, D] (`moe_experts`)."""
+    def routed(self, x: jax.Array, w: jax.Array, ids: jax.Array, impl: str = "auto",
+               prefill: bool = False) -> jax.Array:
+        """The routed experts of rows x float32 [N, D] with weights / ids [N, k] -> float32 [N, D] (`moe_experts`;
+        ``prefill``: a prefill chunk, which planar weights serve with the grouped GEMM)."""
         qtypes = (self.gate_exps.qtype, self.up_exps.qtype, self.down_exps.qtype)
         return moe_experts(x, ids, w, self.gate_exps.w[...], self.up_exps.w[...], self.down_exps.w[...], qtypes,
-                           impl=impl)
+                           impl=impl, prefill=prefill)
 
     def __call__(self, x: jax.Array, exact_rows: bool) -> jax.Array:
         """x float32 [B, T, D] -> float32 [B, T, D]."""
@@ -88,7 +91,8 @@ class MoE(nnx.Module):
         logits = qcall(self.router, x, exact_rows)
         w, ids = self.route(logits)
         # all B*T rows in one call: row-exact on both paths, and the kernel reads each expert once per 8-row group
-        y = self.routed(x.reshape(B * T, D), w.reshape(B * T, -1), ids.reshape(B * T, -1)).reshape(B, T, D)
+        y = self.routed(x.reshape(B * T, D), w.reshape(B * T, -1), ids.reshape(B * T, -1),
+                        prefill=not exact_rows).reshape(B, T, D)
         if self.has_shared:
             hs = jax.nn.silu(qcall(self.sh_gate, x, exact_rows)) * qcall(self.sh_up, x, exact_rows)
             s = qcall(self.sh_down, hs, exact_rows)

@@ -62,6 +62,7 @@ class Config:
 
 PREFILL = Config()
 GEMV_TC = Config(BN=32, BM=16, target_programs=2112)   # the tensor-core GEMV: 1..8 rows padded to 16
+MOE_PREFILL = Config(BN=64, BM=16)                      # grouped experts: a few rows per expert in a chunk
 
 
 def units(qtype) -> list[tuple[int, int]]:

@@ -81,11 +81,11 @@ def tiling(qtype, n_out: int, k_in: int, cfg: Config, per_unit: int = 1) -> dict
 
 
 def why_not(qtype, n_out: int, k_in: int, w_dtype, n_mats: int = 1) -> str | None:
-    """None when the planar kernels serve this weight, else the reason."""
+    """None when the planar kernels (this GEMV and `gemm`) serve this weight, else the reason."""
     if qtype in FLOAT_TYPES:
         if k_in % P.GROUP:
             return f"K={k_in} is not a multiple of {P.GROUP}"
-        n_words = n_out * k_in * jnp.dtype(w_dtype).itemsize // 4
+        n_words = n_out * k_in * jnp.dtype(FLOAT_TYPES[qtype]).itemsize // 4
     elif qtype in P.FORMATS:
         if jnp.dtype(w_dtype) != jnp.dtype(jnp.uint32):
             return "the weight is not in the planar layout"
