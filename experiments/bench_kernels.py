@@ -22,7 +22,8 @@ synchronised with block_until_ready):
                     at bf16 / bf16x2 / bf16x3, ``jnp``; also TFLOP/s;
       moe_variants  the Flash-Next experts (Q2_K gate/up, Q4_0 down, 512 x top-10) at 1 / 4 / 8 window rows and a
                     128-row prefill chunk, GGUF bytes vs planar (window: union-slot GEMV; prefill: sorted grouped
-                    GEMM).
+                    GEMM);
+      sweep_planar  launch configurations of the planar GEMV and the tensor-core GEMV (BN / G / warps).
   * each op and path: time, bytes the op must read at least (the weights as the path stores them -- GGUF bytes or
     the planar words -- once per call, plus activations), achieved GB/s and that as a fraction of the ceiling.
   * --budget_s: cases are started only while their section is within its share of the budget (formats 3, prefill
@@ -411,11 +412,37 @@ def bench_moe_variants(b: Bench, small: bool, rng):
               (x, jnp.asarray(ids), tw, *raw, *pl_), extra={"M": m})
 
 
+def sweep_planar(b: Bench, small: bool, rng):
+    """Launch configurations of the planar GEMV (fma) and the tensor-core GEMV, to choose `gemv.choose_config` /
+    `gemm.GEMV_TC` (first guesses today); the likeliest candidates first."""
+    from strata_jax.pallas.quant_matmul import gemm as G, gemv as V
+    n, k = (64, 512) if small else (8192, 28672)
+    fma = [(16, 8, 4), (32, 8, 4), (64, 8, 4), (32, 4, 4), (32, 16, 8), (64, 8, 8), (8, 8, 2), (16, 16, 4)]
+    tc = [(32, 4), (64, 4), (128, 8), (64, 8)]
+    it = b.interpret
+    for qt in ([Q.Q4_K] if small else [Q.Q4_K, Q.Q6_K, Q.Q2_K, Q.IQ4_XS]):
+        w, wp = _weights(rng, qt, n, k)
+        for m in (1, 8):
+            x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+            fns = {}
+            for bn, g, nw in (fma[:2] if small else fma):
+                cfg = V.Config(BN=bn, G=g, num_warps=nw)
+                fns[f"fma_{bn}_{g}_{nw}"] = jax.jit(lambda x, w, wp, cfg=cfg: V.gemv(x, wp, qt, n, k, interpret=it,
+                                                                                     cfg=cfg))
+            for bn, nw in (tc[:1] if small else tc):
+                cfg = G.Config(BN=bn, BM=16, target_programs=2112, num_warps=nw)
+                fns[f"tc_{bn}_{nw}"] = jax.jit(lambda x, w, wp, cfg=cfg: G.gemm(x, wp, qt, n, k, interpret=it,
+                                                                               precision="bf16x3", cfg=cfg))
+            b.add("sweep_planar", f"{qt.name} {n}x{k} M={m}", _nbytes(wp) + x.size * 4 + m * n * 4, fns,
+                  (x, w, wp), extra={"format": qt.name, "M": m})
+        del w, wp
+
+
 def summary(b: Bench) -> list[dict]:
     """Per (section, format, M): the best path and its fraction of the ceiling, with every path's fraction."""
     out = []
     for r in b.rows:
-        if r["op"] not in ("formats", "head", "prefill", "moe_variants"):
+        if r["op"] not in ("formats", "head", "prefill", "moe_variants", "sweep_planar"):
             continue
         fr = {k[:-5]: v for k, v in r.items() if k.endswith("_frac")}
         if not fr:
@@ -428,9 +455,9 @@ def summary(b: Bench) -> list[dict]:
 
 SECTIONS = {"qmatmul": bench_qmatmul, "gdn": bench_gdn, "moe": bench_moe, "qsa": bench_qsa,
             "sweep_qmatmul": sweep_qmatmul, "formats": bench_formats, "head": bench_head, "prefill": bench_prefill,
-            "moe_variants": bench_moe_variants}
+            "moe_variants": bench_moe_variants, "sweep_planar": sweep_planar}
 DEFAULT_SECTIONS = "qmatmul,gdn,moe,qsa"
-SECTION_WEIGHT = {"formats": 3.0, "prefill": 1.5}   # shares of --budget_s
+SECTION_WEIGHT = {"formats": 3.0, "prefill": 1.5, "sweep_planar": 1.5}   # shares of --budget_s
 
 
 def main(argv=None):
@@ -449,8 +476,9 @@ def main(argv=None):
     if unknown:
         print(f"error: unknown section(s) {unknown}; known: {list(SECTIONS)}", file=sys.stderr)
         return 2
-    if not on_gpu and not args.small:
-        print("error: no GPU: use --small (the kernels would run in Pallas' interpreter)", file=sys.stderr)
+    if not on_gpu and not args.small and not args.lower:
+        print("error: no GPU: use --small (the kernels would run in Pallas' interpreter) or --lower cuda",
+              file=sys.stderr)
         return 2
     if args.lower:
         from strata_jax.pallas import dispatch

@@ -14,7 +14,7 @@
 # (wheel, GPU, XLA flags accepted), llama.cpp build (background), random 1.5B GGUF, pallas (STRATA_TEST_GPU=1
 # pytest tests/pallas: the compiled kernels and the references; interpret-mode cases are CI's), kernels
 # (experiments/bench_kernels.py: every quantized-matmul variant of issues 13/14 -- GGUF-bytes kernel, planar GEMV,
-# tensor-core GEMV, prefill GEMM precisions, grouped experts -- in 150 s), decode (experiments/bench_decode.py on the
+# tensor-core GEMV, prefill GEMM precisions, grouped experts, launch configs -- in 210 s), decode (experiments/bench_decode.py on the
 # new path with the default kernels and with STRATA_QMATMUL=planar, command buffers on), profile_new
 # (experiments/profile_step.py, command buffers off), anchor (llama-bench tg128 / pp512), profile_old (the old
 # path's step profile, c6351ea: last, as its figures are on record from 2026-12-01), table.
@@ -61,8 +61,8 @@ case "$MODE" in
       bash .carry/anchor/anchor.sh build > "$OUT/anchor_build.log" 2>&1
       part random_gguf 60 python3 -m strata_jax.testing.random_gguf fill experiments/data/qwen2.5-coder-1.5b.header.xz $MODEL
       part pallas 150 env STRATA_TEST_GPU=1 python3 -m pytest -q tests/pallas -k "not hlo_loops and not interpret"
-      part kernels 170 python3 experiments/bench_kernels.py --only head,moe_variants,prefill,formats --budget_s 150 \
-        --out "$OUT/kernels.json"
+      part kernels 230 python3 experiments/bench_kernels.py --only head,moe_variants,prefill,formats,sweep_planar \
+        --budget_s 210 --out "$OUT/kernels.json"
     else
       MODEL=tests/fixtures/hybrid/qwen4exp_q8_0.gguf; PROF="--steps 2 --warmup 1 --prompt_tokens 8 --max_context 64"
       part env 60 python3 -c "import jax, flax; print(jax.__version__, flax.__version__, jax.devices())"
@@ -70,9 +70,9 @@ case "$MODE" in
       part pallas 300 python3 -m pytest -q tests/pallas/test_rows.py tests/pallas/test_trace_summary.py \
         tests/pallas/test_gpu_flags.py tests/pallas/test_program_structure.py -k "not hlo_loops"
       part kernels 120 python3 experiments/bench_kernels.py --small --lower cuda \
-        --only head,moe_variants,prefill,formats --out "$OUT/kernels.json"
+        --only head,moe_variants,prefill,formats,sweep_planar --out "$OUT/kernels.json"
     fi
-    part decode_new 80 $NEW python3 experiments/bench_decode.py --model $MODEL --prompt_tokens 64 \
+    part decode_new 90 $NEW python3 experiments/bench_decode.py --model $MODEL --prompt_tokens 64 \
       --decode_tokens 32 --out "$OUT/decode_new.json"
     if [ "$MODE" = run ]; then
       part decode_planar 80 $NEW STRATA_QMATMUL=planar python3 experiments/bench_decode.py --model $MODEL \
