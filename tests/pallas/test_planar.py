@@ -157,6 +157,29 @@ def test_grouped_experts_planar(impl, rng, monkeypatch):
         assert_bits_equal(y9, y[2:11], f"prefill={prefill}: 9 rows vs 12")
 
 
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_ragged_k_splits(impl, rng):
+    """K split into parts that do not divide the loop steps (the last split reads clamped steps and adds nothing):
+    the planar GEMV (7 chunks in 3 splits) and the tensor-core kernel (7 groups in 3 splits) stay within 1e-5 of
+    float64, outputs poisoned first."""
+    from strata_jax.pallas.quant_matmul import gemv
+    interpret = impl == "interpret"
+    for k_in, qtype in ((7 * 256, Q.Q4_K), (7 * 32, Q.Q8_0)):
+        w, w64 = _weight(rng, qtype, 16, k_in)
+        x = rng.standard_normal((3, k_in)).astype(np.float32)
+        cfg_v = gemv.Config(target_programs=3)
+        cfg_t = gemm.Config(BN=16, BM=16, target_programs=3)
+        if k_in == 7 * 256:
+            assert gemv.tiling(qtype, 16, k_in, cfg_v)["masked"]
+        else:
+            assert gemm.split_k(7, 1, 1, 3)["masked"]
+        with dispatch.poison_outputs():
+            y_v = gemv.gemv(jnp.asarray(x), w, qtype, 16, k_in, interpret=interpret, cfg=cfg_v)
+            y_t = gemm.gemm(jnp.asarray(x), w, qtype, 16, k_in, interpret=interpret, cfg=cfg_t)
+        f64_check(y_v, x, w64, 1e-5, f"GEMV {qtype.name} K={k_in}")
+        f64_check(y_t, x, w64, 1e-5, f"tensor cores {qtype.name} K={k_in}")
+
+
 def test_prepare_weight_rule(rng, monkeypatch):
     """prepare_weight repacks only under STRATA_QMATMUL=planar with the kernels in use; qmatmul's reference path
     gives a planar weight the values of its GGUF bytes; unknown variants raise."""
@@ -175,6 +198,16 @@ def test_prepare_weight_rule(rng, monkeypatch):
     monkeypatch.setenv("STRATA_QMATMUL", "packed")
     with pytest.raises(UnsupportedError):
         prepare_weight(raw, Q.Q4_K, 256)
+
+
+def test_embedding_rows_planar(rng, monkeypatch):
+    """A planar embedding table (what a tied head holds) gathers and decodes rows to the GGUF bytes' values."""
+    from strata_jax.layers.linear import Embedding
+    raw = jnp.asarray(random_weight(rng, Q.Q6_K, 10, 256))
+    ids = jnp.asarray([[3, 9, 0]], jnp.int32)
+    want = Embedding(raw, Q.Q6_K, 10, 256)(ids)
+    got = Embedding(planar.repack(raw, qtype=Q.Q6_K, n_cols=256), Q.Q6_K, 10, 256)(ids)
+    assert_bits_equal(got, want, "embedding rows")
 
 
 def test_tile_gemm_errors(rng):

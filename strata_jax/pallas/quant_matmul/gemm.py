@@ -60,9 +60,10 @@ class Config:
     num_stages: int = 2
 
 
-PREFILL = Config()
+# Prefill: no K split (the row tiles fill the grid; a split would write and re-read partial sums of every row).
+PREFILL = Config(target_programs=1)
 GEMV_TC = Config(BN=32, BM=16, target_programs=2112)   # the tensor-core GEMV: 1..8 rows padded to 16
-MOE_PREFILL = Config(BN=64, BM=16)                      # grouped experts: a few rows per expert in a chunk
+MOE_PREFILL = Config(BN=64, BM=16, target_programs=1)  # grouped experts: a few rows per expert in a chunk
 
 
 def units(qtype) -> list[tuple[int, int]]:
