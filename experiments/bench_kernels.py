@@ -393,7 +393,8 @@ def bench_moe_variants(b: Bench, small: bool, rng):
     it = b.interpret
     fns = {"bytes": jax.jit(lambda x, i, tw, *w: GK.moe_experts_kernel(x, i, tw, *w[:3], qts, interpret=it)),
            "planar_fma": jax.jit(lambda x, i, tw, *w: GK.moe_experts_kernel(x, i, tw, *w[3:], qts, interpret=it,
-                                                                           grouped=V.grouped_gemv)),
+                                                                           grouped=V.grouped_gemv,
+                                                                           fused_gate_up=True)),
            "planar_tc": jax.jit(lambda x, i, tw, *w: GK.moe_experts_planar(x, i, tw, *w[3:], qts, interpret=it,
                                                                           prefill=False, gemv="tc",
                                                                           precision="bf16x3"))}

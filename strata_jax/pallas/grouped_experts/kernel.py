@@ -15,8 +15,8 @@ slots run in the same three launches, each slot with its own group's rows (`grou
 per-slot activations). Each expert of a group's union is read once per group; a row gets the same instructions as
 in an 8-row call.
 
-Planar weights (``STRATA_QMATMUL=planar``): the same union-slot scheme with the planar GEMV (`moe_experts_planar`),
-and prefill chunks of more than 8 rows sorted by expert into row tiles with one grouped tensor-core GEMM per
+Planar weights (``STRATA_QMATMUL=planar``): the same union-slot scheme with the planar GEMV (`moe_experts_planar`;
+gate and up of one format in one launch that shares the activation loads), and prefill chunks of more than 8 rows sorted by expert into row tiles with one grouped tensor-core GEMM per
 projection (`moe_prefill`).
 """
 
@@ -31,6 +31,15 @@ from strata_jax.pallas.grouped_experts.reference import swiglu, weighted_sum
 from strata_jax.pallas.quant_matmul.kernel import M_MAX, grouped_qmatmul_kernel
 
 
+def _gate_up(grouped, fused, x, gate, up, experts, qg, qu, n_ff, H, interpret):
+    """gate and up of the union's experts: in one launch when ``fused`` (a grouped GEMV that reads several stacks
+    at once: the planar one) and both are of one format and shape, else two."""
+    if fused and qg == qu and gate.shape == up.shape and gate.dtype == up.dtype:
+        return grouped(x, (gate, up), experts, qg, n_ff, H, interpret=interpret)
+    return (grouped(x, gate, experts, qg, n_ff, H, interpret=interpret),
+            grouped(x, up, experts, qu, n_ff, H, interpret=interpret))
+
+
 def union_slots(topk_ids):
     """(experts [M*k] int32 sorted distinct ids padded with -1, slot [M, k] int32 index of each pair's expert)."""
     flat = topk_ids.reshape(-1).astype(jnp.int32)
@@ -40,23 +49,25 @@ def union_slots(topk_ids):
 
 
 def moe_experts_kernel(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool,
-                       grouped=grouped_qmatmul_kernel):
-    """``grouped``: the grouped GEMV (`grouped_qmatmul_kernel` on GGUF bytes, or a planar one)."""
+                       grouped=grouped_qmatmul_kernel, fused_gate_up: bool = False):
+    """``grouped``: the grouped GEMV (`grouped_qmatmul_kernel` on GGUF bytes, or a planar one);
+    ``fused_gate_up``: it takes a tuple of stacks (`strata_jax.pallas.quant_matmul.gemv.grouped_gemv`), so gate
+    and up run in one launch."""
     M, H = x.shape
     if M > M_MAX:
-        return _row_groups(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=interpret, grouped=grouped)
+        return _row_groups(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=interpret, grouped=grouped,
+                           fused_gate_up=fused_gate_up)
     n_ff = gate.shape[1]
     qg, qu, qd = qtypes
     experts, slot = union_slots(topk_ids)
-    hg = grouped(x, gate, experts, qg, n_ff, H, interpret=interpret)   # [U, M, n_ff]
-    hu = grouped(x, up, experts, qu, n_ff, H, interpret=interpret)
+    hg, hu = _gate_up(grouped, fused_gate_up, x, gate, up, experts, qg, qu, n_ff, H, interpret)  # [U, M, n_ff]
     act = swiglu(hg, hu)
     y = grouped(act, down, experts, qd, H, n_ff, interpret=interpret)  # [U, M, H]
     rows = jnp.broadcast_to(jnp.arange(M, dtype=jnp.int32)[:, None], slot.shape)
     return weighted_sum(y[slot, rows], topk_w)                                          # y[slot[m,j], m]
 
 
-def _row_groups(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool, grouped):
+def _row_groups(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool, grouped, fused_gate_up):
     """M > 8 rows: groups of 8 rows, each with its own union, in one launch per matrix (module docstring)."""
     M, H = x.shape
     k = topk_ids.shape[1]
@@ -70,8 +81,7 @@ def _row_groups(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool,
     U = M_MAX * k                                                                        # slots per group
     experts = experts.reshape(G * U)
     xs = jnp.repeat(xg, U, axis=0)                                                       # [G*U, 8, H]
-    hg = grouped(xs, gate, experts, qg, n_ff, H, interpret=interpret)      # [G*U, 8, n_ff]
-    hu = grouped(xs, up, experts, qu, n_ff, H, interpret=interpret)
+    hg, hu = _gate_up(grouped, fused_gate_up, xs, gate, up, experts, qg, qu, n_ff, H, interpret)  # [G*U, 8, n_ff]
     y = grouped(swiglu(hg, hu), down, experts, qd, H, n_ff, interpret=interpret)  # [G*U, 8, H]
     gslot = (slot + (jnp.arange(G, dtype=jnp.int32) * U)[:, None, None]).reshape(G * M_MAX, k)[:M]
     rows = jnp.broadcast_to((jnp.arange(M, dtype=jnp.int32) % M_MAX)[:, None], (M, k))
@@ -107,7 +117,8 @@ def moe_experts_planar(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret
         fn = functools.partial(_grouped_gemv_tc, precision=precision)
     else:
         fn = V.grouped_gemv
-    return moe_experts_kernel(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=interpret, grouped=fn)
+    return moe_experts_kernel(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=interpret, grouped=fn,
+                              fused_gate_up=gemv != "tc")
 
 
 def expert_tiles(topk_ids, n_experts: int, BM: int):

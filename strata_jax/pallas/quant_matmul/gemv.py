@@ -150,10 +150,12 @@ def row_update(f, dl, mn, xm):
     return jnp.sum(t, axis=tuple(range(2, nd)))
 
 
-def _kernel(slot_ref, w_ref, x_ref, *refs, qtype, M, n_out, k_in, G, cps, n_chunks, masked, BN, x_per_slot,
+def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, masked, BN, x_per_slot,
             table_names):
-    tables = dict(zip(table_names, refs[:len(table_names)]))
-    o_ref = refs[len(table_names)]
+    w_refs = refs[:n_mats]
+    x_ref = refs[n_mats]
+    tables = dict(zip(table_names, refs[n_mats + 1:n_mats + 1 + len(table_names)]))
+    o_refs = refs[n_mats + 1 + len(table_names):]
     i = pl.program_id(0)
     s = pl.program_id(1)
     u = pl.program_id(2)
@@ -172,17 +174,20 @@ def _kernel(slot_ref, w_ref, x_ref, *refs, qtype, M, n_out, k_in, G, cps, n_chun
             if masked:  # the ragged last split: read the last chunk again and add nothing
                 c = jnp.minimum(c, n_chunks - 1)
             grp = c * G + lax.broadcasted_iota(jnp.int32, (G,), 0)
-            f, dl, mn = decode_tile(qtype, w_ref, rows, grp, k_in, tables)
+            xs = [x_ref[xu, m, pl.ds(c * G, G)].astype(jnp.float32) for m in range(M)]    # [G, *vshape] each
             out = []
-            for m in range(M):
-                xm = x_ref[xu, m, pl.ds(c * G, G)].astype(jnp.float32)     # [G, *vshape]
-                t = row_update(f, dl, mn, xm)
-                out.append(accs[m] + (jnp.where(live, t, 0.0) if masked else t))
-            return tuple(out)
+            for w_ref, acc in zip(w_refs, accs):
+                f, dl, mn = decode_tile(qtype, w_ref, rows, grp, k_in, tables)
+                for m in range(M):
+                    t = row_update(f, dl, mn, xs[m])
+                    out.append(acc[m] + (jnp.where(live, t, 0.0) if masked else t))
+            return tuple(tuple(out[a * M:(a + 1) * M]) for a in range(n_mats))
 
-        accs = lax.fori_loop(0, cps, body, tuple(jnp.zeros((BN, G), jnp.float32) for _ in range(M)))
-        for m in range(M):
-            o_ref[u, s, pl.ds(i * BN, BN), m] = jnp.sum(accs[m], axis=1)
+        zero = tuple(jnp.zeros((BN, G), jnp.float32) for _ in range(M))
+        accs = lax.fori_loop(0, cps, body, tuple(zero for _ in range(n_mats)))
+        for o_ref, acc in zip(o_refs, accs):
+            for m in range(M):
+                o_ref[u, s, pl.ds(i * BN, BN), m] = jnp.sum(acc[m], axis=1)
 
 
 def _m_run(M: int, interpret: bool) -> int:
@@ -197,10 +202,15 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
 
     Args:
       x: [M, K] (the same rows for every slot) or [U, M, K]; M <= 8; float32 / bfloat16 / float16.
-      w_stacked: [E, n_out, row_words] uint32 planar, or [E, n_out, K] float for F32 / F16 / BF16.
+      w_stacked: [E, n_out, row_words] uint32 planar, or [E, n_out, K] float for F32 / F16 / BF16; or a tuple of
+        such stacks of one format and shape (e.g. the experts' gate and up), read by the same programs, which
+        share the activation loads and one launch.
       slot_expert: int32 [U]: the matrix each slot reads, or -1 for an unused slot (its output is not written).
-    Returns: float32 [U, M, n_out]. Each matrix a slot names is read once; rows never mix. Not jitted.
+    Returns: float32 [U, M, n_out] (a tuple of them for a tuple of stacks; each the bits of its own call). Each
+    matrix a slot names is read once; rows never mix. Not jitted.
     """
+    fused = isinstance(w_stacked, (tuple, list))
+    stacks = tuple(w_stacked) if fused else (w_stacked,)
     x_per_slot = x.ndim == 3
     U_in = slot_expert.shape[0]
     slot_expert = slot_expert.astype(jnp.int32)
@@ -226,19 +236,23 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
     xr = x.reshape(U_x, M, k_in // P.GROUP, *vs)
     n_pad = t["n_tiles"] * cfg.BN
     full = pl.no_block_spec
+    n_mats = len(stacks)
     call = dispatch.pallas_call(
-        functools.partial(_kernel, qtype=qtype, M=M, n_out=n_out, k_in=k_in, G=t["G"], cps=t["cps"],
-                          n_chunks=t["n_chunks"], masked=t["masked"], BN=cfg.BN, x_per_slot=x_per_slot,
-                          table_names=names),
-        out_shape=[jax.ShapeDtypeStruct((U, t["split"], n_pad, M), jnp.float32)],
-        grid=(t["n_tiles"], t["split"], U), in_specs=[full] * (3 + len(tabs)), out_specs=[full],
+        functools.partial(_kernel, n_mats=n_mats, qtype=qtype, M=M, n_out=n_out, k_in=k_in, G=t["G"],
+                          cps=t["cps"], n_chunks=t["n_chunks"], masked=t["masked"], BN=cfg.BN,
+                          x_per_slot=x_per_slot, table_names=names),
+        out_shape=[jax.ShapeDtypeStruct((U, t["split"], n_pad, M), jnp.float32)] * n_mats,
+        grid=(t["n_tiles"], t["split"], U), in_specs=[full] * (2 + n_mats + len(tabs)), out_specs=[full] * n_mats,
         interpret=interpret, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        name=f"qmatmul_planar_{getattr(qtype, 'name', qtype)}")
-    (part,) = call(slot_expert, w_stacked.reshape(-1), xr, *tabs)
-    out = part[:, 0]
-    for j in range(1, t["split"]):  # fixed order: row-independent
-        out = out + part[:, j]
-    return jnp.swapaxes(out[:U_in, :n_out, :M_in], 1, 2)
+        name=f"qmatmul_planar_{getattr(qtype, 'name', qtype)}" + (f"_x{n_mats}" if fused else ""))
+    parts = call(slot_expert, *(w.reshape(-1) for w in stacks), xr, *tabs)
+    outs = []
+    for part in parts:
+        out = part[:, 0]
+        for j in range(1, t["split"]):  # fixed order: row-independent
+            out = out + part[:, j]
+        outs.append(jnp.swapaxes(out[:U_in, :n_out, :M_in], 1, 2))
+    return tuple(outs) if fused else outs[0]
 
 
 def gemv(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, cfg: Config | None = None):
