@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from strata_jax.layers.exact import softmax
-from strata_jax.state import Rows
+from strata_jax.state import Rows, cells_f32
 
 _NEG = -1e30
 
@@ -34,7 +34,8 @@ def attend_window(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: Ro
 
     Args:
       q: float32 [B, T, Hq, D] (RoPE applied).
-      k_cache, v_cache: [n_slots, max_context + 1, Hkv, D].
+      k_cache, v_cache: [n_slots, max_context + 1, Hkv, D], float32, bfloat16 or uint16 (bfloat16 bit patterns,
+        `strata_jax.state.kv_zeros`).
       rows: the window layout (slot and first position of each segment).
       scale: softmax scale; max_context: cells per slot; window: sliding window (0 = none; may be a traced int).
 
@@ -44,8 +45,8 @@ def attend_window(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: Ro
     B, T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     g = Hq // Hkv
-    K = k_cache[rows.slot].astype(jnp.float32)  # [B, S1, Hkv, D]
-    V = v_cache[rows.slot].astype(jnp.float32)
+    K = cells_f32(k_cache[rows.slot])  # [B, S1, Hkv, D]
+    V = cells_f32(v_cache[rows.slot])
     cells = jnp.arange(K.shape[1], dtype=jnp.int32)
     pos = rows.positions(T)
 
@@ -71,8 +72,8 @@ def attend_prefill(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: R
     B, T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     g = Hq // Hkv
-    K = k_cache[rows.slot].astype(jnp.float32)
-    V = v_cache[rows.slot].astype(jnp.float32)
+    K = cells_f32(k_cache[rows.slot])
+    V = cells_f32(v_cache[rows.slot])
     cells = jnp.arange(K.shape[1], dtype=jnp.int32)
     pos = rows.positions(T)
     qg = q.reshape(B, T, Hkv, g, D)

@@ -28,7 +28,7 @@ from strata_jax.layers.mlp import make_ffn
 from strata_jax.layers.norms import RMSNorm
 from strata_jax.layers.rope import apply_rope
 from strata_jax.layers.stack import group_runs
-from strata_jax.state import Rows, write_cells
+from strata_jax.state import Rows, kv_zeros, write_cells
 
 
 def dense_fields(g, *, n_ff_key: str | None = "feed_forward_length") -> dict[str, Any]:
@@ -135,7 +135,7 @@ class DenseStage(nnx.Module):
         shape = (n_slots, max_context + 1, cfg.n_head_kv, cfg.head_dim)
 
         def z(n):
-            return jax.device_put(jnp.zeros((n,) + shape, kv_dtype), device)
+            return jax.device_put(kv_zeros((n,) + shape, kv_dtype), device)
 
         return {"kv": [(z(r.n), z(r.n)) for r in self.runs]}
 
