@@ -284,7 +284,7 @@ BAD = [
     ("chat", {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "temperature": float("nan")}, "temperature"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "top_p": 2}, "top_p"),
-    ("chat", {"messages": [{"role": "user", "content": "x"}], "top_k": 100}, "top_k"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "top_k": 5000}, "top_k"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "min_p": -0.1}, "min_p"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "seed": -1}, "seed"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),

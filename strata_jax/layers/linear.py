@@ -42,6 +42,24 @@ def blocks_as_f32(enabled: bool = True):
         _LOAD.f32 = old
 
 
+@contextlib.contextmanager
+def load_progress(callback):
+    """Within this context `load_raw` calls ``callback(nbytes)`` after placing each tensor, with the bytes it read
+    from the file (a progress bar over the bytes loaded). None: no calls."""
+    old = getattr(_LOAD, "progress", None)
+    _LOAD.progress = callback
+    try:
+        yield
+    finally:
+        _LOAD.progress = old
+
+
+def _loaded(info) -> None:
+    cb = getattr(_LOAD, "progress", None)
+    if cb is not None:
+        cb(int(getattr(info, "nbytes", 0) or 0))
+
+
 @functools.partial(jax.jit, static_argnames=("qtype", "n_cols"))
 def _dequant_chunk(raw, *, qtype, n_cols):
     return blocks.dequantize(raw, qtype, n_cols)
@@ -74,6 +92,12 @@ def load_raw(g, name: str, device=None):
     """
     info = g.info(name)
     blocks.check_supported(info.qtype, name)
+    out = _place(g, name, info, device)
+    _loaded(info)
+    return out
+
+
+def _place(g, name: str, info, device):
     if getattr(g, "virtual", False):  # random weights drawn on the device (strata_jax.models.random_weights)
         raw = g.tensor_bytes(name, device)
         if info.qtype in _FLOAT_DTYPES or info.qtype == Q.BF16:

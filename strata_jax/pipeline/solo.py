@@ -113,13 +113,20 @@ class GenerationStats:
         return d
 
     def spec_summary(self) -> str:
-        """One line for the stats line: ``spec T=4 lookup: 12/30 accepted (40%), 1.9 tok/window, ...``."""
+        """One part of the stats line, in words: ``lookup proposals (window cap 4): 12 of 30 accepted (40%), 1.9 tok
+        per window, 31.0 ms per window, 5 ms proposing, stepped aside for 2 windows`` (stepping aside: the policy
+        ran plain steps where proposing did not pay); ``none offered`` when the proposer found nothing."""
         if not self.spec:
             return ""
-        return (f"spec T={self.spec} {self.proposer}: {self.accepted}/{self.proposed} accepted "
-                f"({100 * self.acceptance_rate:.0f}%), {self.tokens_per_window:.2f} tok/window, "
-                f"{self.window_ms:.1f} ms/window, propose {self.propose_seconds * 1e3:.0f} ms, "
-                f"stepped aside {self.stepped_aside}")
+        head = f"{self.proposer} proposals (window cap {self.spec}): "
+        aside = f", stepped aside for {self.stepped_aside} window{'' if self.stepped_aside == 1 else 's'}"
+        if not self.proposed:
+            return head + f"none offered ({self.propose_seconds * 1e3:.0f} ms looking)" + (
+                aside if self.stepped_aside else "")
+        ms = f", {self.window_ms:.1f} ms per window" if self.windows > self.compiled_windows else ""
+        return (head + f"{self.accepted} of {self.proposed} accepted ({100 * self.acceptance_rate:.0f}%), "
+                f"{self.tokens_per_window:.2f} tok per window{ms}, {self.propose_seconds * 1e3:.0f} ms proposing"
+                + (aside if self.stepped_aside else ""))
 
 
 @dataclasses.dataclass
