@@ -425,6 +425,7 @@ def test_serve_flag_errors_before_load():
     try:
         for args, needles in [
             (["--draft", "lookup", "--spec", "20"], ["--spec 20", "2..8"]),
+            (["--spec", "6"], ["--spec 6 needs --draft"]),
             (["--batch", "2", "--batch_groups", "3"], ["--batch_groups 3", "1..2"]),
             (["--api_key", " "], ["--api_key", "empty key"]),
             (["--top_p", "0"], ["--top_p 0", "(0, 1]"]),

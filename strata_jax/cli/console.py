@@ -3,7 +3,8 @@ on stderr, and never a note inside a line of text.
 
 Text is flushed as it is written. When stdout and stderr reach the same terminal, file or pipe (``2>&1``), a note
 written while a line of text is open starts on a new line (the line break goes to stderr: stdout's text is not
-changed, and it goes on after the note). `Console.guard_logging` applies the same rule to log records (``--verbose``).
+changed, and it goes on after the note); compile lines are not shown there at all (`Console.compile_notifier`).
+`Console.guard_logging` applies the same rule to log records (``--verbose``).
 
 `LabelledLines` is the batch output of ``strata-generate --prompts_file``: each request's text streamed as whole
 lines labelled with its id (`LabelledLines` documents the format).
@@ -36,6 +37,7 @@ class Console:
         self._lock = threading.RLock()
         self.text_open = False      # the last text written did not end a line
         self._pending = None        # a note waiting for its end (`begin_note` / `end_note`)
+        self._dropped = None        # a note not shown (`begin_note` with ``quiet_in_text``)
 
     @property
     def out(self):
@@ -88,9 +90,13 @@ class Console:
             self.err.write(line.rstrip("\n") + "\n")
             self.err.flush()
 
-    def begin_note(self, key, line: str) -> None:
-        """Start a note that `end_note` completes on the same line (``compiling ... 12.3 s``)."""
+    def begin_note(self, key, line: str, quiet_in_text: bool = False) -> None:
+        """Start a note that `end_note` completes on the same line (``compiling ... 12.3 s``). With
+        ``quiet_in_text`` the note is dropped (with its end) while a line of text is open on the same stream."""
         with self._lock:
+            if quiet_in_text and self.text_open and _same_stream(self.out, self.err):
+                self._dropped = key
+                return
             self._close_pending()
             self._break()
             self.err.write(line)
@@ -101,7 +107,9 @@ class Console:
         """Complete the note of ``key`` with ``tail``; when something else was written meanwhile, write ``alone``
         as a line of its own instead."""
         with self._lock:
-            if self._pending == key:
+            if self._dropped == key:
+                self._dropped = None
+            elif self._pending == key:
                 self.err.write(tail + "\n")
                 self.err.flush()
                 self._pending = None
@@ -109,14 +117,16 @@ class Console:
                 self.note(alone)
 
     def compile_notifier(self, n_stages: int = 1, label: str = ""):
-        """A `strata_jax.pipeline.windows.CompileCache` ``notify`` callback: ``compiling the decode step (1
-        slot)... 12.3 s`` on stderr for a compile that takes more than the cache's ``notice_after`` seconds."""
+        """A `strata_jax.pipeline.windows.CompileCache` ``notify`` callback: ``compiling decode step (1 slot) ...
+        12.3 s`` on stderr for a compile that takes more than the cache's ``notice_after`` seconds. Not shown while
+        a line of text is open on the same terminal (a compile after the first token of a stream: the stats line
+        counts it), so the streamed text stays in one piece."""
         from strata_jax.pipeline.windows import describe_key
 
         def notify(key, seconds):
             what = label + describe_key(key, n_stages)
             if seconds is None:
-                self.begin_note(("compile", key), f"compiling {what} ...")
+                self.begin_note(("compile", key), f"compiling {what} ...", quiet_in_text=True)
             else:
                 self.end_note(("compile", key), f" {seconds:.1f} s", f"compiled {what} in {seconds:.1f} s")
 
