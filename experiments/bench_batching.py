@@ -92,7 +92,7 @@ TINY_MODEL = ROOT / "tests" / "fixtures" / "hybrid" / "qwen4exp_f32.gguf"
 
 WORKLOADS = ("code", "edit", "prose")
 ALL_ARMS = ("pipelined", "serial", "batch_mtp", "piped1", "piped2", "piped3", "piped_lookup", "piped_draft")
-DEFAULT_RATES = {"prose": 0.62, "code": 0.88, "edit": 0.97}  # the seeds' MTP acceptance per workload
+DEFAULT_RATES = {"prose": 0.62, "code": 0.88, "edit": 0.97}  # Strata issue #2973's MTP acceptance per workload
 # goals at the largest stream count: best piped drafting arm / pipelined default, and / serial batch MTP
 GOAL_VS_PIPELINED = {"code": 1.4, "edit": 1.3, "prose": 1.0}
 GOAL_VS_BATCH_MTP = 1.2

@@ -7,7 +7,7 @@ segment per slot; a pipelined group's window is one segment per slot of the grou
 
 Every state array has a leading slot axis ``[n_slots, ...]``: a segment reads and writes only its slot's entries.
 A window writes K/V cells (rejected rows' cells are overwritten before any query can read them) and leaves
-recurrent state untouched; ``commit(keep)`` then advances each slot by exactly its kept rows (SERVING.md §3.2).
+recurrent state untouched; ``commit(keep)`` then advances each slot by exactly its kept rows.
 
 The K/V cache keeps one spare cell at index ``max_context``: padded rows and rows past the context end write there,
 and no query ever attends it.

@@ -282,7 +282,7 @@ _CONVERTER_READY = False
 
 
 def _setup_converter(lcpp: str) -> None:
-    """Put the vendored converter on sys.path and monkeypatch it (MODEL.md Part B §2.4)."""
+    """Put the vendored converter on sys.path and monkeypatch it (the converter's traps are listed below)."""
     global _CONVERTER_READY
     if _CONVERTER_READY:
         return

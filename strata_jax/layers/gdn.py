@@ -2,7 +2,7 @@
 
 Sources: HF transformers 5.24 ``modeling_qwen3_next.Qwen3NextGatedDeltaNet`` and
 ``modeling_qwen3_5_moe.Qwen3_5MoeGatedDeltaNet`` (the numerics), llama.cpp's converter ``conversion/qwen.py``
-(GGUF layout), spec MODEL.md A§1.3 and B§1.3/§2.2, SERVING.md §3.2 (window/commit).
+(GGUF layout); windows leave the state untouched, the commit advances it.
 
 Per token ``x`` [D] (all float32):
   1. ``qkv = W_qkv x`` [C], C = 2*Hk*Dk + Hv*Dv; causal depthwise conv (kernel K, no bias) over time with the slot's

@@ -1,7 +1,7 @@
 """Low-rank gated hyper-connections of qwen4exp (4 residual streams).
 
 Sources: HF transformers 5.24 ``modeling_qwen4_exp.Qwen4ExpTextGatedResidual`` and ``Qwen4ExpTextDecoderLayer``
-(the read/write order), spec MODEL.md A§1.2. GGUF names (llama.cpp ``conversion/qwen4exp.py``): per layer half
+(the read/write order). GGUF names (llama.cpp ``conversion/qwen4exp.py``): per layer half
 ``blk.N.hc_{attn,ffn}_{norm,down,up,inject}.weight``; head ``output_hc_{norm,down,up}.weight`` (no inject).
 
 The residual ``R`` is float32 [..., hc, D] (hc streams of width D). A read:

@@ -1,7 +1,7 @@
 """Mixture-of-experts FFN with a sigmoid-gated shared expert (qwen35moe, qwen3next, qwen4exp).
 
 Sources: HF transformers 5.24 ``Qwen3_5MoeSparseMoeBlock`` / ``Qwen3NextSparseMoeBlock`` (router softmax -> top-k ->
-renormalise; shared expert times ``sigmoid(shared_expert_gate(x))``, added), spec MODEL.md A§1.5, B§1.3.
+renormalise; shared expert times ``sigmoid(shared_expert_gate(x))``, added).
 
 Per row ``x`` [D] (float32):
   ``p = softmax(W_r x)`` over all E experts; the top k (ties -> lower expert id, `jax.lax.top_k`), renormalised

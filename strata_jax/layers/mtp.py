@@ -1,10 +1,10 @@
 """MTP (multi-token prediction) draft layers of the hybrid families.
 
-HF transformers has no Qwen MTP module (the Qwen classes drop ``mtp.*`` on load, MODEL.md B§1.4) and llama.cpp's
+HF transformers has no Qwen MTP module (the Qwen classes drop ``mtp.*`` on load) and llama.cpp's
 ``draft-mtp`` was not compiled here, so these layers follow the spec and llama.cpp's graph description; they are
 checked against a float64 numpy reference written from the spec (``tests/test_mtp.py``), not against an oracle.
 
-qwen35moe / qwen3next ``nextn`` block (`NextNMTP`; MODEL.md B§1.4, B§2.2, B§2.3; llama.cpp ``graph_mtp``): GGUF
+qwen35moe / qwen3next ``nextn`` block (`NextNMTP`; llama.cpp ``graph_mtp``): GGUF
 tensors in block ``n = n_layer`` (the trunk's layer count): ``blk.n.nextn.{eh_proj,enorm,hnorm,shared_head_norm}``
 plus a gated-attention + MoE block ``blk.n.{attn_norm,attn_q,attn_k,attn_v,attn_output,attn_q_norm,attn_k_norm,
 post_attention_norm,ffn_*}``; optional ``nextn.embed_tokens`` / ``nextn.shared_head_head`` (else ``token_embd`` and
@@ -15,7 +15,7 @@ post_attention_norm,ffn_*}``; optional ``nextn.embed_tokens`` / ``nextn.shared_h
 ``h`` is the trunk's **post-final-norm** hidden (``out["mtp_hidden"]`` of the last `HybridStage`); ``h'`` (same
 convention) is what the next chained draft consumes.
 
-qwen4exp MTP (`HCMTP`, MODEL.md A§1.7): the cell combines the trunk's final 4-stream residual ``R_i`` (before the
+qwen4exp MTP (`HCMTP`): the cell combines the trunk's final 4-stream residual ``R_i`` (before the
 final mixer; ``out["mtp_hidden"]``) with the token at i+1:
   ``e = fc_embedding(RMSNorm(emb(tok)) * w_e)``; ``h = fc_hidden(RMSNorm_over_all_hc*D(R) * w_h)`` applied per stream;
   ``R' = h + e`` (e broadcast over the streams); one QSA-type decoder layer (hyper-connections, gated attention with

@@ -1,13 +1,14 @@
 """qwen4exp per-layer n-gram embedding (PLE): host-side row ids and the gated block.
 
 Sources: HF transformers 5.24 ``modeling_qwen4_exp.Qwen4ExpTextNGramEmbedding`` (hashing, EOS cut) and
-``Qwen4ExpTextPLELayer`` (the block), spec MODEL.md A§1.6, SERVING.md §3.2 (PLE history at commit).
+``Qwen4ExpTextPLELayer`` (the block); the PLE history advances at commit.
 
 Row ids (host, numpy; `ple_row_ids`): for token t0 with predecessors t1, t2 (missing ones, and those at or before
 the most recent EOS among the predecessors, replaced by the EOS id), heads 0..hpn-1 use
 ``bigram = t0*m0 XOR t1*m1`` and heads hpn..2*hpn-1 ``trigram = bigram XOR t2*m2``; row = ``mix mod vocab_h +
 offset_h``. HF computes this in **signed int64** with wrap-around and ``torch.remainder`` (floor modulo, result in
-[0, vocab_h)); numpy int64 reproduces it exactly. (MODEL.md writes uint64; the reference's signed form wins.)
+[0, vocab_h)); numpy int64 reproduces it exactly (an unsigned uint64 form would differ; the reference's signed form
+wins).
 
 The table (``per_layer_token_embd.weight`` [rows, dim]) is never put on the device by this module: the caller
 gathers the rows for a window on the host (memory map) and passes ``emb`` float32 [B, T, n_heads*dim] in.

@@ -1,7 +1,7 @@
 """Gated full attention of the hybrid families (every ``full_attention_interval``-th layer).
 
 Sources: HF transformers 5.24 ``Qwen3NextAttention`` / ``Qwen3_5MoeAttention`` (q_proj emits per head ``[q | gate]``,
-q/k per-head RMSNorm, partial NeoX RoPE, output times ``sigmoid(gate)`` before o_proj), spec MODEL.md B§1.3, A§1.4.
+q/k per-head RMSNorm, partial NeoX RoPE, output times ``sigmoid(gate)`` before o_proj).
 
 Per token ``x`` [D]: ``qg = W_q x`` reshaped [H, 2*hd] -> q = first hd, gate = last hd (contiguous halves);
 ``k = W_k x``, ``v = W_v x`` [Hkv, hd]; q, k RMS-normed per head (GGUF weights carry the +1); RoPE (NeoX, first
@@ -12,7 +12,7 @@ K/V cells are written in both window and prefill modes (`strata_jax.state.write_
 (qwen35moe, qwen3next) window rows attend one at a time in plain jnp (`attend_window`; there is no Pallas kernel for
 the dense attention), so a row's result does not depend on the other rows.
 
-qwen4exp's QSA adds a block indexer (`QSAIndexer`, HF ``Qwen4ExpTextQSAIndexer``, MODEL.md A§1.4) that restricts each
+qwen4exp's QSA adds a block indexer (`QSAIndexer`, HF ``Qwen4ExpTextQSAIndexer``) that restricts each
 query to the top ``budget / ratio`` complete blocks of ``ratio`` cells plus its unfinished tail:
   * raw indexer key per cell ``k_raw = W_ik x`` [dI] (no norm, no RoPE), stored in a third per-slot cell cache
     [n_slots, max_context + 1, dI], written in window and prefill modes exactly like K/V (a rejected row's cell is

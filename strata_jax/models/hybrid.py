@@ -5,9 +5,9 @@ keys into a `HybridConfig` (with `hybrid_fields`, the reading they share) and st
 Sources: HF transformers 5.24 ``modeling_qwen3_5_moe.py``, ``modeling_qwen3_5.py``, ``modeling_qwen3_next.py``,
 ``modeling_qwen4_exp.py`` (numerics; HF wins where the spec disagrees), llama.cpp's converters
 ``conversion/{qwen,qwen4exp}.py`` and graphs ``src/models/{qwen35moe,qwen35,qwen3next}.cpp`` (GGUF names/keys),
-spec MODEL.md Part A (qwen4exp) and Part B.
+HF transformers' and llama.cpp's qwen4exp, qwen3next and qwen35moe code.
 
-qwen4exp (`HCBlock`, MODEL.md A§1.2): the residual is ``R`` float32 [B, T, hc, D] (the embedding tiled into the hc
+qwen4exp (`HCBlock`): the residual is ``R`` float32 [B, T, hc, D] (the embedding tiled into the hc
 streams); per layer ``[R += PLE(R, emb)]`` (PLE layers only), then ``mixed, inj = hc_attn(R)``, ``R += mixer(mixed) *
 inj``, ``mixed, inj = hc_ffn(R)``, ``R += MoE(mixed) * inj`` (`strata_jax.layers.hyper`); no attn/ffn norms.
 Mixers: GDN with a sigmoid output gate, or gated attention with the QSA indexer (`strata_jax.layers.qsa`). Head:
@@ -100,7 +100,7 @@ class HybridConfig(ModelConfig):
 
 def hybrid_fields(g, *, moe: bool) -> dict:
     """The `HybridConfig` fields every hybrid family reads alike (llama.cpp's converters write them the same way,
-    MODEL.md B§2.1): `strata_jax.config.base_fields` (partial RoPE: ``head_dim / 4`` rotated dims without
+    llama.cpp's converter): `strata_jax.config.base_fields` (partial RoPE: ``head_dim / 4`` rotated dims without
     ``rope.dimension_count``), the trunk's layer count (``block_count`` minus ``nextn_predict_layers``, the MTP
     blocks appended after the trunk), which layers are recurrent (``attention.recurrent_layers``, else every
     ``full_attention_interval``-th layer is attention), the GDN geometry (``ssm.*``), and the FFN: the MoE keys

@@ -98,7 +98,7 @@ class Engine:
                        for s in self.stages]
         self.cache = CompileCache(compile_cache_size)
         # qwen4exp's PLE: the table stays in the host's memory map; each window's rows are gathered here from the
-        # slot's committed predecessor ids, which advance only by committed tokens (SERVING.md §3.2).
+        # slot's committed predecessor ids, which advance only by committed tokens.
         self.ple_table = None
         ple_stage = next((s for s in self.stages if getattr(s.module, "has_ple", False)), None)
         if ple_stage is not None:

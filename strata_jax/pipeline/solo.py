@@ -2,7 +2,7 @@
 
 Plain decoding runs one-row windows with the commit fused in (one jitted call per stage per token). With a proposer
 (`strata_jax.proposers`), each window carries the last accepted token plus up to T-1 proposals; the picks decide
-``n_keep`` by exact match (SERVING.md §3.1) and the commit advances the state by the kept rows, so the output is
+``n_keep`` by exact match and the commit advances the state by the kept rows, so the output is
 token for token what plain decoding gives.
 """
 
@@ -209,7 +209,7 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
 
 def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sampling, eos_ids, stop, on_token, slot,
                    dump_logits, proposer, spec: int, spec_min_p: float, policy) -> Generation:
-    """The speculative solo loop (SERVING.md §3.1): each window is the last accepted token + up to ``spec - 1``
+    """The speculative solo loop: each window is the last accepted token + up to ``spec - 1``
     proposals at consecutive positions; the engine's exact-match ``n_keep`` decides the kept prefix, which is then
     cut at EOS / stop / max tokens / context end exactly where plain decoding would stop; recurrent state is
     committed by the kept rows; the bonus pick starts the next window.

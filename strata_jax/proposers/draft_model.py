@@ -2,9 +2,9 @@
 
 Each round the draft engine first catches up on the tokens the target accepted since its last round (the longest
 common prefix of what it has read and the history is kept; for dense models the K/V cells past it are simply
-overwritten, SERVING.md §3.2), reading the new tail in one window (or as a prefill when the tail is longer than a
+overwritten), reading the new tail in one window (or as a prefill when the tail is longer than a
 window, e.g. the prompt), then chains greedy drafts one step at a time. With ``min_p`` it stops at the first draft
-whose probability under the draft model is below it (``--spec_min_p``, SERVING.md §3.3).
+whose probability under the draft model is below it (``--spec_min_p``).
 
 The draft must share the target's tokenizer: same vocabulary size and the same token strings, else proposals
 would be meaningless ids; a mismatch raises `StrataError`. Draft models with recurrent state (hybrids) are refused:
