@@ -6,10 +6,12 @@ not repeated when the notebook executes; delete the file to recompute everything
 run, whether it was computed during its execution or loaded from the cache.
 
 The recorded data of the 1.5B (`DATA`, written by ``experiments/bench_batching.py --record_acceptance``: the real
-Qwen2.5-Coder-1.5B / 0.5B weights through a numpy forward, per output position what prompt lookup and the 0.5B draft
-offer and how many leading proposals match) is read by `load_recorded`; `simulate` replays the solo speculative
-loop from its per-position arrays for a window cap T, and `recorded_prompts` rebuilds the recorded prompts with the
-real tokenizer (only the tokenizer is loaded) for an exact cross-check with `replay_lookup`.
+Qwen2.5-Coder-1.5B / 0.5B weights, per output position what prompt lookup and the 0.5B draft offer and how many
+leading proposals match; the committed file was recorded through a numpy forward that has since been removed, its
+``backend`` field says so, and a new recording runs the engine's CPU path) is read by `load_recorded`; `simulate`
+replays the solo speculative loop from its per-position arrays for a window cap T, and `recorded_prompts` rebuilds
+the recorded prompts with the real tokenizer (only the tokenizer is loaded) for an exact cross-check with
+`replay_lookup`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-for p in (ROOT, HERE, os.path.join(HERE, "parity")):
+for p in (ROOT, HERE):  # the package, and bench_spec.py beside this file
     if p not in sys.path:
         sys.path.insert(0, p)
 
@@ -63,7 +65,7 @@ def engine(name: str, ctx: int):
 
 def tiny_mtp_model(fixture: str = "qwen35moe", seed: int = 0) -> str:
     """The tiny hybrid fixture + a random MTP block (written once under the cache folder)."""
-    from add_mtp_block import add_mtp_block
+    from strata_jax.testing.mtp_block import add_mtp_block
 
     dst = os.path.join(os.path.dirname(CACHE), f"{fixture}_q8_0_mtp{seed}.gguf")
     if not os.path.exists(dst):
@@ -214,9 +216,9 @@ def simulate(offered: list[int], accepted: list[int], T: int) -> dict:
 
 def recorded_prompts(rec: dict, tok=None) -> dict[str, list[int]]:
     """The recorded prompts (request 0 of each workload), rebuilt as ``record_acceptance`` builds them
-    (`bench_batching.prompt_texts` / `encode_prompts`, chat template of the target's tokenizer); each is checked
-    against the recorded prompt length."""
-    import bench_batching as B
+    (`strata_jax.testing.batching.workload.prompt_texts` / `encode_prompts`, chat template of the target's
+    tokenizer); each is checked against the recorded prompt length."""
+    from strata_jax.testing.batching import workload as B
 
     tok = tok or tokenizer_real(rec["target_model"])
     out = {}

@@ -12,9 +12,10 @@ Usage (CPU, 4 host devices):
 The anchor's workload (Strata PR #1253's: 32 requests x 512 tokens, 4 concurrent), on GPUs, with MTP proposals:
   python experiments/batch_exactness.py --model qwen4exp_mtp.gguf --stages 2 --slots 4 --requests 32 --new 512 \
       --draft mtp --max_context 1024
-``--model`` may be a registry name, a .gguf path, or a header file made by experiments/random_gguf.py (random
-weights of the real shapes). ``--same_device`` puts every stage on the first device (exactness of the pipelined
-modes on a machine with fewer devices than stages; not a speed run).
+``--model`` may be a registry name, a .gguf path, or a header file made by ``python -m
+strata_jax.testing.random_gguf header`` (random weights of the real shapes). ``--same_device`` puts every stage on
+the first device (exactness of the pipelined modes on a machine with fewer devices than stages; not a speed run).
+The workload and the comparison are `strata_jax.testing.exactness` (shared with the tests).
 
 Prints one line per mode: requests exact / total, windows, solo windows, proposals accepted, seconds; ``--out``
 writes the same as JSON.
@@ -30,59 +31,7 @@ import jax
 
 from strata_jax.pipeline.engine import Engine
 from strata_jax.pipeline.groups import resolve_groups
-from strata_jax.pipeline.scheduler import BatchScheduler, Request
-from strata_jax.pipeline.solo import generate
-from strata_jax.sampling import SamplingParams
-
-GREEDY = SamplingParams(0.0)
-
-
-def seeded(seed: int) -> SamplingParams:
-    return SamplingParams(0.7, 20, 1.0, 0.0, seed)
-
-
-def workload(prompts: list[list[int]], n_new: int, sampled: bool, cancel: bool = True) -> list[Request]:
-    """Requests arriving one round apart; the second one is cancelled one round after it arrives (if ``cancel``),
-    before proposals can finish it, while the first is still decoding beside the third."""
-    reqs = []
-    for i, p in enumerate(prompts):
-        reqs.append(Request(list(p), max_new_tokens=n_new, sampling=seeded(1000 + i) if sampled else GREEDY,
-                            arrival_round=i, cancel_round=(i + 1) if (cancel and i == 1) else None))
-    return reqs
-
-
-def solo_tokens(engine: Engine, req: Request) -> list[int]:
-    """The request decoded alone (slot 0, zeroed first)."""
-    engine.reset_slot(0)
-    return generate(engine, list(req.prompt_ids), max_new_tokens=req.max_new_tokens, sampling=req.sampling,
-                    eos_ids=req.stop_ids, slot=0).tokens
-
-
-def make_prompts(n: int, vocab: int) -> list[list[int]]:
-    """``n`` prompts of 16-40 tokens; each ends by repeating its start, so prompt lookup has something to propose."""
-    base = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575]
-    out = []
-    for i in range(n):
-        body = [(t * (1 + i // 4) + 7 * i) % vocab for t in base[:10 + 2 * (i % 4)]]
-        out.append(body + body[:6])
-    return out
-
-
-def check(engine: Engine, mode_res, reqs: list[Request], solo: dict, proposer_factory=None, spec_min_p=0.0):
-    """Run ``reqs`` in ``mode_res``'s mode; returns (results, list of mismatch descriptions, scheduler)."""
-    sch = BatchScheduler(engine, mode_res, proposer_factory=proposer_factory, spec_min_p=spec_min_p)
-    import copy
-
-    results = sch.run([copy.copy(r) for r in reqs])
-    bad = []
-    for i, r in enumerate(results):
-        ref = solo[i]
-        if r.stop_reason == "cancelled":
-            if r.tokens != ref[:len(r.tokens)]:
-                bad.append(f"req {i} (cancelled) not a prefix: {r.tokens} vs {ref}")
-        elif r.tokens != ref:
-            bad.append(f"req {i} slot {r.slot}: {r.tokens} vs solo {ref}")
-    return results, bad, sch
+from strata_jax.testing.exactness import check, make_prompts, solo_tokens, workload
 
 
 def main():
@@ -106,8 +55,8 @@ def main():
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # compile times
     path = a.model
-    if path.endswith(".header"):
-        import random_gguf
+    if path.endswith((".header", ".header.xz")):
+        from strata_jax.testing import random_gguf
 
         path, src = "/tmp/strata_exactness_random.gguf", path
         random_gguf.fill(src, path)

@@ -5,7 +5,7 @@ Ceiling: on a GPU, a bf16 GEMV of an 8192 x 28672 matrix (bytes of weight read p
 on the CPU, a large copy (bytes read per second).
 
   python experiments/bench_decode.py --model smollm2-135m                         # CPU, real weights
-  python experiments/bench_decode.py --random_from experiments/data/qwen2.5-coder-1.5b.header   # same shapes/formats
+  python experiments/bench_decode.py --random_from experiments/data/qwen2.5-coder-1.5b.header.xz   # same shapes/formats
 
 Prints a short table and writes JSON with --out.
 """
@@ -130,8 +130,8 @@ def weight_bytes_per_token(engine) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--random_from", help="a header file (experiments/random_gguf.py header): bench random weights "
-                    "of those shapes and formats")
+    ap.add_argument("--random_from", help="a header file (python -m strata_jax.testing.random_gguf header): bench "
+                    "random weights of those shapes and formats")
     ap.add_argument("--prompt_tokens", type=int, default=256)
     ap.add_argument("--decode_tokens", type=int, default=64)
     ap.add_argument("--max_context", type=int, default=1024)
@@ -142,7 +142,7 @@ def main() -> None:
     from strata_jax.pipeline.engine import Engine
 
     if args.random_from:
-        import random_gguf
+        from strata_jax.testing import random_gguf
 
         path = "/tmp/strata_bench_random.gguf"
         random_gguf.fill(args.random_from, path)

@@ -4,7 +4,7 @@ per GPU, prefill and decode ms per token (not a test).
   python experiments/bench_fullsize.py --geometry qwen3.8-flash-next --layer_split 24 --out full.json
   python experiments/bench_fullsize.py --geometry qwen3.6-35b-a3b --n_layer 4 --devices 1     # small smoke run
 
-Geometries: configs/geometries/*.json (strata_jax.models.random_weights).
+Geometries: configs/geometries/*.json (strata_jax.testing.random_weights).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from bench_decode import time_prefill_and_decode, time_windows
-    from strata_jax.models.random_weights import VirtualGGUF, load_geometry
+    from strata_jax.testing.random_weights import VirtualGGUF, load_geometry
     from strata_jax.pipeline.engine import Engine
     from strata_jax.state import tree_bytes
 

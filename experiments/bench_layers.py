@@ -1,5 +1,5 @@
 """Where a decode step of the full-size Qwen3.8-Flash-Next (qwen4exp) goes: one layer of each kind, plain jnp vs the
-Pallas kernels, on random weights drawn on the device (`strata_jax.models.random_weights`, the geometry's formats).
+Pallas kernels, on random weights drawn on the device (`strata_jax.testing.random_weights`, the geometry's formats).
 
 Usage:
   python experiments/bench_layers.py --out layers.json            # GPU (H200): full-size shapes, ~2-4 min
@@ -52,7 +52,7 @@ def build(small: bool, seed: int = 0):
     from strata_jax.layers.moe import MoE
     from strata_jax.models.hybrid import make_mixer
     from strata_jax.models.registry import config_from_gguf
-    from strata_jax.models.random_weights import VirtualGGUF, load_geometry
+    from strata_jax.testing.random_weights import VirtualGGUF, load_geometry
 
     geom = load_geometry("qwen3.8-flash-next")
     if small:

@@ -12,6 +12,13 @@ see `strata_jax.pallas.dispatch`), e.g. ``grouped_experts``, ``qsa``, ``gdn``, `
 
 ``--lower_for cuda`` lowers for a GPU on any machine (no compile) with the kernel path forced, and lists the Pallas
 kernels of each function with the size of their IR: a cheap check, on a CPU, of what a GPU compile will be given.
+``--structure`` only traces each function on the kernel path (as on a GPU, on any machine) and reports its
+structure (`strata_jax.pallas.structure.jaxpr_report`): Pallas calls and distinct kernels, XLA-level loops (while /
+scan), optimization barriers, and the kernel operands XLA would copy on every call (slices or gathers of the weights
+or the state, with their bytes). ``--stack 0|1`` sets ``STRATA_STACK_LAYERS`` (per-layer buffers or scanned stacks;
+default: the engine's choice).
+
+  python experiments/compile_probe.py --geometry qwen3.6-35b-a3b --n_layer 8 --kinds step --structure --stack 1
 
 Kinds: ``prefill`` (one `PREFILL_CHUNK`-row chunk, last-row logits), ``step`` (T = 1), ``windowT`` (a T-row verify
 window, all logits), ``mtp_prefill`` / ``mtp_windowT`` (the MTP layer's catch-up + draft chain of ``--mtp`` drafts).
@@ -32,7 +39,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 
-def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, lower_for: str | None = None) -> dict:
+def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, lower_for: str | None = None,
+         structure: bool = False) -> dict:
     """Lower and compile one function in this process; returns timings. With ``lower_for`` (e.g. ``"cuda"``) the
     function is only lowered, for that platform (works on a CPU-only machine), with the kernel path forced, and the
     Pallas kernels it holds are listed with the size of their IR."""
@@ -42,16 +50,32 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, low
     from flax import nnx
 
     from strata_jax.models.registry import build_stage, config_from_gguf, mtp_head
-    from strata_jax.models.random_weights import VirtualGGUF, load_geometry
+    from strata_jax.testing.random_weights import VirtualGGUF, load_geometry
     from strata_jax.pipeline.engine import PREFILL_CHUNK
     from strata_jax.pipeline.stages import build_mtp_fn, build_stage_fn, make_stage
     from strata_jax.sampling import RowSampling, SamplingParams
     from strata_jax.state import Rows
 
-    if lower_for:  # the kernels' path as on a GPU, whatever this machine's backend is
+    if lower_for or structure:  # the kernels' path as on a GPU, whatever this machine's backend is
         from strata_jax.pallas import dispatch
 
         dispatch.on_gpu = lambda: True
+    triton_ir = []
+    if lower_for:  # record the size of each kernel's Triton IR (ops, loads, loops) as Pallas lowers it
+        from jax._src.pallas.triton import lowering as _tl
+
+        orig_lower = _tl.lower_jaxpr_to_triton_module
+
+        def lower_and_count(jaxpr, *a, **k):
+            res = orig_lower(jaxpr, *a, **k)
+            asm = res.module.operation.get_asm()
+            name = jaxpr.debug_info.func_name if jaxpr.debug_info else "?"
+            triton_ir.append({"kernel": name, "ops": asm.count(" = ") + asm.count("tt.store"),
+                              "loads": asm.count("tt.load"), "dots": asm.count("tt.dot"),
+                              "loops": asm.count("scf.for") + asm.count("scf.while")})
+            return res
+
+        _tl.lower_jaxpr_to_triton_module = lower_and_count
     v = VirtualGGUF(load_geometry(geometry), n_layer=n_layer, mtp=kind.startswith("mtp"))
     cfg = config_from_gguf(v)
     samp = RowSampling.make([SamplingParams(0.0)])
@@ -67,7 +91,7 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, low
         h = jax.ShapeDtypeStruct((1, T, hc, cfg.n_embd) if hc > 1 else (1, T, cfg.n_embd), jnp.float32)
         nxt = jax.ShapeDtypeStruct((1, T), jnp.int32)
         n_use = jnp.asarray([T], jnp.int32)
-        low = _lower(build_mtp_fn(gd, mode, mtp), lower_for, params, state, h, nxt, rows, n_use)
+        fn, args = build_mtp_fn(gd, mode, mtp), (params, state, h, nxt, rows, n_use)
     else:
         mod = nnx.eval_shape(lambda: build_stage(v, cfg, 0, n_layer, None))
         st = make_stage(mod, 0, None)
@@ -80,7 +104,21 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, low
             extra = {"ple": jax.ShapeDtypeStruct(rb.shape, rb.dtype)}
         fn = build_stage_fn(st, "prefill" if mode == "prefill" else ("step" if kind == "step" else "window"),
                             max_context, "last" if mode == "prefill" else "all")
-        low = _lower(fn, lower_for, st.params, state, toks, rows, toks, samp, extra)
+        args = (st.params, state, toks, rows, toks, samp, extra)
+    if structure:
+        from strata_jax.pallas import structure as S
+
+        rep = S.jaxpr_report(fn.trace(*args).jaxpr, [len(jax.tree.leaves(a)) for a in args])
+        by_arg = {}
+        for o in rep.sliced_operands:
+            k = {0: "weights", 1: "state"}.get(o["arg"], f"arg{o['arg']}")
+            n, b = by_arg.get(k, (0, 0))
+            by_arg[k] = (n + 1, b + o["bytes"])
+        top = sorted(rep.sliced_operands, key=lambda o: -o["bytes"])[:5]
+        return {"trace_s": round(time.perf_counter() - t0, 2), "structure": rep.summary(),
+                "copies": {k: {"count": n, "bytes": b} for k, (n, b) in by_arg.items()},
+                "largest_copies": [(o["kernel"], o["via"], list(o["shape"]), o["bytes"]) for o in top]}
+    low = _lower(fn, lower_for, *args)
     t_lower = time.perf_counter() - t0
     text = low.as_text()
     hlo_chars = len(text)
@@ -89,7 +127,8 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, low
 
         kernels = [(m.group(1), len(line)) for line in text.splitlines() if "custom_call" in line
                    for m in [re.search(r'name = \\?"([^"\\]*)', line)] if m]
-        return {"lower_s": round(t_lower, 2), "hlo_chars": hlo_chars, "platform": lower_for, "kernels": kernels}
+        return {"lower_s": round(t_lower, 2), "hlo_chars": hlo_chars, "platform": lower_for, "kernels": kernels,
+                "triton_ir": triton_ir}
     t0 = time.perf_counter()
     low.compile()
     return {"lower_s": round(t_lower, 2), "compile_s": round(time.perf_counter() - t0, 2), "hlo_chars": hlo_chars,
@@ -111,12 +150,17 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per (selection, kind) subprocess")
     ap.add_argument("--lower_for", default=None, help="only lower, for this platform (e.g. cuda, on a CPU-only "
                     "machine), with the kernel path forced; lists the Pallas kernels and their IR size")
+    ap.add_argument("--structure", action="store_true", help="only trace on the kernel path and report the program's "
+                    "structure (loops, barriers, kernel operands copied from slices)")
+    ap.add_argument("--stack", choices=("auto", "0", "1"), default="auto", help="STRATA_STACK_LAYERS for the "
+                    "children: 1 = layers stacked into scans, 0 = one run per layer, auto = the engine's choice")
     ap.add_argument("--jobs", type=int, default=1, help="pairs compiled at once (each its own process)")
     ap.add_argument("--out", default=None, help="JSON file for the results")
     ap.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._child:
-        print(json.dumps(_one(args.geometry, args.n_layer, args._child, args.max_context, args.mtp, args.lower_for)))
+        print(json.dumps(_one(args.geometry, args.n_layer, args._child, args.max_context, args.mtp, args.lower_for,
+                              args.structure)))
         return
     pairs = [(ops, kind) for ops in args.ops.split(",") if ops for kind in args.kinds.split(",") if kind]
     print(f"{'ops':<16} {'kind':<14} {'lower s':>8} {'compile s':>10} {'HLO chars':>10}", flush=True)
@@ -126,7 +170,10 @@ def main() -> None:
         ops, kind = pair
         env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")  # several children may share one GPU
         env.pop("STRATA_PALLAS_OPS", None)
-        if args.lower_for:
+        env.pop("STRATA_STACK_LAYERS", None)
+        if args.stack != "auto":
+            env["STRATA_STACK_LAYERS"] = args.stack
+        if args.lower_for or args.structure:
             env["STRATA_PALLAS_IMPL"] = "kernel"  # as on a GPU: every kernel that can serve the call
         elif ops == "none":
             env["STRATA_PALLAS_IMPL"] = "reference"
@@ -138,6 +185,8 @@ def main() -> None:
                str(args.n_layer), "--max_context", str(args.max_context), "--mtp", str(args.mtp), "--_child", kind]
         if args.lower_for:
             cmd += ["--lower_for", args.lower_for]
+        if args.structure:
+            cmd += ["--structure"]
         t0 = time.perf_counter()
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -147,10 +196,23 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             r = {"timeout_s": args.timeout}
         r.update(ops=ops, kind=kind, wall_s=round(time.perf_counter() - t0, 1))
-        if "kernels" in r:
+        if "structure" in r:
+            st = r["structure"]
+            cp = ", ".join(f"{k} {v['count']} ({v['bytes'] / 1e6:.1f} MB)" for k, v in r["copies"].items()) or "none"
+            print(f"{ops:<16} {kind:<14} {r['trace_s']:>8.1f} {'(traced)':>10} {'':>10}  {st['kernels']} Pallas calls "
+                  f"({st['kernel_variants']} kernels), XLA while {st['xla_while']}, scan {st['xla_scan']}, barriers "
+                  f"{st['barriers']}, kernel loops with traced bounds {st['kernel_while']}; copied kernel operands "
+                  f"per call: {cp}", flush=True)
+        elif "kernels" in r:
             print(f"{ops:<16} {kind:<14} {r['lower_s']:>8.1f} {'(lowered for ' + r['platform'] + ')':>10} "
                   f"{r['hlo_chars']:>10}  {len(r['kernels'])} kernels: "
                   + ", ".join(f"{n} {b // 1000} KB" for n, b in r["kernels"]), flush=True)
+            ir = r.get("triton_ir") or []
+            if ir:
+                print(f"{'':<31} Triton IR: {sum(k['ops'] for k in ir)} ops, {sum(k['loads'] for k in ir)} loads in "
+                      f"{len(ir)} kernels; largest: " + ", ".join(
+                          f"{k['kernel']} {k['ops']} ops / {k['loads']} loads"
+                          for k in sorted(ir, key=lambda k: -k["ops"])[:4]), flush=True)
         elif "compile_s" in r:
             print(f"{ops:<16} {kind:<14} {r['lower_s']:>8.1f} {r['compile_s']:>10.1f} {r['hlo_chars']:>10}",
                   flush=True)

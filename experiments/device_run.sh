@@ -21,7 +21,7 @@ for part in "$@"; do
     kernels) timeout 300 python3 experiments/bench_kernels.py --out "$OUT/bench_kernels.json" 2>&1 | tail -n 40 | tee "$OUT/bench_kernels.txt" ;;
     decode)
       for impl in reference auto; do
-        STRATA_PALLAS_IMPL=$impl timeout 240 python3 experiments/bench_decode.py --random_from experiments/data/qwen2.5-coder-1.5b.header \
+        STRATA_PALLAS_IMPL=$impl timeout 240 python3 experiments/bench_decode.py --random_from experiments/data/qwen2.5-coder-1.5b.header.xz \
           --prompt_tokens 256 --decode_tokens 64 --out "$OUT/decode_1p5b_$impl.json" 2>&1 | tail -n 3
       done ;;
     full)

@@ -12,7 +12,8 @@ import dataclasses
 import math
 from typing import Any
 
-from strata_jax.gguf.metadata import get_array, get_float, get_int, key_error
+from strata_jax.errors import UnsupportedError
+from strata_jax.gguf.metadata import get_array, get_float, get_int, get_str, key_error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,3 +148,12 @@ def base_fields(g, *, n_layer: int, n_ff: int, rope_fraction: int = 1) -> dict[s
         eos_id=get_int(g, "tokenizer.ggml.eos_token_id", -1, min=-1, max=MAX_TOKEN_ID),
     )
 
+
+def refuse_rope_scaling(g) -> None:
+    """Raise `UnsupportedError` when the file asks for RoPE scaling (``{arch}.rope.scaling.type`` other than
+    ``none``, e.g. the YaRN that Qwen3 model cards suggest for contexts past 32K): llama.cpp applies it at every
+    position, so running without it would give other logits, not just a shorter context."""
+    kind = get_str(g, g.architecture + ".rope.scaling.type", "none") or "none"
+    if kind != "none":
+        raise UnsupportedError(f"{g.path}: RoPE scaling {kind!r} ({g.architecture}.rope.scaling.type) is not "
+                               "implemented; use a file converted without rope_scaling")

@@ -80,24 +80,26 @@ def write_cells(cache: jax.Array, rows: Rows, values: jax.Array, max_context: in
     return cache.at[layer, slot, cell].set(values)
 
 
-def kv_zeros(shape, kv_dtype) -> jax.Array:
-    """Zero K/V cells of ``shape`` as a stage holds them: float32 as float32; bfloat16 as its uint16 bit patterns.
+def kv_zeros(shape, kv_dtype, device=None) -> jax.Array:
+    """Zero K/V cells of ``shape`` as a stage on ``device`` (default: the default backend's) holds them: as
+    ``kv_dtype``, except bfloat16 on a CPU, held as its uint16 bit patterns.
 
-    Why: XLA:CPU has no bfloat16 update-in-place, and its float normalization turns each write of a bfloat16 cache
+    Why: XLA:CPU has no bfloat16 in-place update, and its float normalization turns each write of a bfloat16 cache
     into a float32 copy of the whole cache and back (4x slower decode at a 4096-cell context, measured on
-    SmolLM2-135M). Integer cells are updated in place on every backend; `cells_f32` reads them back. The bits held
-    are the bfloat16 values'.
+    SmolLM2-135M). Integer cells are updated in place; `kv_view` reads them as bfloat16 (a bitcast). The bits held
+    are the bfloat16 values'. GPUs update bfloat16 in place and keep bfloat16 cells (their kernels read them).
     """
-    if jnp.dtype(kv_dtype) == jnp.bfloat16:
+    platform = device.platform if device is not None else jax.default_backend()
+    if jnp.dtype(kv_dtype) == jnp.bfloat16 and platform == "cpu":
         return jnp.zeros(shape, jnp.uint16)
     return jnp.zeros(shape, kv_dtype)
 
 
-def cells_f32(cells: jax.Array) -> jax.Array:
-    """K/V cells as float32 (uint16 cells hold bfloat16 bit patterns, see `kv_zeros`)."""
+def kv_view(cells: jax.Array) -> jax.Array:
+    """K/V cells as their float dtype: uint16 cells (`kv_zeros`) as bfloat16, a bitcast; others unchanged."""
     if cells.dtype == jnp.uint16:
-        cells = jax.lax.bitcast_convert_type(cells, jnp.bfloat16)
-    return cells.astype(jnp.float32)
+        return jax.lax.bitcast_convert_type(cells, jnp.bfloat16)
+    return cells
 
 
 def tree_bytes(tree) -> int:

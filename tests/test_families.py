@@ -45,3 +45,19 @@ def test_mtp_head_of_a_family_without_one():
 
     with pytest.raises(UnsupportedError, match="no MTP draft layer for architecture 'llama'"):
         registry.mtp_head(None, Cfg())
+
+
+def test_rope_scaling_is_refused():
+    """qwen3 / qwen3moe / qwen35 files asking for RoPE scaling (YaRN) are refused by their key reading, before any
+    tensor is read."""
+
+    class G:
+        path = "m.gguf"
+
+        def __init__(self, arch):
+            self.architecture = arch
+            self.metadata = {"general.architecture": arch, f"{arch}.rope.scaling.type": "yarn"}
+
+    for arch in ("qwen3", "qwen3moe", "qwen35"):
+        with pytest.raises(UnsupportedError, match=f"m.gguf: RoPE scaling 'yarn' \\({arch}.rope.scaling.type\\)"):
+            registry.get_family(arch).read_config(G(arch))

@@ -1,5 +1,5 @@
-"""bfloat16 K/V cells (``--kv_dtype bfloat16``): held as uint16 bit patterns, written and read back as the values
-rounded to bfloat16 (ml_dtypes' rounding is the reference), and a real model decodes with them as with float32 cells
+"""bfloat16 K/V cells (``--kv_dtype bfloat16``): on a CPU held as uint16 bit patterns, written and read back as the
+values rounded to bfloat16 (ml_dtypes' rounding is the reference), and a real model decodes with them as with float32 cells
 up to that rounding."""
 
 from pathlib import Path
@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from strata_jax.state import Rows, cells_f32, kv_zeros, write_cells
+from strata_jax.state import Rows, kv_view, kv_zeros, write_cells
 
 CTX = 96
 PROMPT = np.load(Path(__file__).parent / "fixtures" / "dense_smollm2-135m.npz")["prompt_ids"].tolist()
@@ -22,7 +22,7 @@ def test_bf16_cells_hold_the_rounded_values():
     assert cache.dtype == jnp.uint16
     vals = (rng.standard_normal((2, 4, H, D)) * 10).astype(np.float32)
     rows = Rows.make([2, 0], [3, 8], [4, 2])  # slot 0's rows 2, 3 (positions 10, 11) go to the spare cell
-    got = np.asarray(cells_f32(write_cells(cache, rows, jnp.asarray(vals), max_context)))
+    got = np.asarray(kv_view(write_cells(cache, rows, jnp.asarray(vals), max_context)).astype(jnp.float32))
     want = np.zeros((n_slots, max_context + 1, H, D), np.float32)
     want[2, 3:7] = vals[0].astype(ml_dtypes.bfloat16).astype(np.float32)
     want[0, 8:10] = vals[1, :2].astype(ml_dtypes.bfloat16).astype(np.float32)

@@ -6,10 +6,8 @@ delivers the streamed tokens then the result; a bounded queue refuses one reques
 The engine and mode are tests/test_slots.py's (same key and window shapes), so the compiled functions are shared.
 """
 
-import sys
 import threading
 import time
-from pathlib import Path
 
 import jax
 import pytest
@@ -17,9 +15,7 @@ import pytest
 from strata_jax.pipeline.groups import resolve_groups
 from strata_jax.pipeline.loop import EngineLoop, LoopClosed, QueueFull
 from strata_jax.pipeline.scheduler import BatchScheduler, Request
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "experiments"))
-import batch_exactness as bx  # noqa: E402
+from strata_jax.testing import exactness as bx
 
 CTX = 96
 BASE = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575]

@@ -1,5 +1,5 @@
 """MTP proposals on whole models (`strata_jax.proposers.mtp`, `Engine.enable_mtp`): the tiny hybrid fixtures with an
-MTP block appended (experiments/parity/add_mtp_block.py; the MTP weights are random, so few drafts are accepted).
+MTP block appended (`strata_jax.testing.mtp_block`; the MTP weights are random, so few drafts are accepted).
 
 * Speculative solo decoding with ``--draft mtp`` gives token for token the plain output (greedy and seeded, with
   and without ``--spec_min_p``), for qwen35moe and qwen4exp.
@@ -10,8 +10,6 @@ MTP block appended (experiments/parity/add_mtp_block.py; the MTP weights are ran
   pipelined windows) on a 2-stage split: every request decodes its solo tokens.
 """
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import jax
@@ -24,16 +22,12 @@ from strata_jax.pipeline.groups import resolve_groups
 from strata_jax.pipeline.solo import generate
 from strata_jax.proposers import MtpProposer, ScriptedProposer, make_proposer
 from strata_jax.sampling import SamplingParams
+from strata_jax.testing import exactness as bx
+from strata_jax.testing.mtp_block import add_mtp_block
 
 ROOT = Path(__file__).parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import batch_exactness as bx  # noqa: E402
-
 CTX = 96
 SEEDED = SamplingParams(0.7, 20, 1.0, 0.0, 5)
-_spec = importlib.util.spec_from_file_location("add_mtp_block", ROOT / "experiments" / "parity" / "add_mtp_block.py")
-_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_mod)
 _ENGINES = {}
 
 
@@ -43,7 +37,7 @@ def _mtp_file(tmp_path_factory, arch: str) -> str:
         pytest.fail(f"committed fixture {src.name} is missing (experiments/parity/make_hybrid_fixtures.py makes it)")
     dst = tmp_path_factory.getbasetemp() / f"{arch}_mtp.gguf"
     if not dst.exists():
-        _mod.add_mtp_block(str(src), str(dst), seed=1)
+        add_mtp_block(str(src), str(dst), seed=1)
     return str(dst)
 
 

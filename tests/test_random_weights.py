@@ -1,11 +1,10 @@
-"""The random-weight geometries used by the full-size speed runs (`strata_jax.models.random_weights.VirtualGGUF`,
-`experiments/random_gguf.py`): every tensor the loader asks for is there with the geometry's shape and block
+"""The random-weight geometries used by the full-size speed runs (`strata_jax.testing.random_weights.VirtualGGUF`,
+`strata_jax.testing.random_gguf`): every tensor the loader asks for is there with the geometry's shape and block
 format, and random blocks dequantize (by `gguf.quants`, the independent oracle) to small finite values."""
 
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -15,9 +14,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 from strata_jax.models.registry import config_from_gguf
 from strata_jax.errors import StrataError
 from strata_jax.gguf import open_gguf
-from strata_jax.models.random_weights import RANDOM_SCALE, SCALE_BYTES, VirtualGGUF, load_geometry
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "experiments"))
+from strata_jax.testing import random_gguf
+from strata_jax.testing.random_weights import RANDOM_SCALE, SCALE_BYTES, VirtualGGUF, load_geometry
 
 # largest |value| a random block can give: the fp16 super-scale * 128 (Q6_K's int8 sub-scale) * 32 (its 6-bit code)
 BOUND = float(np.float16(RANDOM_SCALE)) * 128 * 32
@@ -66,10 +64,8 @@ def test_random_blocks_dequantize_small_and_finite():
 
 
 def test_random_gguf_fill_round_trip(tmp_path, model_path):
-    """experiments/random_gguf.py: header of a real file + random data = a file with the same table whose blocks
-    dequantize small and finite."""
-    import random_gguf
-
+    """`strata_jax.testing.random_gguf`: header of a real file + random data = a file with the same table whose
+    blocks dequantize small and finite."""
     src = model_path("smollm2-135m")
     hdr, out = tmp_path / "h.bin", tmp_path / "r.gguf"
     random_gguf.write_header(src, str(hdr))
@@ -85,6 +81,12 @@ def test_random_gguf_fill_round_trip(tmp_path, model_path):
             assert np.isfinite(vals).all() and np.abs(vals).max() <= BOUND and vals.std() > 0, t.name
             checked += 1
     assert checked > 0
+    # an xz-compressed header (how experiments/data keeps them) fills the same file
+    hxz, out2 = tmp_path / "h.bin.xz", tmp_path / "r2.gguf"
+    random_gguf.write_header(src, str(hxz))
+    assert hxz.stat().st_size < hdr.stat().st_size
+    random_gguf.fill(str(hxz), str(out2))
+    assert out2.read_bytes() == out.read_bytes()
 
 
 def test_unknown_geometry():

@@ -6,11 +6,10 @@ CPU host devices, for SmolLM2 and the tiny qwen3next hybrid (proposals: prompt l
 Each workload mixes greedy and seeded requests (request 0 greedy, 1 seeded and cancelled, 2 seeded, 3 greedy, ...),
 so greedy and seeded rows share windows, and one run per mode checks both kinds.
 
-The workload and the comparison live in experiments/batch_exactness.py. Engines are shared with tests/test_split.py
+The workload and the comparison live in `strata_jax.testing.exactness`. Engines are shared with tests/test_split.py
 (same keys), so compiled functions are reused; the solo references are computed once per engine.
 """
 
-import sys
 from pathlib import Path
 
 import jax
@@ -18,9 +17,7 @@ import pytest
 
 from strata_jax.pipeline.groups import resolve_groups
 from strata_jax.proposers import ScriptedProposer
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "experiments"))
-import batch_exactness as bx  # noqa: E402
+from strata_jax.testing import exactness as bx
 
 HYBRID = str(Path(__file__).parent / "fixtures" / "hybrid" / "qwen3next_f32.gguf")
 CTX = 96

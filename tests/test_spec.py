@@ -83,6 +83,7 @@ def test_same_output_as_plain(engine_for, plain_decode, name, samp, kind):
     assert sum(k * v for k, v in st.window_tokens.items()) == len(plain) - 1
     assert st.spec_windows > 0  # windows with proposals ran (not only one-row steps)
     if kind == "model":
+        assert prop.slot == 1  # drafting on the target engine: the solo loop's bind keeps the draft's own slot
         if samp.greedy:  # a model drafting greedily for itself is always right
             assert st.accepted == st.proposed
             assert st.tokens_per_window > 2.5

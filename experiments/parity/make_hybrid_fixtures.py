@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Tiny random hybrid models (qwen4exp, qwen35moe, qwen3next), their GGUFs, and HF reference logits.
+"""Tiny random Qwen models (the hybrids qwen4exp, qwen35moe, qwen3next, qwen35 and the attention-only qwen3,
+qwen3moe), their GGUFs, and HF reference logits.
 
 For each family this script
   1. builds a tiny random HF model (transformers 5.24, CPU, float32), randomising every weight
@@ -10,11 +11,14 @@ For each family this script
   4. maps the GGUFs back into the HF model (dequantize + undo the converter's transforms):
      the f32 round trip must reproduce the HF logits; the q8_0 round trip is the oracle for Q8_0;
   5. writes tests/fixtures/hybrid/<family>_{f32,q8_0}.gguf, <family>_ref.npz, <family>_config.json.
+qwen35 also gets an MTP block (HF names ``mtp.*``, random weights: HF has no Qwen MTP module) that the converter
+exports into the f32 file only (the q8_0 file is converted with --no-mtp); its reference logits are computed from HF's
+own pieces (``Qwen3_5DecoderLayer``, ``Qwen3_5RMSNorm``, a Linear ``fc``; `mtp_reference`).
 
 Run it from the repository root inside the parity venv (see experiments/parity/README_hybrid.md):
-    python experiments/parity/make_hybrid_fixtures.py [--families qwen4exp,qwen35moe,qwen3next]
+    python experiments/parity/make_hybrid_fixtures.py [--families qwen4exp,qwen35moe,qwen3next,qwen35,qwen3,qwen3moe]
     python experiments/parity/make_hybrid_fixtures.py --check-numpy   # numpy forward vs the committed npz
-Only CPU, 2 threads. `numpy_forward` is a from-the-GGUF numpy reference of all three families.
+Only CPU, 2 threads. `numpy_forward` is a from-the-GGUF numpy reference of the first three families.
 """
 
 from __future__ import annotations
@@ -44,7 +48,14 @@ N_STEPS = 24
 PROMPT_SEED = 20261201
 EOS_POS_IN_PROMPT = 40  # the prompt carries one EOS so the PLE n-gram reset is exercised
 
-FAMILIES = ("qwen4exp", "qwen35moe", "qwen3next")
+FAMILIES = ("qwen4exp", "qwen35moe", "qwen3next", "qwen35", "qwen3", "qwen3moe")
+NUMPY_FAMILIES = ("qwen4exp", "qwen35moe", "qwen3next")  # those `numpy_forward` covers
+# families added later are narrower (hidden 64) to keep the committed files small; the first three keep their sizes
+SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+MTP_FAMILIES = ("qwen35",)  # an MTP block in the f32 file (HF names mtp.*)
+MTP_IN = {"qwen35": "f32"}
+# HF norms with a plain weight (default ones; the converter stores them as is) instead of zero-centred (1 + w)
+PLAIN_NORM_FAMILIES = ("qwen3", "qwen3moe")
 
 
 # --------------------------------------------------------------------------------------------
@@ -76,37 +87,26 @@ def make_config(family: str):
         pad_token_id=None,
         full_attention_interval=4,
     )
+
+    def gdn(hk, hv, d):  # the linear-attention (GDN) geometry: key / value heads, head dim (dk = dv)
+        return dict(linear_num_key_heads=hk, linear_num_value_heads=hv, linear_key_head_dim=d,
+                    linear_value_head_dim=d)
+
+    def rope(mrope=None):  # partial RoPE, theta 1e7; interleaved MRoPE sections for the Qwen3.5 family
+        r = {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25}
+        return {**r, "mrope_section": mrope, "mrope_interleaved": True} if mrope else r
+
     if family == "qwen3next":
-        cfg = tf.Qwen3NextConfig(
-            **common,
-            linear_num_key_heads=4,
-            linear_num_value_heads=8,
-            linear_key_head_dim=32,
-            linear_value_head_dim=32,
-            intermediate_size=64,
-            norm_topk_prob=True,
-            decoder_sparse_step=1,
-            rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
-        )
+        cfg = tf.Qwen3NextConfig(**common, **gdn(4, 8, 32), intermediate_size=64, norm_topk_prob=True,
+                                 decoder_sparse_step=1, rope_parameters=rope())
         cfg.architectures = ["Qwen3NextForCausalLM"]
     elif family == "qwen35moe":
-        cfg = tf.Qwen3_5MoeTextConfig(
-            **common,
-            linear_num_key_heads=4,
-            linear_num_value_heads=8,
-            linear_key_head_dim=32,
-            linear_value_head_dim=32,
-            rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
-                             "mrope_section": [3, 3, 2], "mrope_interleaved": True},
-        )
+        cfg = tf.Qwen3_5MoeTextConfig(**common, **gdn(4, 8, 32), rope_parameters=rope([3, 3, 2]))
         cfg.architectures = ["Qwen3_5MoeForCausalLM"]
     elif family == "qwen4exp":
         cfg = tf.Qwen4ExpTextConfig(
             **common,
-            linear_num_key_heads=2,
-            linear_num_value_heads=6,  # 3 v-heads per k-head, as in the real model (16/48)
-            linear_key_head_dim=32,
-            linear_value_head_dim=32,
+            **gdn(2, 6, 32),  # 3 v-heads per k-head, as in the real model (16/48)
             norm_topk_prob=True,
             output_gate_type="sigmoid",
             hc_count=4,
@@ -125,10 +125,37 @@ def make_config(family: str):
             indexer_head_dim=32,
             indexer_budget=16,
             indexer_compress_ratio=4,
-            rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25,
-                             "mrope_section": [3, 3, 2], "mrope_interleaved": True},
+            rope_parameters=rope([3, 3, 2]),
         )
         cfg.architectures = ["Qwen4ExpForCausalLM"]
+    elif family == "qwen35":
+        # Qwen3.5 dense: GDN / gated attention, SwiGLU FFN; full attention every 2nd layer, so that the 4 layers
+        # are two identical periods (the engine scans over them)
+        dense = {k: v for k, v in common.items() if k not in (
+            "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+            "full_attention_interval")}
+        cfg = tf.Qwen3_5TextConfig(**{**dense, **SMALL}, **gdn(2, 4, 16), intermediate_size=128,
+                                   full_attention_interval=2, rope_parameters=rope([1, 1, 2]))
+        cfg.mtp_num_hidden_layers = 1
+        cfg.architectures = ["Qwen3_5ForCausalLM"]
+    elif family in ("qwen3", "qwen3moe"):
+        base = {k: common[k] for k in ("vocab_size", "num_hidden_layers", "hidden_act", "max_position_embeddings",
+                                       "rms_norm_eps", "attention_bias", "eos_token_id", "bos_token_id",
+                                       "pad_token_id")}
+        rope = {"rope_type": "default", "rope_theta": 1_000_000.0}
+        if family == "qwen3":
+            # the small Qwen3 models tie the head to the embedding
+            cfg = tf.Qwen3Config(**base, **SMALL, intermediate_size=128, tie_word_embeddings=True,
+                                 rope_parameters=rope)
+            cfg.architectures = ["Qwen3ForCausalLM"]
+        else:
+            # Qwen3-30B-A3B: 128 experts top 8, norm_topk_prob true (HF's default is false; llama.cpp always
+            # renormalises); here 16 experts top 8 keep the file small
+            cfg = tf.Qwen3MoeConfig(**base, **SMALL, intermediate_size=128, tie_word_embeddings=False,
+                                    num_experts=16, num_experts_per_tok=8, moe_intermediate_size=32,
+                                    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                                    rope_parameters=rope)
+            cfg.architectures = ["Qwen3MoeForCausalLM"]
     else:
         raise ValueError(family)
     cfg._attn_implementation = "eager"
@@ -138,7 +165,61 @@ def make_config(family: str):
 def model_class(family: str):
     import transformers as tf
     return {"qwen3next": tf.Qwen3NextForCausalLM, "qwen35moe": tf.Qwen3_5MoeForCausalLM,
-            "qwen4exp": tf.Qwen4ExpForCausalLM}[family]
+            "qwen4exp": tf.Qwen4ExpForCausalLM, "qwen35": tf.Qwen3_5ForCausalLM, "qwen3": tf.Qwen3ForCausalLM,
+            "qwen3moe": tf.Qwen3MoeForCausalLM}[family]
+
+
+def make_model(family: str, cfg):
+    """The HF model of `family`, with its (random, HF-named) MTP block as ``model.mtp`` for `MTP_FAMILIES`: HF has
+    no Qwen MTP module, but save_pretrained then writes ``mtp.*`` tensors the converter exports."""
+    model = model_class(family)(cfg).eval()
+    if family in MTP_FAMILIES:
+        model.mtp = Qwen35Mtp(cfg)
+    return model
+
+
+def _mtp_module_class():
+    import torch
+    import transformers.models.qwen3_5.modeling_qwen3_5 as q35
+
+    class _Qwen35Mtp(torch.nn.Module):
+        """The checkpoint layout of a Qwen3.5 MTP block (``mtp.fc``, ``mtp.pre_fc_norm_{embedding,hidden}``,
+        ``mtp.norm``, ``mtp.layers.0`` = a full-attention decoder layer), built from HF's own modules."""
+
+        def __init__(self, cfg):
+            super().__init__()
+            H = cfg.hidden_size
+            att = cfg.layer_types.index("full_attention")
+            self.fc = torch.nn.Linear(2 * H, H, bias=False)
+            self.pre_fc_norm_embedding = q35.Qwen3_5RMSNorm(H, eps=cfg.rms_norm_eps)
+            self.pre_fc_norm_hidden = q35.Qwen3_5RMSNorm(H, eps=cfg.rms_norm_eps)
+            self.norm = q35.Qwen3_5RMSNorm(H, eps=cfg.rms_norm_eps)
+            self.layers = torch.nn.ModuleList([q35.Qwen3_5DecoderLayer(cfg, att)])
+
+    return _Qwen35Mtp
+
+
+def Qwen35Mtp(cfg):
+    return _mtp_module_class()(cfg)
+
+
+def mtp_reference(model, seq: np.ndarray) -> np.ndarray:
+    """Logits [len(seq) - 1, V] of the MTP block over ``seq``: cell i combines the trunk's post-final-norm hidden at
+    position i with the token ``seq[i+1]``, at RoPE position i, causal over the cells (llama.cpp ``graph_mtp``):
+    ``x = fc(cat(enorm(emb), hnorm(h)))``, the decoder layer, ``norm``, the shared head."""
+    import torch
+    mtp = model.mtp
+    with torch.no_grad():
+        ids = torch.tensor(seq[None, :].astype(np.int64))
+        h = model.model(input_ids=ids, use_cache=False).last_hidden_state[:, :-1]
+        e = model.model.embed_tokens(ids[:, 1:])
+        x = mtp.fc(torch.cat([mtp.pre_fc_norm_embedding(e), mtp.pre_fc_norm_hidden(h)], dim=-1))
+        n = x.shape[1]
+        pos = torch.arange(n)[None]
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        y = mtp.layers[0](x, position_embeddings=model.model.rotary_emb(x, pos), attention_mask=mask,
+                          position_ids=pos)
+        return model.lm_head(mtp.norm(y))[0].float().numpy().copy()
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,8 +230,12 @@ def model_class(family: str):
 # (GDN out_proj, attention o_proj, routed/shared expert down_proj) and of the output head. The smaller
 # write-back gain for the single-stream families keeps the random nets from being too chaotic
 # (the Q8_0 oracle then stays within a few % of the f32 logits) while every block still matters.
-OUT_GAIN = {"qwen3next": 0.5, "qwen35moe": 0.5, "qwen4exp": 1.0}
-HEAD_GAIN = {"qwen3next": 2.0, "qwen35moe": 2.0, "qwen4exp": 4.0}
+OUT_GAIN = {"qwen3next": 0.5, "qwen35moe": 0.5, "qwen4exp": 1.0, "qwen35": 0.5, "qwen3": 2.0, "qwen3moe": 0.5}
+HEAD_GAIN = {"qwen3next": 2.0, "qwen35moe": 2.0, "qwen4exp": 4.0, "qwen35": 2.0, "qwen3": 2.0, "qwen3moe": 2.0}
+# embedding std: qwen3's head is tied to the embedding; with an embedding of std 1 (and write-back gain 0.5) the
+# embedding outweighs the blocks in the residual and the head picks the input token itself (seen: seeds 0..160
+# all repeat the prompt's last token). Std 0.25 with gain 2 keeps the logit std near 2 and self-picks rare.
+EMBED_STD = {"qwen3": 0.25}
 
 
 def randomise(model, seed: int, family: str) -> None:
@@ -166,8 +251,8 @@ def randomise(model, seed: int, family: str) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             shp = tuple(p.shape)
-            if name.endswith("linear_attn.norm.weight"):
-                # RMSNormGated: plain weight, default ones
+            if name.endswith("linear_attn.norm.weight") or (family in PLAIN_NORM_FAMILIES and "norm" in name):
+                # RMSNormGated and Qwen3RMSNorm: plain weight, default ones
                 v = 1.0 + normal(shp, 0.2)
             elif "norm" in name.split(".")[-2] or name.endswith("norm.weight") or "layernorm" in name \
                     or ".norm_" in name:
@@ -189,7 +274,7 @@ def randomise(model, seed: int, family: str) -> None:
             elif name.endswith("conv1d.weight"):
                 v = normal(shp, 0.35)
             elif name.endswith("embed_tokens.weight"):
-                v = normal(shp, 1.0)
+                v = normal(shp, EMBED_STD.get(family, 1.0))
             elif name.endswith("ngram_embedding.weight"):
                 v = normal(shp, 1.0)
             elif name.endswith("lm_head.weight"):
@@ -198,7 +283,8 @@ def randomise(model, seed: int, family: str) -> None:
                 v = normal(shp, 1.0 / math.sqrt(shp[-1]))
             elif name.endswith("experts.down_proj"):
                 v = normal(shp, out_gain / math.sqrt(shp[-1]))
-            elif name.endswith(("o_proj.weight", "linear_attn.out_proj.weight", "shared_expert.down_proj.weight")):
+            elif name.endswith(("o_proj.weight", "linear_attn.out_proj.weight", "shared_expert.down_proj.weight",
+                                "mlp.down_proj.weight")):
                 v = normal(shp, out_gain / math.sqrt(shp[1]))
             elif name.endswith("mlp.gate.weight"):
                 v = normal(shp, 2.0 / math.sqrt(shp[-1]))
@@ -275,6 +361,11 @@ def save_hf(model, family: str, out_dir: Path) -> None:
         # the real checkpoint names the QSA layers "full_attention" (HF renames them to
         # "indexed_attention" when it loads the config); keep the on-disk form of the real files
         cfg["layer_types"] = ["full_attention" if t == "indexed_attention" else t for t in cfg["layer_types"]]
+    if family == "qwen35":
+        # Qwen3_5TextConfig consumes full_attention_interval into layer_types and does not save it, and the converter
+        # writes {arch}.full_attention_interval from config.json (default 4): keep it beside layer_types
+        cfg["full_attention_interval"] = 2
+        cfg["mtp_num_hidden_layers"] = 1  # the converter's count of mtp.layers.*
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
@@ -308,7 +399,7 @@ def _setup_converter(lcpp: str) -> None:
         w.add_add_bos_token(False)
 
     for cls in (cbase.TextModel, cqwen.Qwen3NextModel, cqwen.Qwen3_5TextModel, cqwen.Qwen3_5MoeTextModel,
-                cq4.Qwen4ExpTextModel):
+                cq4.Qwen4ExpTextModel, cqwen.Qwen2Model, cqwen.Qwen3Model, cqwen.Qwen2MoeModel, cqwen.Qwen3MoeModel):
         cls.set_vocab = set_vocab
 
     # Trap: AutoConfig renames "full_attention" to "indexed_attention" for qwen4_exp, and the
@@ -331,8 +422,10 @@ def convert(hf_dir: Path, out: Path, outtype: str, family: str, lcpp: str) -> fl
     _setup_converter(lcpp)
     import convert_hf_to_gguf
     argv = [str(hf_dir), "--outfile", str(out), "--outtype", outtype]
-    if family != "qwen4exp":
-        argv.append("--no-mtp")  # HF has no mtp.* tensors; qwen4exp's converter has no such flag
+    if family in ("qwen35moe", "qwen3next", "qwen35") and MTP_IN.get(family) != outtype:
+        # checkpoints without mtp.* tensors need --no-mtp (and qwen35's are exported into one of its two files);
+        # qwen4exp's converter has no such flag, and qwen3 / qwen3moe have no MTP
+        argv.append("--no-mtp")
     t = time.time()
     old = sys.argv
     sys.argv = ["convert_hf_to_gguf.py"] + argv
@@ -385,10 +478,9 @@ def untile(a: np.ndarray, axis: int, hk: int, r: int, d: int) -> np.ndarray:
 
 def gguf_to_hf(tensors: dict, family: str, cfg) -> dict:
     """Rebuild the HF state dict (parameters only) from dequantized GGUF tensors."""
-    hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
-    dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-    r = hv // hk
-    tiled = family in ("qwen35moe", "qwen4exp")
+    tiled = family in ("qwen35moe", "qwen4exp", "qwen35")
+    plain = family in PLAIN_NORM_FAMILIES  # norms stored as is (no +1 to undo)
+    one = 0.0 if plain else 1.0
     sd = {}
     used = set()
 
@@ -397,14 +489,83 @@ def gguf_to_hf(tensors: dict, family: str, cfg) -> dict:
         return tensors[name]
 
     sd["model.embed_tokens.weight"] = take("token_embd.weight")
-    sd["lm_head.weight"] = take("output.weight")
+    if "output.weight" in tensors:
+        sd["lm_head.weight"] = take("output.weight")
     if family == "qwen4exp":
         sd["model.hyper_connection_mixer.hc_norm.weight"] = take("output_hc_norm.weight") - 1.0
         sd["model.hyper_connection_mixer.input_mix_weight_down.weight"] = take("output_hc_down.weight")
         sd["model.hyper_connection_mixer.input_mix_weight_up.weight"] = take("output_hc_up.weight")
     else:
-        sd["model.norm.weight"] = take("output_norm.weight") - 1.0
+        sd["model.norm.weight"] = take("output_norm.weight") - one
 
+    def linear_attn(b, la):
+        hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        r = hv // hk
+        qkv = take(b + "attn_qkv.weight")
+        z = take(b + "attn_gate.weight")
+        conv = take(b + "ssm_conv1d.weight")  # [C, K]
+        A = take(b + "ssm_a")
+        dt = take(b + "ssm_dt.bias")
+        out = take(b + "ssm_out.weight")
+        kd = hk * dk
+        if tiled:
+            qkv = np.concatenate([qkv[:2 * kd], untile(qkv[2 * kd:], 0, hk, r, dv)], 0)
+            z = untile(z, 0, hk, r, dv)
+            conv = np.concatenate([conv[:2 * kd], untile(conv[2 * kd:], 0, hk, r, dv)], 0)
+            A = untile(A, 0, hk, r, 1)
+            dt = untile(dt, 0, hk, r, 1)
+            out = untile(out, 1, hk, r, dv)
+            sd[la + "in_proj_qkv.weight"] = qkv
+            sd[la + "in_proj_z.weight"] = z
+            sd[la + "in_proj_a.weight"] = untile(take(b + "ssm_alpha.weight"), 0, hk, r, 1)
+            sd[la + "in_proj_b.weight"] = untile(take(b + "ssm_beta.weight"), 0, hk, r, 1)
+        else:
+            # qwen3next: re-interleave [q | k | v | z] per key-head group (HF in_proj_qkvz layout)
+            H = qkv.shape[1]
+            q_, k_, v_ = qkv[:kd], qkv[kd:2 * kd], qkv[2 * kd:]
+            qkvz = np.concatenate([q_.reshape(hk, dk, H), k_.reshape(hk, dk, H),
+                                   v_.reshape(hk, r * dv, H), z.reshape(hk, r * dv, H)], axis=1)
+            sd[la + "in_proj_qkvz.weight"] = qkvz.reshape(-1, H)
+            sd[la + "in_proj_ba.weight"] = take(b + "ssm_ba.weight")
+        sd[la + "conv1d.weight"] = conv[:, None, :]
+        sd[la + "A_log"] = np.log(-A)
+        sd[la + "dt_bias"] = dt
+        sd[la + "norm.weight"] = take(b + "ssm_norm.weight")  # plain weight: no -1
+        sd[la + "out_proj.weight"] = out
+
+    def self_attn(b, sa):
+        sd[sa + "q_proj.weight"] = take(b + "attn_q.weight")
+        sd[sa + "k_proj.weight"] = take(b + "attn_k.weight")
+        sd[sa + "v_proj.weight"] = take(b + "attn_v.weight")
+        sd[sa + "o_proj.weight"] = take(b + "attn_output.weight")
+        sd[sa + "q_norm.weight"] = take(b + "attn_q_norm.weight") - one
+        sd[sa + "k_norm.weight"] = take(b + "attn_k_norm.weight") - one
+        if family == "qwen4exp":
+            sd[sa + "indexer.index_qk_proj.weight"] = np.concatenate(
+                [take(b + "indexer.q_proj.weight"), take(b + "indexer.k_proj.weight")], 0)
+            sd[sa + "indexer.q_layernorm.weight"] = take(b + "indexer.q_norm.weight") - 1.0
+            sd[sa + "indexer.k_layernorm.weight"] = take(b + "indexer.k_norm.weight") - 1.0
+
+    def ffn(b, m):
+        if family in ("qwen35", "qwen3"):  # dense SwiGLU
+            for n in ("gate", "up", "down"):
+                sd[m + f"{n}_proj.weight"] = take(b + f"ffn_{n}.weight")
+            return
+        sd[m + "gate.weight"] = take(b + "ffn_gate_inp.weight")
+        sd[m + "experts.gate_up_proj"] = np.concatenate(
+            [take(b + "ffn_gate_exps.weight"), take(b + "ffn_up_exps.weight")], axis=1)
+        sd[m + "experts.down_proj"] = take(b + "ffn_down_exps.weight")
+        if family == "qwen3moe":  # no shared expert
+            return
+        sd[m + "shared_expert.gate_proj.weight"] = take(b + "ffn_gate_shexp.weight")
+        sd[m + "shared_expert.up_proj.weight"] = take(b + "ffn_up_shexp.weight")
+        sd[m + "shared_expert.down_proj.weight"] = take(b + "ffn_down_shexp.weight")
+        sd[m + "shared_expert_gate.weight"] = take(b + "ffn_gate_inp_shexp.weight").reshape(1, -1)
+
+    # the attention-only families name the FFN norm ffn_norm, the hybrids post_attention_norm
+    post_norm = "ffn_norm.weight" if family in ("qwen3", "qwen3moe") else "post_attention_norm.weight"
+    layer_types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers  # (qwen3moe)
     for L in range(cfg.num_hidden_layers):
         b, h = f"blk.{L}.", f"model.layers.{L}."
         if family == "qwen4exp":
@@ -422,65 +583,26 @@ def gguf_to_hf(tensors: dict, family: str, cfg) -> dict:
                 sd[p + "conv1d.weight"] = take(b + "ple_conv1d.weight")[:, None, :]
                 sd[p + "ple_embedding.ngram_embedding.weight"] = take("per_layer_token_embd.weight")
         else:
-            sd[h + "input_layernorm.weight"] = take(b + "attn_norm.weight") - 1.0
-            sd[h + "post_attention_layernorm.weight"] = take(b + "post_attention_norm.weight") - 1.0
-
-        if cfg.layer_types[L] == "linear_attention":
-            la = h + "linear_attn."
-            qkv = take(b + "attn_qkv.weight")
-            z = take(b + "attn_gate.weight")
-            conv = take(b + "ssm_conv1d.weight")  # [C, K]
-            A = take(b + "ssm_a")
-            dt = take(b + "ssm_dt.bias")
-            out = take(b + "ssm_out.weight")
-            kd = hk * dk
-            if tiled:
-                qkv = np.concatenate([qkv[:2 * kd], untile(qkv[2 * kd:], 0, hk, r, dv)], 0)
-                z = untile(z, 0, hk, r, dv)
-                conv = np.concatenate([conv[:2 * kd], untile(conv[2 * kd:], 0, hk, r, dv)], 0)
-                A = untile(A, 0, hk, r, 1)
-                dt = untile(dt, 0, hk, r, 1)
-                out = untile(out, 1, hk, r, dv)
-                sd[la + "in_proj_qkv.weight"] = qkv
-                sd[la + "in_proj_z.weight"] = z
-                sd[la + "in_proj_a.weight"] = untile(take(b + "ssm_alpha.weight"), 0, hk, r, 1)
-                sd[la + "in_proj_b.weight"] = untile(take(b + "ssm_beta.weight"), 0, hk, r, 1)
-            else:
-                # qwen3next: re-interleave [q | k | v | z] per key-head group (HF in_proj_qkvz layout)
-                H = qkv.shape[1]
-                q_, k_, v_ = qkv[:kd], qkv[kd:2 * kd], qkv[2 * kd:]
-                qkvz = np.concatenate([q_.reshape(hk, dk, H), k_.reshape(hk, dk, H),
-                                       v_.reshape(hk, r * dv, H), z.reshape(hk, r * dv, H)], axis=1)
-                sd[la + "in_proj_qkvz.weight"] = qkvz.reshape(-1, H)
-                sd[la + "in_proj_ba.weight"] = take(b + "ssm_ba.weight")
-            sd[la + "conv1d.weight"] = conv[:, None, :]
-            sd[la + "A_log"] = np.log(-A)
-            sd[la + "dt_bias"] = dt
-            sd[la + "norm.weight"] = take(b + "ssm_norm.weight")  # plain weight: no -1
-            sd[la + "out_proj.weight"] = out
+            sd[h + "input_layernorm.weight"] = take(b + "attn_norm.weight") - one
+            sd[h + "post_attention_layernorm.weight"] = take(b + post_norm) - one
+        if layer_types[L] == "linear_attention":
+            linear_attn(b, h + "linear_attn.")
         else:
-            sa = h + "self_attn."
-            sd[sa + "q_proj.weight"] = take(b + "attn_q.weight")
-            sd[sa + "k_proj.weight"] = take(b + "attn_k.weight")
-            sd[sa + "v_proj.weight"] = take(b + "attn_v.weight")
-            sd[sa + "o_proj.weight"] = take(b + "attn_output.weight")
-            sd[sa + "q_norm.weight"] = take(b + "attn_q_norm.weight") - 1.0
-            sd[sa + "k_norm.weight"] = take(b + "attn_k_norm.weight") - 1.0
-            if family == "qwen4exp":
-                sd[sa + "indexer.index_qk_proj.weight"] = np.concatenate(
-                    [take(b + "indexer.q_proj.weight"), take(b + "indexer.k_proj.weight")], 0)
-                sd[sa + "indexer.q_layernorm.weight"] = take(b + "indexer.q_norm.weight") - 1.0
-                sd[sa + "indexer.k_layernorm.weight"] = take(b + "indexer.k_norm.weight") - 1.0
+            self_attn(b, h + "self_attn.")
+        ffn(b, h + "mlp.")
 
-        m = h + "mlp."
-        sd[m + "gate.weight"] = take(b + "ffn_gate_inp.weight")
-        sd[m + "experts.gate_up_proj"] = np.concatenate(
-            [take(b + "ffn_gate_exps.weight"), take(b + "ffn_up_exps.weight")], axis=1)
-        sd[m + "experts.down_proj"] = take(b + "ffn_down_exps.weight")
-        sd[m + "shared_expert.gate_proj.weight"] = take(b + "ffn_gate_shexp.weight")
-        sd[m + "shared_expert.up_proj.weight"] = take(b + "ffn_up_shexp.weight")
-        sd[m + "shared_expert.down_proj.weight"] = take(b + "ffn_down_shexp.weight")
-        sd[m + "shared_expert_gate.weight"] = take(b + "ffn_gate_inp_shexp.weight").reshape(1, -1)
+    n = cfg.num_hidden_layers
+    if f"blk.{n}.nextn.eh_proj.weight" in tensors:  # the MTP block the converter appended (qwen35's f32 file)
+        b, h = f"blk.{n}.", "mtp."
+        sd[h + "fc.weight"] = take(b + "nextn.eh_proj.weight")
+        sd[h + "pre_fc_norm_embedding.weight"] = take(b + "nextn.enorm.weight") - 1.0
+        sd[h + "pre_fc_norm_hidden.weight"] = take(b + "nextn.hnorm.weight") - 1.0
+        sd[h + "norm.weight"] = take(b + "nextn.shared_head_norm.weight") - 1.0
+        h += "layers.0."
+        sd[h + "input_layernorm.weight"] = take(b + "attn_norm.weight") - 1.0
+        sd[h + "post_attention_layernorm.weight"] = take(b + "post_attention_norm.weight") - 1.0
+        self_attn(b, h + "self_attn.")
+        ffn(b, h + "mlp.")
 
     unused = set(tensors) - used
     if unused:
@@ -489,11 +611,13 @@ def gguf_to_hf(tensors: dict, family: str, cfg) -> dict:
 
 
 def load_into(family: str, cfg, ref_model, sd: dict):
-    """A fresh HF model holding `sd` (+ the reference model's buffers); checks full coverage."""
+    """A fresh HF model holding `sd` (+ the reference model's buffers); checks full coverage. The MTP block is
+    loaded when `sd` has it (a file converted without it gives a model without ``mtp``)."""
     import torch
-    m = model_class(family)(cfg).eval()
-    ref = ref_model.state_dict()
-    params = {n for n, _ in ref_model.named_parameters()}
+    with_mtp = any(k.startswith("mtp.") for k in sd)
+    m = make_model(family, cfg) if with_mtp else model_class(family)(cfg).eval()
+    ref = {k: v for k, v in ref_model.state_dict().items() if with_mtp or not k.startswith("mtp.")}
+    params = {n for n, _ in ref_model.named_parameters() if with_mtp or not n.startswith("mtp.")}
     missing = params - set(sd)
     extra = set(sd) - params
     if missing or extra:
@@ -505,6 +629,8 @@ def load_into(family: str, cfg, ref_model, sd: dict):
             if tuple(t.shape) != tuple(v.shape):
                 raise RuntimeError(f"{k}: shape {tuple(t.shape)} != {tuple(v.shape)}")
             full[k] = t
+        elif k == "lm_head.weight" and cfg.tie_word_embeddings:
+            full[k] = full["model.embed_tokens.weight"]  # the tied head (a GGUF without output.weight)
         else:
             full[k] = v.clone()  # buffers (PLE hash constants)
     m.load_state_dict(full, strict=True)
@@ -817,7 +943,7 @@ def build_family(family: str, args) -> dict:
     import torch
     t0 = time.time()
     cfg = make_config(family)
-    model = model_class(family)(cfg).eval()
+    model = make_model(family, cfg)
     prompt = make_prompt()
     hf_dir = HFDIR / family
     tmp_f32 = HFDIR / f"{family}_f32.gguf"
@@ -852,6 +978,11 @@ def build_family(family: str, args) -> dict:
                        in zip(model.named_parameters(), m32.named_parameters()))
         pf32, sid32, sl32 = run_reference(m32, prompt, forced_steps=step_ids)
         rt_err = max(float(np.abs(pf32 - prefill).max()), float(np.abs(sl32 - step_logits).max()))
+        mtp = {}
+        if family in MTP_FAMILIES:  # the MTP block over prompt + greedy steps, and its GGUF round trip
+            seq = np.concatenate([prompt, step_ids])
+            mtp["mtp_logits"] = mtp_reference(model, seq).astype(np.float32)
+            rt_err = max(rt_err, float(np.abs(mtp_reference(m32, seq) - mtp["mtp_logits"]).max()))
         # q8 oracle (free-running greedy)
         ten8, kv8, _ = read_gguf(tmp_q8)
         m8 = load_into(family, cfg, model, gguf_to_hf(ten8, family, cfg))
@@ -906,6 +1037,7 @@ def build_family(family: str, args) -> dict:
              oracle_q8_step_logits=sl8.astype(np.float32),
              oracle_q8_step_ids=sid8.astype(np.int32),
              weight_seed=np.int64(seed),
+             **mtp,
              **(qwen4exp_debug_arrays(model, prompt) if family == "qwen4exp" else {}))
     (HFDIR / f"{family}_gguf_listing.txt").write_text(gguf_listing(tmp_f32) + "\n" + gguf_listing(tmp_q8))
 
@@ -928,7 +1060,7 @@ def build_family(family: str, args) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
     ap.add_argument("--lcpp", default=LCPP_DEFAULT, help="vendor/llama.cpp of the unpacked llama-cpp-python sdist")
     ap.add_argument("--seed-start", type=int, default=0)
     ap.add_argument("--max-seeds", type=int, default=400)
@@ -938,7 +1070,11 @@ def main():
                     help="do not build: run the numpy reference forward on the committed fixtures")
     args = ap.parse_args()
     if args.check_numpy:
-        for fam in args.families.split(","):
+        fams = args.families.split(",") if args.families != ",".join(FAMILIES) else list(NUMPY_FAMILIES)
+        bad = [f for f in fams if f not in NUMPY_FAMILIES]
+        if bad:
+            ap.error(f"--check-numpy covers {', '.join(NUMPY_FAMILIES)}, not {', '.join(bad)}")
+        for fam in fams:
             check_numpy(fam, args.lcpp)
         return
     import torch

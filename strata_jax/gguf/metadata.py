@@ -6,7 +6,7 @@ so a malformed or hostile file is refused where it is read, never with a traceba
 
 The source ``g`` is anything with ``.metadata`` (key -> value, as `strata_jax.gguf.GGUFFile` reads them: Python
 int/float/bool/str for scalars, numpy arrays for numeric arrays, lists of str for string arrays) and ``.path``
-(named in the messages), e.g. a `GGUFFile` or `strata_jax.models.random_weights.VirtualGGUF`.
+(named in the messages), e.g. a `GGUFFile` or `strata_jax.testing.random_weights.VirtualGGUF`.
 
 Types follow the GGUF value types: any integer type is an integer (a bool is not); a float accepts an integer
 value (some converters write ``rope.freq_base`` as uint32) but never NaN or an infinity; a bool accepts only a

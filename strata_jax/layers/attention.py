@@ -3,9 +3,16 @@
 Source: Vaswani et al. 2017; GQA (Ainslie et al. 2023): query head h reads KV head ``h // (n_head / n_head_kv)``
 (HF ``repeat_kv``); sliding window as HF Gemma 3 (a query at position p sees cells p - window < c <= p).
 
-Exactness: in a verify window each row is computed by itself (``lax.map`` over the window's row axis), so the
-arithmetic of a row never depends on how many rows its window holds or what they contain. Prefill chunks use one
-large product instead.
+Two paths, chosen like a Pallas op's (`strata_jax.pallas.dispatch`, op ``qsa.attend_cells``):
+
+* the kernel path (GPU; ``STRATA_PALLAS_IMPL=interpret`` on a CPU): every row of a window or prefill chunk lists
+  the cells it may attend (its slot's causal, sliding-window-limited cells, as offsets into the flat caches) and
+  one call of `strata_jax.pallas.qsa.attend_cells` (split-KV flash decoding with a split layout fixed by the
+  cache length) attends them all: a row's arithmetic depends only on the cache length, never on B, T or the
+  other rows;
+* the reference path (XLA on a CPU): in a verify window each row is computed by itself (``lax.map`` over the
+  window's row axis, the softmax's sum in `strata_jax.layers.exact`'s fixed order), so the arithmetic of a row
+  never depends on how many rows its window holds or what they contain; prefill chunks use one large product.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from strata_jax.layers.exact import softmax
-from strata_jax.state import Rows, cells_f32
+from strata_jax.pallas.qsa import attend_cells, attend_cells_path
+from strata_jax.state import Rows, kv_view
 
 _NEG = -1e30
 
@@ -34,7 +42,7 @@ def attend_window(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: Ro
 
     Args:
       q: float32 [B, T, Hq, D] (RoPE applied).
-      k_cache, v_cache: [n_slots, max_context + 1, Hkv, D], float32, bfloat16 or uint16 (bfloat16 bit patterns,
+      k_cache, v_cache: [n_slots, max_context + 1, Hkv, D], float32 or bfloat16 (or uint16: bfloat16 bit patterns,
         `strata_jax.state.kv_zeros`).
       rows: the window layout (slot and first position of each segment).
       scale: softmax scale; max_context: cells per slot; window: sliding window (0 = none; may be a traced int).
@@ -42,11 +50,15 @@ def attend_window(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: Ro
     Returns:
       float32 [B, T, Hq, D].
     """
+    k_cache, v_cache = kv_view(k_cache), kv_view(v_cache)
+    path = _kernel_path(q, k_cache, v_cache)
+    if path != "reference":
+        return _attend_cells(q, k_cache, v_cache, rows, scale, max_context, window, path)
     B, T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     g = Hq // Hkv
-    K = cells_f32(k_cache[rows.slot])  # [B, S1, Hkv, D]
-    V = cells_f32(v_cache[rows.slot])
+    K = k_cache[rows.slot].astype(jnp.float32)  # [B, S1, Hkv, D]
+    V = v_cache[rows.slot].astype(jnp.float32)
     cells = jnp.arange(K.shape[1], dtype=jnp.int32)
     pos = rows.positions(T)
 
@@ -69,11 +81,15 @@ def attend_prefill(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: R
 
     Args/Returns: as `attend_window`, with T the chunk length.
     """
+    k_cache, v_cache = kv_view(k_cache), kv_view(v_cache)
+    path = _kernel_path(q, k_cache, v_cache)
+    if path != "reference":
+        return _attend_cells(q, k_cache, v_cache, rows, scale, max_context, window, path)
     B, T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     g = Hq // Hkv
-    K = cells_f32(k_cache[rows.slot])
-    V = cells_f32(v_cache[rows.slot])
+    K = k_cache[rows.slot].astype(jnp.float32)
+    V = v_cache[rows.slot].astype(jnp.float32)
     cells = jnp.arange(K.shape[1], dtype=jnp.int32)
     pos = rows.positions(T)
     qg = q.reshape(B, T, Hkv, g, D)
@@ -82,4 +98,26 @@ def attend_prefill(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: R
     s = jnp.where(m[:, None, None], s, _NEG)
     p = jax.nn.softmax(s, axis=-1)
     o = jnp.einsum("bkgts,bskd->btkgd", p, V)
+    return o.reshape(B, T, Hq, D)
+
+
+def _flat(cache):
+    """[n_slots, S1, Hkv, D] -> [n_slots * S1, Hkv, D] (a free reshape)."""
+    return cache.reshape(-1, *cache.shape[2:])
+
+
+def _kernel_path(q, k_cache, v_cache) -> str:
+    B, T, Hq, D = q.shape
+    return attend_cells_path(q.reshape(B * T, Hq, D), _flat(k_cache), _flat(v_cache))
+
+
+def _attend_cells(q, k_cache, v_cache, rows: Rows, scale, max_context, window, path):
+    """The kernel path (module docstring): each row's visible cells of its slot, listed, attended in one call."""
+    B, T, Hq, D = q.shape
+    per_slot = k_cache.shape[1]
+    cells = jnp.arange(per_slot, dtype=jnp.int32)
+    m = _mask(cells, rows.positions(T), max_context, window)                      # [B, T, S1]
+    ids = jnp.where(m, rows.slot[:, None, None] * per_slot + cells, -1)
+    o = attend_cells(q.reshape(B * T, Hq, D), _flat(k_cache), _flat(v_cache), ids.reshape(B * T, per_slot),
+                     scale=scale, impl=path)
     return o.reshape(B, T, Hq, D)

@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from strata_jax.layers.exact import row_sum
 from strata_jax.layers.linear import QLinear, load_f32
 from strata_jax.layers.norms import rms_norm
+from strata_jax.pallas import rows as row_ops
 from strata_jax.pallas.gdn import gdn_chunked, gdn_commit, gdn_window
 from strata_jax.state import Rows
 
@@ -46,23 +46,19 @@ def qcall(lin: QLinear, x: jax.Array, exact: bool) -> jax.Array:
 
 def rowwise(fn, x: jax.Array, exact: bool = True) -> jax.Array:
     """``fn(x)`` for an elementwise ``fn`` (with exp/log inside: sigmoid, softplus) on a narrow last axis, computed
-    one row (``x[..., :]``) at a time when ``exact``.
+    one row (``x[..., :]``) at a time when ``exact`` (`strata_jax.pallas.rows.row_map`: one Pallas program per row
+    on the kernel path, ``lax.map`` over the rows on the reference path).
 
     XLA CPU evaluates such functions with vector instructions over the fused iteration space and with scalar ones on
     its remainder; when a row holds fewer values than a vector (hc = 4 inject weights, the PLE gates, 6 GDN heads)
     the path a row takes -- and its last bit -- depends on how many rows are computed together (seen: T=1 vs T=4
-    windows differ by 1 ulp with AVX, agree with SSE 4.2). ``lax.map`` over the rows gives every row the same
-    program."""
-    if not exact:
-        return fn(x)
-    lead, n = x.shape[:-1], x.shape[-1]
-    flat = x.reshape(-1, n)
-    return jax.lax.map(lambda r: fn(flat[r]), jnp.arange(flat.shape[0])).reshape(*lead, n)
+    windows differ by 1 ulp with AVX, agree with SSE 4.2)."""
+    return row_ops.row_map(fn, x) if exact else fn(x)
 
 
 def l2norm(x: jax.Array, eps: float = L2_EPS) -> jax.Array:
-    """``x * rsqrt(sum(x^2, -1) + eps)`` (HF ``l2norm``), float32."""
-    return x * jax.lax.rsqrt(row_sum(x * x) + eps)
+    """``x * rsqrt(sum(x^2, -1) + eps)`` (HF ``l2norm``), float32, row-independent (`strata_jax.pallas.rows`)."""
+    return row_ops.rms_norm(x, None, eps, mean=False)
 
 
 def causal_conv(hist: jax.Array, x: jax.Array, w: jax.Array) -> jax.Array:
@@ -169,17 +165,17 @@ class GatedDeltaNet(nnx.Module):
         b, a = self._beta_alpha(x, exact)
         beta = rowwise(jax.nn.sigmoid, b, exact)
         gdec = rowwise(jax.nn.softplus, a + self.dt_bias[...], exact) * self.ssm_a[...]
-        S0 = st["S"][rows.slot]
         if mode == "window":
-            o = gdn_window(S0, q, k, v, gdec, beta, impl="auto")
+            o = gdn_window(st["S"], q, k, v, gdec, beta, slots=rows.slot, impl="auto")
             pending = {"qkv": qkv, "k": k, "v": v, "g": gdec, "beta": beta}
             new_st = st
         else:
             ok = rows.valid(T)[:, :, None]
             k_m = jnp.where(ok[..., None], k, 0.0)
-            o, S = gdn_chunked(S0, q, k_m, v, jnp.where(ok, gdec, 0.0), jnp.where(ok, beta, 0.0), impl="auto")
+            o, S = gdn_chunked(st["S"], q, k_m, v, jnp.where(ok, gdec, 0.0), jnp.where(ok, beta, 0.0),
+                               slots=rows.slot, impl="auto")
             tail = conv_tail(hist, qkv, rows.n_valid)
-            new_st = {"S": st["S"].at[rows.slot].set(S), "conv": st["conv"].at[rows.slot].set(tail)}
+            new_st = {"S": S, "conv": st["conv"].at[rows.slot].set(tail)}
             pending = None
         z = qcall(self.wz, x, exact).reshape(B, T, self.Hv, self.Dv)
         on = rms_norm(o, self.norm_w[...], self.eps)
@@ -194,7 +190,7 @@ class GatedDeltaNet(nnx.Module):
         Returns: the new st.
         """
         keep = jnp.asarray(keep, jnp.int32)
-        S0 = st["S"][rows.slot]
-        S = gdn_commit(S0, pending["k"], pending["v"], pending["g"], pending["beta"], keep, impl="auto")
+        S = gdn_commit(st["S"], pending["k"], pending["v"], pending["g"], pending["beta"], keep, slots=rows.slot,
+                       impl="auto")
         tail = conv_tail(st["conv"][rows.slot], pending["qkv"], keep)
-        return {"S": st["S"].at[rows.slot].set(S), "conv": st["conv"].at[rows.slot].set(tail)}
+        return {"S": S, "conv": st["conv"].at[rows.slot].set(tail)}

@@ -98,7 +98,7 @@ def load_raw(g, name: str, device=None):
 
 
 def _place(g, name: str, info, device):
-    if getattr(g, "virtual", False):  # random weights drawn on the device (strata_jax.models.random_weights)
+    if getattr(g, "virtual", False):  # random weights drawn on the device (strata_jax.testing.random_weights)
         raw = g.tensor_bytes(name, device)
         if info.qtype in _FLOAT_DTYPES or info.qtype == Q.BF16:
             dt = jnp.bfloat16 if info.qtype == Q.BF16 else _FLOAT_DTYPES[info.qtype]

@@ -16,9 +16,10 @@ kernel, which reads each selected expert's gate/up/down blocks once per window (
 windows of more than 8 rows and prefill chunks in 8-row groups, each group's union once), elsewhere its plain-jnp
 reference (each (row, expert) pair dequantized and multiplied alone). The stacked expert tensors stay in their
 block format on the device (uint8 [E, rows, row_bytes], or float for F32/F16/BF16). Both paths compute a row the
-same way whatever the other rows of the call are (row m of an M-row call == the row alone, bit for bit), and the
-router softmax / renormalisation use `strata_jax.layers.exact`, so a row's arithmetic does not depend on the other
-rows of the window, nor on B or T.
+same way whatever the other rows of the call are (row m of an M-row call == the row alone, bit for bit); the router
+softmax and the shared-expert gate's dot are per-row ops (`strata_jax.pallas.rows`: one program per row on the
+kernel path), and the renormalisation's sum of k weights is a fixed tree of adds (`strata_jax.layers.exact`), so a
+row's arithmetic does not depend on the other rows of the window, nor on B or T.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from strata_jax.layers.exact import row_sum, softmax
+from strata_jax.layers.exact import row_sum
 from strata_jax.layers.gdn import qcall, rowwise
 from strata_jax.layers.linear import QLinear, load_f32, load_raw
+from strata_jax.pallas import rows as row_ops
 from strata_jax.pallas.grouped_experts import moe_experts
 
 RENORM_MIN = 2.0 ** -14
@@ -68,7 +70,7 @@ class MoE(nnx.Module):
 
     def route(self, logits: jax.Array):
         """logits float32 [..., E] -> (weights float32 [..., k], ids int32 [..., k])."""
-        p = softmax(logits.astype(jnp.float32))
+        p = row_ops.softmax(logits)
         w, ids = jax.lax.top_k(p, self.n_used)
         if self.renorm:
             w = w / jnp.maximum(row_sum(w), RENORM_MIN)
@@ -90,6 +92,6 @@ class MoE(nnx.Module):
         if self.has_shared:
             hs = jax.nn.silu(qcall(self.sh_gate, x, exact_rows)) * qcall(self.sh_up, x, exact_rows)
             s = qcall(self.sh_down, hs, exact_rows)
-            gate = rowwise(jax.nn.sigmoid, row_sum(x * self.sh_w[...]), exact_rows)
+            gate = rowwise(jax.nn.sigmoid, row_ops.row_sum(x * self.sh_w[...]), exact_rows)
             y = y + gate * s
         return y

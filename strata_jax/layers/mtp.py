@@ -2,15 +2,17 @@
 
 HF transformers has no Qwen MTP module (the Qwen classes drop ``mtp.*`` on load) and llama.cpp's
 ``draft-mtp`` was not compiled here, so these layers follow the spec and llama.cpp's graph description; they are
-checked against a float64 numpy reference written from the spec (``tests/test_mtp.py``), not against an oracle.
+checked against a float64 numpy reference written from the spec (``tests/test_mtp.py``), and qwen35's block, exported
+by llama.cpp's converter, against the same block assembled from HF's own modules (``tests/test_relatives.py``).
 
-qwen35moe / qwen3next ``nextn`` block (`NextNMTP`; llama.cpp ``graph_mtp``): GGUF
-tensors in block ``n = n_layer`` (the trunk's layer count): ``blk.n.nextn.{eh_proj,enorm,hnorm,shared_head_norm}``
-plus a gated-attention + MoE block ``blk.n.{attn_norm,attn_q,attn_k,attn_v,attn_output,attn_q_norm,attn_k_norm,
+qwen35moe / qwen3next / qwen35 ``nextn`` block (`NextNMTP`; llama.cpp ``graph_mtp``):
+GGUF tensors in block ``n = n_layer`` (the trunk's layer count): ``blk.n.nextn.{eh_proj,enorm,hnorm,
+shared_head_norm}`` plus a gated-attention block with the trunk's kind of FFN (MoE; qwen35: SwiGLU
+``ffn_{gate,up,down}``) ``blk.n.{attn_norm,attn_q,attn_k,attn_v,attn_output,attn_q_norm,attn_k_norm,
 post_attention_norm,ffn_*}``; optional ``nextn.embed_tokens`` / ``nextn.shared_head_head`` (else ``token_embd`` and
 ``output`` / the tied embedding). For an MTP cell at position i (the position of the trunk row that made ``h``):
   ``x = eh_proj(concat(enorm(emb(tok_{i+1})), hnorm(h_i)))`` (embedding first);
-  ``x += attn(attn_norm(x))`` (own K/V cache, RoPE at i); ``x += MoE(post_attention_norm(x))``;
+  ``x += attn(attn_norm(x))`` (own K/V cache, RoPE at i); ``x += ffn(post_attention_norm(x))``;
   ``h' = shared_head_norm(x)``; ``logits = head(h')`` (predicts the token at i+2).
 ``h`` is the trunk's **post-final-norm** hidden (``out["mtp_hidden"]`` of the last `HybridStage`); ``h'`` (same
 convention) is what the next chained draft consumes.
@@ -44,6 +46,7 @@ from strata_jax.errors import StrataError
 from strata_jax.layers.gdn import qcall
 from strata_jax.layers.hyper import GatedResidual, hc_write
 from strata_jax.layers.linear import Embedding, QLinear, load_f32
+from strata_jax.layers.mlp import make_ffn
 from strata_jax.layers.moe import MoE
 from strata_jax.layers.norms import RMSNorm, rms_norm
 from strata_jax.layers.qsa import GatedAttention
@@ -89,7 +92,7 @@ class _Base(nnx.Module):
 
 
 class NextNMTP(_Base):
-    """qwen35moe / qwen3next ``nextn`` draft block (module docstring).
+    """qwen35moe / qwen3next / qwen35 ``nextn`` draft block (module docstring).
 
     Args: g: the open GGUF (holding block ``n_layer``); cfg: its `HybridConfig`; device.
     """
@@ -110,7 +113,7 @@ class NextNMTP(_Base):
         self.attn_norm = RMSNorm(load_f32(g, p + "attn_norm.weight", device), cfg.rms_eps)
         self.attn = _attention(g, cfg, p, device)
         self.ffn_norm = RMSNorm(load_f32(g, p + "post_attention_norm.weight", device), cfg.rms_eps)
-        self.moe = MoE(g, p, n_used=cfg.n_expert_used, renorm=True, device=device)
+        self.ffn = make_ffn(g, p, cfg, device)
 
     def draft(self, state, h_rows, tokens, rows: Rows, mode: str = "window"):
         """h_rows float32 [B, T, D] (post-final-norm trunk hidden, or a previous draft's new_h); tokens int32 [B, T]
@@ -122,7 +125,7 @@ class NextNMTP(_Base):
         x = qcall(self.eh_proj, jnp.concatenate([e, hh], axis=-1), exact)
         y, state = self._attend(self.attn_norm(x), state, rows, mode)
         x = x + y
-        x = x + self.moe(self.ffn_norm(x), exact)
+        x = x + self.ffn(self.ffn_norm(x), exact)
         new_h = self.head_norm(x)
         return qcall(self.head, new_h, exact), new_h, state
 

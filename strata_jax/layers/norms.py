@@ -2,8 +2,9 @@
 
 Source: Zhang & Sennrich 2019 (RMSNorm); HF transformers ``LlamaRMSNorm`` / ``Qwen3NextRMSNorm``. GGUF files store
 the effective scale (llama.cpp's converter folds the +1 of zero-centred norms into the weight), so every norm here
-is ``x * rsqrt(mean(x^2) + eps) * w`` computed in float32, the mean in a row-independent order
-(`strata_jax.layers.exact`).
+is ``x * rsqrt(mean(x^2) + eps) * w`` computed in float32 by `strata_jax.pallas.rows.rms_norm`: one Pallas
+program per row on the kernel path, a fixed pairwise order (`strata_jax.layers.exact`) on the reference path; on
+both a row's result does not depend on the other rows.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from strata_jax.layers.exact import row_mean
+from strata_jax.pallas import rows as row_ops
 
 
 def rms_norm(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:
@@ -26,9 +27,7 @@ def rms_norm(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:
     Returns:
       [..., D] float32.
     """
-    x = x.astype(jnp.float32)
-    y = x * jax.lax.rsqrt(row_mean(x * x) + eps)
-    return y if w is None else y * w
+    return row_ops.rms_norm(x, w, eps)
 
 
 class RMSNorm(nnx.Module):

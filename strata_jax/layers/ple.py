@@ -30,10 +30,10 @@ import numpy as np
 from flax import nnx
 
 from strata_jax.gguf import blocks
-from strata_jax.layers.exact import row_sum
 from strata_jax.layers.gdn import qcall, rowwise
 from strata_jax.layers.hyper import norm_per_stream
 from strata_jax.layers.linear import QLinear, load_f32
+from strata_jax.pallas import rows as row_ops
 
 TABLE = "per_layer_token_embd.weight"
 
@@ -195,7 +195,7 @@ class PLEBlock(nnx.Module):
         key = norm_per_stream(qcall(self.wkey, emb, exact).reshape(B, T, hc, D), self.norm_key[...], self.eps)
         value = qcall(self.wvalue, emb, exact)
         query = norm_per_stream(R, self.norm_query[...], self.eps)
-        s = row_sum(key * query) / math.sqrt(D)
+        s = row_ops.row_sum(key * query) / math.sqrt(D)
         gate = jnp.sqrt(jnp.maximum(jnp.abs(s), 1e-6)) * jnp.sign(s)  # [B, T, hc, 1]
         gate = rowwise(jax.nn.sigmoid, gate[..., 0], exact)[..., None]
         gated = gate * value[..., None, :]

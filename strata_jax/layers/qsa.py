@@ -9,8 +9,9 @@ Per token ``x`` [D]: ``qg = W_q x`` reshaped [H, 2*hd] -> q = first hd, gate = l
 ``1/sqrt(hd)``; ``out = W_o (attn * sigmoid(gate))``.
 
 K/V cells are written in both window and prefill modes (`strata_jax.state.write_cells`). Without an indexer
-(qwen35moe, qwen3next) window rows attend one at a time in plain jnp (`attend_window`; there is no Pallas kernel for
-the dense attention), so a row's result does not depend on the other rows.
+(qwen35moe, qwen3next) the rows attend every causal cell (`strata_jax.layers.attention`: the split-KV kernel over
+each row's listed cells on the kernel path, one row at a time in plain jnp on the reference path), so a row's result
+does not depend on the other rows.
 
 qwen4exp's QSA adds a block indexer (`QSAIndexer`, HF ``Qwen4ExpTextQSAIndexer``) that restricts each
 query to the top ``budget / ratio`` complete blocks of ``ratio`` cells plus its unfinished tail:

@@ -135,7 +135,7 @@ class DenseStage(nnx.Module):
         shape = (n_slots, max_context + 1, cfg.n_head_kv, cfg.head_dim)
 
         def z(n):
-            return jax.device_put(kv_zeros((n,) + shape, kv_dtype), device)
+            return jax.device_put(kv_zeros((n,) + shape, kv_dtype, device), device)
 
         return {"kv": [(z(r.n), z(r.n)) for r in self.runs]}
 

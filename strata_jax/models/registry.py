@@ -17,6 +17,9 @@ FAMILY_MODULES: dict[str, str] = {
     "llama": "llama",          # SmolLM2, Llama
     "qwen2": "qwen2",          # Qwen2 / Qwen2.5 (Coder)
     "gemma3": "gemma3",        # Gemma 3 text
+    "qwen3": "qwen3",          # Qwen3 dense
+    "qwen3moe": "qwen3moe",    # Qwen3 MoE
+    "qwen35": "qwen35",        # Qwen3.5 dense hybrids
     "qwen35moe": "qwen35moe",  # Qwen3.5 / 3.6 MoE hybrids
     "qwen3next": "qwen3next",  # Qwen3-Next
     "qwen4exp": "qwen4exp",    # Qwen3.8-Flash-Next

@@ -61,6 +61,16 @@ def on_gpu() -> bool:
     return jax.default_backend() in ("gpu", "cuda", "rocm")
 
 
+def kernels_in_use() -> bool:
+    """Whether ``impl="auto"`` calls may take a Pallas kernel now: ``STRATA_PALLAS_IMPL`` is ``kernel`` or
+    ``interpret``, or it is ``auto`` (or unset) on a GPU backend. (What builds a program for the kernels, e.g. the
+    per-layer weight buffers of `strata_jax.layers.stack`, asks this.)"""
+    env = os.environ.get("STRATA_PALLAS_IMPL", "auto")
+    if env == "reference":
+        return False
+    return on_gpu() if env == "auto" else True
+
+
 def resolve(op: str, impl: str, why_not: Callable[[], str | None]) -> str:
     """Pick the path for one call: returns ``"reference"``, ``"kernel"`` or ``"interpret"``.
 
@@ -138,35 +148,43 @@ def triton_params(num_warps: int = 4, num_stages: int = 1):
 
 
 def pallas_call(kernel, *, out_shape: Sequence[jax.ShapeDtypeStruct], grid, in_specs, out_specs, interpret: bool,
-                num_warps: int = 4, num_stages: int = 1, name: str | None = None):
+                num_warps: int = 4, num_stages: int = 1, name: str | None = None,
+                input_output_aliases: dict[int, int] | None = None):
     """`pl.pallas_call` with the Triton compiler params, and output poisoning when `poisoning()` is on.
 
     Returns a function of the inputs that returns a tuple of outputs (one per ``out_shape``). Poisoning adds one
     aliased input per output, filled with `poison_value`, with the output's BlockSpec; the kernel never sees it.
+    ``input_output_aliases`` ({input index: output index}) updates inputs in place (an aliased output holds the
+    input's values where the kernel does not write, and is never poisoned).
     """
     from jax.experimental import pallas as pl
 
     out_shape = tuple(out_shape)
     out_specs = tuple(out_specs)
     n_out = len(out_shape)
+    aliases = dict(input_output_aliases or {})
     compiler_params = None if interpret else triton_params(num_warps, num_stages)
     if not poisoning():
         call = pl.pallas_call(kernel, out_shape=out_shape, grid=grid, in_specs=list(in_specs),
-                              out_specs=out_specs, interpret=interpret, compiler_params=compiler_params, name=name)
+                              out_specs=out_specs, interpret=interpret, compiler_params=compiler_params, name=name,
+                              input_output_aliases=aliases)
         return lambda *args: tuple(call(*args))
     n_in = len(in_specs)
+    poisoned = [i for i in range(n_out) if i not in aliases.values()]
 
     def wrapped(*refs):
         ins = refs[:n_in]
-        outs = refs[n_in + n_out:]
+        outs = refs[n_in + len(poisoned):]
         kernel(*ins, *outs)
 
-    call = pl.pallas_call(wrapped, out_shape=out_shape, grid=grid, in_specs=list(in_specs) + list(out_specs),
-                          out_specs=out_specs, interpret=interpret, compiler_params=compiler_params, name=name,
-                          input_output_aliases={n_in + i: i for i in range(n_out)})
+    call = pl.pallas_call(wrapped, out_shape=out_shape, grid=grid,
+                          in_specs=list(in_specs) + [out_specs[i] for i in poisoned], out_specs=out_specs,
+                          interpret=interpret, compiler_params=compiler_params, name=name,
+                          input_output_aliases={**aliases, **{n_in + j: i for j, i in enumerate(poisoned)}})
 
     def run(*args):
-        poison = [jnp.full(s.shape, poison_value(s.dtype), s.dtype) for s in out_shape]
+        poison = [jnp.full(out_shape[i].shape, poison_value(out_shape[i].dtype), out_shape[i].dtype)
+                  for i in poisoned]
         return tuple(call(*args, *poison))
 
     return run

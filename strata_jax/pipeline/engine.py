@@ -51,7 +51,7 @@ class Engine:
     """A model loaded on one or more devices, with ``n_slots`` slots of state.
 
     Args:
-      model_path: a GGUF file, or an open GGUF-like object (`strata_jax.models.random_weights.VirtualGGUF`).
+      model_path: a GGUF file, or an open GGUF-like object (`strata_jax.testing.random_weights.VirtualGGUF`).
       max_context: cells per slot (prompt + generated tokens).
       n_slots: slots of state (1 for the solo path).
       layer_split: ``"K1,K2,..."`` or None (see `parse_layer_split`).
@@ -74,7 +74,7 @@ class Engine:
                  devices=None, kv_dtype=jnp.float32, compile_cache_size: int = 32, progress: bool = False,
                  weights: str = "auto"):
         t0 = time.perf_counter()
-        # a path, or an already open GGUF-like object (e.g. strata_jax.models.random_weights.VirtualGGUF)
+        # a path, or an already open GGUF-like object (e.g. strata_jax.testing.random_weights.VirtualGGUF)
         self.gguf = model_path if hasattr(model_path, "tensors") else open_gguf(model_path)
         self.family = family_of(self.gguf)  # general.architecture -> its family (strata_jax.models.registry)
         self.cfg: ModelConfig = self.family.read_config(self.gguf)
@@ -227,8 +227,6 @@ class Engine:
         samp = RowSampling.make([sampling])
         if start == 0:
             self.reset_slot(slot)  # a new sequence: recurrent state from zero (K/V cells are overwritten)
-            if self.ple_table is not None:
-                self.ple_prev[slot] = self.ple_table.start_prev()
         logits_out = []
         pick = None
         C = PREFILL_CHUNK
@@ -300,9 +298,12 @@ class Engine:
 
     def reset_slot(self, slot: int) -> None:
         """Zero one slot's state on every stage (recurrent state must start from zero before a new prompt; K/V
-        cells are overwritten anyway). Other slots' entries are untouched, bit for bit."""
+        cells are overwritten anyway) and put its PLE predecessors at the sequence start. Other slots' entries are
+        untouched, bit for bit."""
         if not 0 <= slot < self.n_slots:
             raise StrataError(f"slot {slot}: the engine has {self.n_slots} slots")
+        if self.ple_table is not None:
+            self.ple_prev[slot] = self.ple_table.start_prev()
         for i, stage in enumerate(self.stages):
             fn = self._commit_fns.get(("reset", i))
             if fn is None:

@@ -118,6 +118,31 @@ def test_chunked_prefill(impl, rng):
     assert_close_rel(S, S64[-1], 1e-5, "chunked S_T")
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_slots_in_place(impl, rng):
+    """With ``slots``, the ops read segment b's state from ``S0[slots[b]]`` of every slot's state and commit /
+    prefill return every slot's state with those slots replaced (in place on the kernel path): the same bits as
+    the per-segment call, the other slots untouched."""
+    S0, q, k, v, g, beta = make(rng, 4)
+    N = 5
+    S_all = jnp.asarray(rng.standard_normal((N, H, DK, DV)).astype(np.float32)) * 0.5
+    slots = jnp.asarray([3, 1], jnp.int32)
+    S_all = S_all.at[slots].set(S0)
+    others = [i for i in range(N) if i not in (1, 3)]
+    n_keep = jnp.asarray([2, 4], jnp.int32)
+    with dispatch.poison_outputs():
+        o = gdn_window(S_all, q, k, v, g, beta, slots=slots, impl=impl)
+        S_c = gdn_commit(S_all, k, v, g, beta, n_keep, slots=slots, impl=impl)
+        o_p, S_p = gdn_chunked(S_all, q, k, v, g, beta, slots=slots, impl=impl)
+    assert_bits_equal(o, gdn_window(S0, q, k, v, g, beta, impl=impl), "window with slots")
+    assert_bits_equal(S_c[slots], gdn_commit(S0, k, v, g, beta, n_keep, impl=impl), "commit with slots")
+    o1, S1 = gdn_chunked(S0, q, k, v, g, beta, impl=impl)
+    assert_bits_equal(o_p, o1, "prefill o with slots")
+    assert_bits_equal(S_p[slots], S1, "prefill S with slots")
+    for S in (S_c, S_p):
+        assert_bits_equal(S[jnp.asarray(others)], S_all[jnp.asarray(others)], "other slots untouched")
+
+
 def test_errors_and_auto(rng):
     S0, q, k, v, g, beta = make(rng, 9)
     with pytest.raises(UnsupportedError):

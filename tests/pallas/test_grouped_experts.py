@@ -70,6 +70,21 @@ def test_rows_independent(impl, rng):
     assert_bits_equal(y2[0], alone[0], "row 0 with other neighbours")
 
 
+@pytest.mark.parametrize("impl", [i for i in IMPLS if i != "reference"])
+def test_rows_sharing_experts(impl, rng):
+    """Any number of rows per expert: 12 rows that all pick the same two experts (one 8-row group and a partial
+    one), and the same rows each with its own experts, give every row the bits of the row alone."""
+    x, ids, w, gate, up, down = make(rng, 12)
+    same = jnp.broadcast_to(ids[:1], ids.shape)
+    y_same = moe_experts(x, same, w, gate, up, down, QT, impl=impl)
+    y_own = moe_experts(x, ids, w, gate, up, down, QT, impl=impl)
+    for i in (0, 7, 11):
+        assert_bits_equal(moe_experts(x[i:i + 1], same[i:i + 1], w[i:i + 1], gate, up, down, QT, impl=impl)[0],
+                          y_same[i], f"row {i} (all rows on one expert pair) alone")
+        assert_bits_equal(moe_experts(x[i:i + 1], ids[i:i + 1], w[i:i + 1], gate, up, down, QT, impl=impl)[0],
+                          y_own[i], f"row {i} (own experts) alone")
+
+
 QWEN38 = (Q.Q2_K, Q.Q2_K, Q.Q4_0)  # Qwen3.8-Flash-Next experts: gate/up Q2_K, down Q4_0
 
 

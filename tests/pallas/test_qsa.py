@@ -123,3 +123,40 @@ def test_errors(rng):
         qsa_attention(q, k, v, iq, pooled, n_kv[:1], n_complete)
     with pytest.raises(UnsupportedError):
         qsa_attention(q, k[..., :24], v[..., :24], iq, pooled, n_kv, n_complete)
+
+
+@pytest.mark.parametrize("window", [0, 5], ids=["causal", "sliding5"])
+def test_dense_attention_kernel_path(window, rng, monkeypatch):
+    """The dense attention layer on the kernel path (`strata_jax.layers.attention`, ``STRATA_PALLAS_IMPL=interpret``,
+    compiled on a GPU: every row's causal cells listed for `attend_cells`): close to float64, a window of 3
+    segments x 4 rows gives each row the bits of the row alone (B = 1, T = 1), whatever the other rows hold."""
+    from strata_jax.layers.attention import attend_prefill, attend_window
+    from strata_jax.state import Rows
+
+    monkeypatch.setenv("STRATA_PALLAS_IMPL", "kernel" if "kernel" in IMPLS else "interpret")
+    n_slots, mc, Hq, Hkv, Dh, T = 4, 40, 4, 2, 32, 4
+    kc = jnp.asarray(rng.standard_normal((n_slots, mc + 1, Hkv, Dh)).astype(np.float32))
+    vc = jnp.asarray(rng.standard_normal((n_slots, mc + 1, Hkv, Dh)).astype(np.float32))
+    q = jnp.asarray(rng.standard_normal((3, T, Hq, Dh)).astype(np.float32))
+    slots, pos0 = [2, 0, 3], [9, 30, 0]
+    rows = Rows.make(slots, pos0, [T] * 3)
+    o = attend_window(q, kc, vc, rows, scale=Dh ** -0.5, max_context=mc, window=window)
+    G = Hq // Hkv
+    for b in range(3):
+        for t in range(T):
+            p = pos0[b] + t
+            cells = np.arange(mc + 1)
+            ok = (cells <= p) & (cells < mc) & ((window <= 0) | (cells > p - window))
+            K = np.asarray(kc[slots[b]], np.float64)[ok]
+            V = np.asarray(vc[slots[b]], np.float64)[ok]
+            for h in range(Hq):
+                s = K[:, h // G] @ np.asarray(q[b, t, h], np.float64) * Dh ** -0.5
+                e = np.exp(s - s.max())
+                assert_close_rel(o[b, t, h], e @ V[:, h // G] / e.sum(), 1e-5, f"row ({b}, {t}) head {h}")
+    for b, t in ((0, 0), (1, 3), (2, 2)):
+        one = attend_window(q[b:b + 1, t:t + 1], kc, vc, Rows.make([slots[b]], [pos0[b] + t], [1]), scale=Dh ** -0.5,
+                            max_context=mc, window=window)
+        assert_bits_equal(one[0, 0], o[b, t], f"row ({b}, {t}) alone")
+    # a prefill chunk of one segment: the same kernel, rows independent of the chunk's other rows
+    pre = attend_prefill(q[1:2], kc, vc, Rows.make([0], [30], [T]), scale=Dh ** -0.5, max_context=mc, window=window)
+    assert_bits_equal(pre, o[1:2], "prefill rows vs window rows")

@@ -1,5 +1,6 @@
-"""qmatmul: reference and kernel (interpret mode) against float64, row independence (M = 1..8, 16, 24), the
-in-kernel block decoders against strata_jax.gguf.blocks, errors and the auto rule."""
+"""qmatmul: reference and kernel (interpret mode) against float64, row independence (the GEMV at M = 1..8 and in
+8-row groups, the prefill GEMM at any M), ragged K splits, small float K, the in-kernel block decoders against
+strata_jax.gguf.blocks, errors and the auto rule."""
 
 import jax
 import jax.numpy as jnp
@@ -109,9 +110,7 @@ def test_errors_and_auto(rng):
     with pytest.raises(UnsupportedError):
         qmatmul(x, w, Q.Q8_0, N_OUT, K_IN, impl="nope")
     x9 = jnp.asarray(rng.standard_normal((9, K_IN)).astype(np.float32))
-    with pytest.raises(UnsupportedError):
-        qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN, impl="interpret")  # the kernel serves 1..8 rows (without row groups)
-    assert qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN).shape == (9, N_OUT)  # auto: the reference
+    assert qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN).shape == (9, N_OUT)  # auto on a CPU: the reference
     iq = jnp.asarray(random_weight(rng, Q.IQ4_NL, N_OUT, K_IN))
     with pytest.raises(UnsupportedError):
         qmatmul(x, iq, Q.IQ4_NL, N_OUT, K_IN, impl="interpret")  # no kernel for IQ formats yet
@@ -122,19 +121,65 @@ def test_errors_and_auto(rng):
 
 
 def test_env_override_falls_back(rng, monkeypatch, capsys):
-    """STRATA_PALLAS_IMPL=interpret: the kernel where it serves, the reference (reason printed once) where it
-    cannot; an explicit impl= still raises."""
-    w = jnp.asarray(random_weight(rng, Q.Q8_0, N_OUT, K_IN))
+    """STRATA_PALLAS_IMPL=interpret: the kernel where it serves (any M: 9 rows take the GEMM), the reference (reason
+    printed once) where it cannot (a format without a kernel); an explicit impl= still raises."""
     x9 = jnp.asarray(rng.standard_normal((9, K_IN)).astype(np.float32))
+    iq = jnp.asarray(random_weight(rng, Q.IQ4_NL, N_OUT, K_IN))
+    w = jnp.asarray(random_weight(rng, Q.Q8_0, N_OUT, K_IN))
     monkeypatch.setenv("STRATA_PALLAS_IMPL", "interpret")
-    y = qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN)
-    np.testing.assert_array_equal(y, qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN, impl="reference"))
+    y = qmatmul(x9, iq, Q.IQ4_NL, N_OUT, K_IN)
+    np.testing.assert_array_equal(y, qmatmul(x9, iq, Q.IQ4_NL, N_OUT, K_IN, impl="reference"))
     assert "cannot serve" in capsys.readouterr().err
+    np.testing.assert_array_equal(qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN), qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN,
+                                                                               impl="interpret"))
     with pytest.raises(UnsupportedError):
-        qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN, impl="interpret")
+        qmatmul(x9, iq, Q.IQ4_NL, N_OUT, K_IN, impl="interpret")
     monkeypatch.setenv("STRATA_PALLAS_IMPL", "bogus")
     with pytest.raises(UnsupportedError):
         qmatmul(x9, w, Q.Q8_0, N_OUT, K_IN)
+
+
+@pytest.mark.parametrize("impl", [i for i in IMPLS if i != "reference"])
+def test_gemm_rows_independent(impl, rng):
+    """The prefill GEMM (M > 8 without row groups: 16-row groups, one matrix product per chunk): a row's bits do not
+    depend on M, on its position in its group, nor on the other rows' contents; close to float64."""
+    qtype = Q.Q6_K  # a 16-value sub-block format
+    n_out, k_in = 33, 768
+    w_raw = random_weight(rng, qtype, n_out, k_in)
+    w = jnp.asarray(w_raw)
+    X = jnp.asarray(rng.standard_normal((40, k_in)).astype(np.float32))
+    y40 = qmatmul(X, w, qtype, n_out, k_in, impl=impl)
+    want, scale = f64_bound(X, np.asarray(dequantize(w_raw, qtype, k_in)))
+    check_rel(y40, want, scale, 1e-5, f"{impl} GEMM")
+    assert_bits_equal(qmatmul(X[:17], w, qtype, n_out, k_in, impl=impl), y40[:17], "M=17 vs M=40")
+    perm = jnp.asarray(rng.permutation(40))
+    assert_bits_equal(qmatmul(X[perm], w, qtype, n_out, k_in, impl=impl), y40[perm], "rows permuted")
+    X2 = X.at[1:].set(jnp.asarray(rng.standard_normal((39, k_in)).astype(np.float32)) * 100)
+    assert_bits_equal(qmatmul(X2, w, qtype, n_out, k_in, impl=impl)[0], y40[0], "row 0 with other neighbours")
+
+
+@pytest.mark.parametrize("impl", [i for i in IMPLS if i != "reference"])
+def test_ragged_split_and_small_float_k(impl, rng):
+    """A weight whose K chunks do not divide evenly into the splits (the last split masked, trip counts fixed) and
+    an F16 weight with K = 8 (sub-blocks of 8 values): close to float64, rows alone == rows in an 8-row call."""
+    from strata_jax.pallas.quant_matmul import kernel as K
+
+    cases = [(Q.Q8_0, 4, 7 * 256, K.Config(BN=8, chunk=256, target_programs=3, mode="elementwise")),
+             (Q.F16, 24, 8, None)]
+    for qtype, n_out, k_in, cfg in cases:
+        t = K.tiling(qtype, n_out, k_in, cfg or K.choose_config(qtype, n_out, k_in))
+        if cfg is not None:
+            assert t["masked"] and t["split"] * t["cps"] > t["n_chunks"], t
+        w_raw = random_weight(rng, qtype, n_out, k_in)
+        X = jnp.asarray(rng.standard_normal((8, k_in)).astype(np.float32))
+        with dispatch.poison_outputs():
+            y = K.qmatmul_kernel(X, jnp.asarray(w_raw), qtype, n_out, k_in, interpret=impl == "interpret", cfg=cfg)
+        want, scale = f64_bound(X, np.asarray(dequantize(w_raw, qtype, k_in)))
+        check_rel(y, want, scale, 1e-5, f"{impl} {qtype.name} K={k_in}")
+        for i in (0, 5):
+            y1 = K.qmatmul_kernel(X[i:i + 1], jnp.asarray(w_raw), qtype, n_out, k_in, interpret=impl == "interpret",
+                                  cfg=cfg)
+            assert_bits_equal(y1[0], y[i], f"{qtype.name} row {i} alone")
 
 
 def test_env_ops_filter(monkeypatch):

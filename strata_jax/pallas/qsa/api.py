@@ -25,9 +25,15 @@ seg=None, cell_base=None, impl="auto") -> float32 [T, Hq, D]``
   ``k_cache[cell_base[t] + c]`` (the caches given flat, [n_slots * cells_per_slot, Hkv, D], and cell_base =
   slot * cells_per_slot). n_kv and n_complete stay relative to the row's own sequence.
 
-Paths: selection is plain jnp in both (`reference.select`); the attention is a dense gather + softmax per row
-(reference) or a Pallas flash-decoding kernel over the selected cells (kernel). Each is row-independent (row t of a
-T-row call == the row alone, bit for bit); they agree to ~1e-5 relative.
+Paths: the reference scores, selects and attends one row at a time in plain jnp (`reference`); the kernel path
+scores the blocks in a Pallas kernel (`kernel.block_scores_kernel`), selects in jnp (`reference.select_blocks`,
+exact integer work) and attends with a Pallas flash-decoding kernel over the selected cells. Each is
+row-independent (row t of a T-row call == the row alone, bit for bit); they agree to ~1e-5 relative.
+
+``attend_cells(q, k_cache, v_cache, cells, *, scale=None, impl="auto") -> float32 [T, Hq, D]``: the attention part
+alone, over an explicit cell list int32 [T, C] (-1 = none; every row must list at least one cell): what the dense
+(unindexed) attention layers run on the kernel path, with each row's causal cells listed
+(`strata_jax.layers.attention`). Its kernel's split layout depends on C only.
 
 Errors: `strata_jax.errors.UnsupportedError` for inconsistent shapes, an unknown impl, or impl="kernel"/"interpret"
 where the kernel cannot serve (D not a power of two >= 16, Hq not a multiple of Hkv).
@@ -71,10 +77,15 @@ def _qsa(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, seg, cell_base, *, t
     if path == "reference":
         return _ref.qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, top_blocks=top_blocks,
                                   block=block, scale=scale, seg=seg, cell_base=cell_base)
-    cells = _ref.select(iq, pooled, n_kv, n_complete, top_blocks=top_blocks, block=block, seg=seg,
-                        cell_base=cell_base)
+    interpret = path == "interpret"
     with dispatch.poison_outputs(poison):
-        return _k.attend_kernel(q, k_cache, v_cache, cells, scale, interpret=path == "interpret")
+        if _k.scores_why_not(iq.shape[1], iq.shape[2], pooled.shape[-2]) is None:
+            scores = _k.block_scores_kernel(iq, pooled, seg, interpret=interpret)
+        else:  # (an indexer head dim the scores kernel cannot serve: the reference's row loop)
+            scores = _ref.block_scores(iq, pooled, seg)
+        cells = _ref.cells_from_scores(scores, n_kv, n_complete, top_blocks=top_blocks, block=block,
+                                       cell_base=cell_base)
+        return _k.attend_kernel(q, k_cache, v_cache, cells, scale, interpret=interpret)
 
 
 def qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks: int = 512, block: int = 4,
@@ -88,3 +99,34 @@ def qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_bloc
         lambda: _k.why_not(q.shape[1], k_cache.shape[1], D, k_cache.shape[0], [q.dtype, k_cache.dtype, v_cache.dtype]))
     return _qsa(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, seg, cell_base, top_blocks=top_blocks,
                 block=block, scale=scale, path=path, poison=dispatch.poisoning())
+
+
+def _attend_why_not(q, k_cache, v_cache):
+    return lambda: _k.why_not(q.shape[1], k_cache.shape[1], q.shape[2], k_cache.shape[0],
+                              [q.dtype, k_cache.dtype, v_cache.dtype])
+
+
+def attend_cells_path(q, k_cache, v_cache, impl: str = "auto") -> str:
+    """The path `attend_cells` takes for these operands: "reference", "kernel" or "interpret" (for callers that
+    build the cell list only on the kernel path)."""
+    return dispatch.resolve("qsa.attend_cells", impl, _attend_why_not(q, k_cache, v_cache))
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "path", "poison"))
+def _attend_cells(q, k_cache, v_cache, cells, *, scale, path, poison):
+    if path == "reference":
+        return _ref.attend(q, k_cache, v_cache, cells, scale)
+    with dispatch.poison_outputs(poison):
+        return _k.attend_kernel(q, k_cache, v_cache, cells, scale, interpret=path == "interpret")
+
+
+def attend_cells(q, k_cache, v_cache, cells, *, scale: float | None = None, impl: str = "auto"):
+    """float32 [T, Hq, D]: softmax attention of each row of q [T, Hq, D] over its cells (int32 [T, C], -1 = none)
+    of the caches [N, Hkv, D] (GQA as `qsa_attention`). See the module docstring."""
+    if q.ndim != 3 or k_cache.ndim != 3 or v_cache.shape != k_cache.shape or cells.ndim != 2 \
+            or cells.shape[0] != q.shape[0] or q.shape[2] != k_cache.shape[2] or q.shape[1] % k_cache.shape[1]:
+        raise UnsupportedError(f"qsa.attend_cells: q {q.shape} [T, Hq, D], caches {k_cache.shape} / "
+                               f"{v_cache.shape} [N, Hkv, D] and cells {cells.shape} [T, C] do not fit")
+    scale = float(q.shape[2] ** -0.5 if scale is None else scale)
+    path = attend_cells_path(q, k_cache, v_cache, impl)
+    return _attend_cells(q, k_cache, v_cache, cells, scale=scale, path=path, poison=dispatch.poisoning())

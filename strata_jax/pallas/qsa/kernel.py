@@ -5,10 +5,13 @@ Grid: (T rows, Hkv kv heads, NSPLIT splits of the cell list). A program keeps th
 accumulator acc [Gp, D] of its Gp (= the group's query heads, padded to a power of two >= 16) heads; the wrapper
 merges the splits in a fixed order: ``M = max_s m_s, o = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s``.
 Scores and P.V are float32 dots: TF32x3 on tensor cores when compiled (about fp32 accuracy), plain fp32 in
-interpret mode. Rows never mix, and the split
-layout depends on the cell-list length only, so row t of a T-row call equals the row alone.
+interpret mode. Rows never mix, and the split layout (the split size and count, and each program's loop of a
+compile-time trip count over its share; the list is padded with -1 to fill every split) depends on the cell-list
+length only, so row t of a T-row call equals the row alone: the fixed-split-size rule of split-KV attention.
 
-The cell list (indexer scores, top-k block selection, tail) comes from `reference.select` (jnp).
+The cell list comes from the indexer (`block_scores_kernel` scores every block of a row in its own programs;
+top-k block selection and the tail in jnp, `reference.select_blocks` / `selected_cells`), or for dense attention
+from the causal (and sliding-window) mask (`strata_jax.layers.attention`).
 """
 
 from __future__ import annotations
@@ -54,10 +57,9 @@ def _kernel(cells_ref, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, Hkv, D, Gp
     qv = q_ref[t, g, :, :].astype(jnp.float32)                                  # [Gp, D]
     lane = lax.broadcasted_iota(jnp.int32, (NC,), 0)
     dcol = lax.broadcasted_iota(jnp.int32, (1, D), 1)
-    lo = sp * cps
-    hi = jnp.minimum(lo + cps, n_chunks)
 
-    def body(c, carry):
+    def body(j, carry):
+        c = sp * cps + j
         m, l, acc = carry
         cell = cells_ref[t * C + c * NC + lane]                                  # [NC]
         ok = cell >= 0
@@ -75,7 +77,7 @@ def _kernel(cells_ref, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, Hkv, D, Gp
         return m_new, l * alpha + jnp.sum(p, axis=1), acc
 
     init = (jnp.full((Gp,), NEG, jnp.float32), jnp.zeros((Gp,), jnp.float32), jnp.zeros((Gp, D), jnp.float32))
-    m, l, acc = lax.fori_loop(lo, hi, body, init)
+    m, l, acc = lax.fori_loop(0, cps, body, init)
     m_ref[t, g, sp, :] = m
     l_ref[t, g, sp, :] = l
     acc_ref[t, g, sp, :, :] = acc
@@ -91,6 +93,7 @@ def attend_kernel(q, k_cache, v_cache, cells, scale, *, interpret: bool):
     nsplit = min(MAX_SPLIT, n_chunks)
     cps = -(-n_chunks // nsplit)
     nsplit = -(-n_chunks // cps)
+    n_chunks = nsplit * cps  # every split runs cps chunks (the list padded with -1)
     C = n_chunks * NC
     cells = jnp.pad(cells.astype(jnp.int32), [(0, 0), (0, C - cells.shape[1])], constant_values=-1)
     qg = jnp.pad(q.reshape(T, Hkv, G, D), [(0, 0), (0, 0), (0, Gp - G), (0, 0)])
@@ -115,3 +118,44 @@ def attend_kernel(q, k_cache, v_cache, cells, scale, *, interpret: bool):
         A = A + acc[:, :, s] * w[..., None]
     o = A / L[..., None]                                                         # [T, Hkv, Gp, D]
     return o[:, :, :G].reshape(T, Hq, D)
+
+
+def _scores_kernel(seg_ref, q_ref, p_ref, o_ref, *, NB, NBT, Di, interpret):
+    t = pl.program_id(0)
+    j = pl.program_id(1)
+    HP = _precision(interpret)
+    qv = q_ref[t, :, :].astype(jnp.float32)                                     # [Hp, Di]
+    blk = j * NBT + lax.broadcasted_iota(jnp.int32, (NBT, 1), 0)
+    off = (seg_ref[t] * NB + jnp.minimum(blk, NB - 1)) * Di + lax.broadcasted_iota(jnp.int32, (1, Di), 1)
+    pk = p_ref[off].astype(jnp.float32)                                          # [NBT, Di]
+    s = lax.dot_general(qv, pk, (((1,), (1,)), ((), ())), precision=HP, preferred_element_type=jnp.float32)
+    o_ref[t, pl.ds(j * NBT, NBT)] = jnp.sum(jnp.maximum(s, 0.0), axis=0)       # padded heads add ReLU(0) = 0
+
+
+def scores_why_not(Hi: int, Di: int, NB: int) -> str | None:
+    if not dispatch.is_pow2(Di) or Di < 16:
+        return f"indexer head dim {Di} is not a power of two >= 16"
+    return None
+
+
+def block_scores_kernel(iq, pooled, seg, *, interpret: bool):
+    """Same contract as `reference.block_scores` (``seg`` may be None): float32 [T, NB]. One program per (row,
+    tile of blocks): a [Hp, Di] x [Di, NBT] product, ReLU, and the sum over the heads (padded to Hp >= 16 with
+    zeros). Not jitted."""
+    T, Hi, Di = iq.shape
+    if seg is None:
+        pooled, seg = pooled[None], jnp.zeros((T,), jnp.int32)
+    NB = pooled.shape[1]
+    Hp = max(16, pl.next_power_of_2(Hi))
+    NBT = min(128, max(16, pl.next_power_of_2(NB)))
+    n_bt = -(-NB // NBT)
+    rows = max(T, 2) if interpret else T  # interpret mode: never a grid of one program (see the GEMV's note)
+    qp = jnp.pad(iq.astype(jnp.float32), [(0, rows - T), (0, Hp - Hi), (0, 0)])
+    segp = jnp.pad(seg.astype(jnp.int32), (0, rows - T))
+    full = pl.no_block_spec
+    call = dispatch.pallas_call(
+        functools.partial(_scores_kernel, NB=NB, NBT=NBT, Di=Di, interpret=interpret),
+        out_shape=[jax.ShapeDtypeStruct((rows, n_bt * NBT), jnp.float32)], grid=(rows, n_bt),
+        in_specs=[full] * 3, out_specs=[full], interpret=interpret, num_warps=4, num_stages=1, name="qsa_scores")
+    (sc,) = call(segp, qp, pooled.astype(jnp.float32).reshape(-1))
+    return sc[:T, :NB]

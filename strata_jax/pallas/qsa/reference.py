@@ -111,9 +111,15 @@ def select(iq, pooled, n_kv, n_complete, *, top_blocks: int, block: int, seg=Non
 
     seg: see `block_scores`; cell_base int32 [T] (or None = 0) is added to every selected cell id of row t (rows of
     several sequences attending their own part of one flat cache)."""
+    return cells_from_scores(block_scores(iq, pooled, seg), n_kv, n_complete, top_blocks=top_blocks, block=block,
+                             cell_base=cell_base)
+
+
+def cells_from_scores(scores, n_kv, n_complete, *, top_blocks: int, block: int, cell_base=None):
+    """The cell list of `select` from block scores [T, NB] (`select_blocks` + `selected_cells` + ``cell_base``)."""
     n_kv = n_kv.astype(jnp.int32)
     n_complete = n_complete.astype(jnp.int32)
-    blocks = select_blocks(block_scores(iq, pooled, seg), n_complete, top_blocks)
+    blocks = select_blocks(scores, n_complete, top_blocks)
     cells = selected_cells(blocks, n_kv, n_complete, block)
     if cell_base is not None:
         cells = jnp.where(cells >= 0, cells + cell_base.astype(jnp.int32)[:, None], -1)

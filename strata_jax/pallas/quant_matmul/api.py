@@ -11,21 +11,22 @@ Source: GGUF block layouts from ggml (``ggml/src/ggml-common.h`` structs, ``dequ
   float32 / float16 / bfloat16 [n_out, k_in] (or their raw bytes) for F32 / F16 / BF16.
 * ``qtype``: `gguf.GGMLQuantizationType` (or its int id); ``n_out``, ``k_in``: Python ints.
 * Result: ``y[m, n] = sum_k x[m, k] * W[n, k]`` with W the dequantized weight, accumulated in float32.
-* ``row_groups``: let the kernel serve M > 8 rows as groups of 8 rows in one launch (the weight is read once per
-  group): every row then gets the kernel's bits whatever M is. For verify windows of several segments (B * T > 8
-  rows), which must give each row the bits of the row alone; prefill chunks leave it off and take the reference
-  GEMM for M > 8.
+* ``row_groups``: let the kernel serve M > 8 rows as groups of 8 rows of the GEMV in one launch (the weight is read
+  once per group): every row then gets the GEMV's bits whatever M is. For verify windows of several segments
+  (B * T > 8 rows), which must give each row the bits of the row alone. Without it (prefill chunks), M > 8 rows
+  take the kernel's 16-row GEMM (the same bits for a row whatever M is, but not the GEMV's).
 
 Paths (``impl``, see `strata_jax.pallas.dispatch`): the reference dequantizes with `strata_jax.gguf.blocks` and
-multiplies in fixed 8-row chunks at HIGHEST precision; the kernel (1..8 rows, or groups of 8 with ``row_groups``;
-formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F32, F16, BF16) decodes in registers and reads
-each weight byte once per row group. The two are not bit-identical (different summation order); each is
-row-independent (row m of an M-row call == the row alone, bit for bit: the kernel for M <= 8 and with row groups
-for any M, the reference for any M) and within ~1e-5 relative of a float64 product.
+multiplies in fixed 8-row chunks at HIGHEST precision; the kernel (formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,
+Q3_K, Q4_K, Q5_K, Q6_K, F32, F16, BF16; any M: the GEMV for 1..8 rows and for 8-row groups, the GEMM for prefill)
+decodes in registers and reads each weight byte once per row group. The two are not bit-identical (different
+summation order); each is row-independent (row m of an M-row call == the row alone, bit for bit: the kernel's
+GEMV for M <= 8 and with row groups for any M, its GEMM among GEMM calls of any M, the reference for any M) and
+within ~1e-5 relative of a float64 product.
 
 Errors: `strata_jax.errors.UnsupportedError` for shape mismatches, formats `strata_jax.gguf.blocks` cannot decode,
-or impl="kernel"/"interpret" where the kernel cannot serve (format without a kernel, M > 8 without row groups, K
-not a multiple of the sub-block); `StrataError` from `blocks.dequantize` for a wrong byte width.
+or impl="kernel"/"interpret" where the kernel cannot serve (format without a kernel, K not a multiple of the
+sub-block, a weight of 2 GiB or more); `StrataError` from `blocks.dequantize` for a wrong byte width.
 """
 
 from __future__ import annotations
@@ -71,13 +72,13 @@ def check_args(x, w_raw, qtype, n_out, k_in, op="quant_matmul.qmatmul"):
     return qtype
 
 
-@functools.partial(jax.jit, static_argnames=("qtype", "n_out", "k_in", "path", "poison"))
-def _qmatmul(x, w_raw, *, qtype, n_out, k_in, path, poison):  # the kernel takes any M (groups of 8 for M > 8)
+@functools.partial(jax.jit, static_argnames=("qtype", "n_out", "k_in", "path", "gemm", "poison"))
+def _qmatmul(x, w_raw, *, qtype, n_out, k_in, path, gemm, poison):
     if path == "reference":
         return _ref.qmatmul(x, w_raw, qtype, n_out, k_in)
     with dispatch.poison_outputs(poison):
         return _k.qmatmul_kernel(x, _as_float_weight(w_raw, qtype, k_in), qtype, n_out, k_in,
-                                 interpret=path == "interpret")
+                                 interpret=path == "interpret", gemm=gemm)
 
 
 def qmatmul(x, w_raw, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_groups: bool = False):
@@ -87,4 +88,6 @@ def qmatmul(x, w_raw, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_g
         "quant_matmul.qmatmul", impl,
         lambda: _k.why_not(qtype, x.shape[0], n_out, k_in, x.dtype, getattr(w_raw, "dtype", jnp.uint8),
                            row_groups=row_groups))
-    return _qmatmul(x, w_raw, qtype=qtype, n_out=n_out, k_in=k_in, path=path, poison=dispatch.poisoning())
+    gemm = x.shape[0] > _k.M_MAX and not row_groups and _k.gemm_serves(qtype, n_out, k_in)
+    return _qmatmul(x, w_raw, qtype=qtype, n_out=n_out, k_in=k_in, path=path, gemm=gemm,
+                    poison=dispatch.poisoning())

@@ -1,16 +1,26 @@
-"""Pallas GEMV/GEMM for 1..8 rows against a GGUF-quantized weight, decoding the blocks in registers.
+"""Pallas GEMV/GEMM against a GGUF-quantized weight, decoding the blocks in registers.
 
-Grid: (output-row tiles of BN rows, K splits). A program owns BN weight rows and one contiguous range of K; it
-walks that range in chunks of S sub-blocks x W values: it gathers the chunk's bytes (each weight byte is read from
-memory once per call, whatever M is), decodes them to float32 with `formats.FORMATS[qtype].decode`, and for each of
-the M activation rows accumulates ``sum_W(w * x)`` into a float32 [BN, S] accumulator (`Config.mode` selects
-this or two other accumulation schemes). At the end each row's accumulator is reduced over S and written to
-``partial[split, rows, m]``; the wrapper sums the splits in a fixed order. Every activation row runs the same
-instructions on the same weight tile, and rows never mix, so row m of an M-row call equals the row computed alone
-(M = 1), bit for bit.
+Grid: (output-row tiles of BN rows, K splits, slots). A program owns BN weight rows of one matrix (its slot's) and
+one contiguous range of K; it walks that range in chunks of S sub-blocks x W values -- a loop with a trip count
+fixed at compile time (every split runs the same number of chunks; a ragged last split is masked, never shortened)
+-- gathering the chunk's bytes (each weight byte is read from memory once per slot, whatever M is), decoding them
+to float32 with `formats.FORMATS[qtype].decode`, and accumulating into float32 (`Config.mode` selects how). At the
+end each row's accumulator is written to ``partial[slot, split, rows, m]``; the wrapper sums the splits in a fixed
+order. Every activation row runs the same instructions on the same weight tile, and rows never mix, so row m of an
+M-row call equals the row computed alone (M = 1), bit for bit: the reduction order of output (m, n) depends only on
+K and constants chosen from the weight (`tiling`), never on M.
 
-Layouts: raw weights are passed flat (uint8 [n_out * row_bytes], or float [n_out * K] for F32/F16/BF16), x as
-[M, K // W, W]. Tile sizes depend on (qtype, n_out, K) only, never on M.
+Two launch shapes share this body:
+
+* the GEMV (`Config.mode` "reduce" / "elementwise"): 1..8 activation rows, unrolled in the kernel (verify windows
+  and decode steps; more than 8 rows of a window run as 8-row groups, one slot each, `qmatmul_kernel`);
+* the GEMM (mode "dot", `GEMM_CONFIG`): 16-row groups (one slot each), one [BN, S*W] x [S*W, 16] float32 matrix
+  product per chunk (TF32x3 on tensor cores when compiled: ~fp32 accuracy; HIGHEST in interpret mode), for prefill
+  chunks. A row's bits do not depend on the other rows of its group nor on the number of groups, but differ from
+  the GEMV's (another summation order).
+
+Layouts: raw weights are passed flat (uint8 [n_mats * n_out * row_bytes], or float [n_mats * n_out * K] for
+F32/F16/BF16), x as [U, M, K // W, W] (GEMV) or [U, M, K] (GEMM). Tile sizes depend on (qtype, n_out, K) only.
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ from jax.experimental import pallas as pl
 from strata_jax.pallas import dispatch
 from strata_jax.pallas.quant_matmul.formats import FLOAT_TYPES, FORMATS
 
-M_MAX = 8         # the kernel serves 1..8 activation rows (verify windows); more rows use the reference GEMM
+M_MAX = 8         # the GEMV serves 1..8 activation rows (verify windows); more rows run as 8-row groups or the GEMM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,13 +56,21 @@ class Config:
 DEFAULT = Config()
 
 
-def sub_width(qtype) -> int:
-    return FORMATS[qtype].W if qtype in FORMATS else 32
+def sub_width(qtype, k_in: int | None = None) -> int:
+    """Values per sub-block: the format's (32 or 16); for F32/F16/BF16 32, or the largest power of two dividing K
+    when K is not a multiple of 32 (e.g. the K = 8 hyper-connection up projection of the tiny qwen4exp)."""
+    if qtype in FORMATS:
+        return FORMATS[qtype].W
+    if k_in is None or k_in % 32 == 0:
+        return 32
+    return k_in & -k_in
 
 
 def tiling(qtype, n_out: int, k_in: int, cfg: Config = DEFAULT) -> dict:
-    """Tile sizes for a weight (never depend on M)."""
-    W = sub_width(qtype)
+    """Tile sizes for a weight (never depend on M). ``cps`` chunks per split is a compile-time trip count: a
+    divisor of the chunk count near the target is preferred (no masking); otherwise ``masked`` is set and the last
+    split's chunks past the end are read clamped and contribute nothing."""
+    W = sub_width(qtype, k_in)
     n_sub = k_in // W
     S = max(1, cfg.chunk // W)
     while S > 1 and n_sub % S:
@@ -60,9 +78,11 @@ def tiling(qtype, n_out: int, k_in: int, cfg: Config = DEFAULT) -> dict:
     n_chunks = n_sub // S
     n_tiles = -(-n_out // cfg.BN)
     split = max(1, min(n_chunks, -(-cfg.target_programs // n_tiles)))
-    cps = -(-n_chunks // split)        # chunks per split
-    split = -(-n_chunks // cps)        # no empty splits
-    return dict(W=W, S=S, n_chunks=n_chunks, n_tiles=n_tiles, split=split, cps=cps)
+    cps0 = -(-n_chunks // split)        # chunks per split
+    cps = next((c for c in range(cps0, min(2 * cps0, n_chunks) + 1) if n_chunks % c == 0), cps0)
+    split = -(-n_chunks // cps)         # no empty splits
+    return dict(W=W, S=S, n_chunks=n_chunks, n_tiles=n_tiles, split=split, cps=cps,
+                masked=split * cps != n_chunks)
 
 
 # Chosen on an H200 (jax 0.11.2) by ``experiments/bench_kernels.py --only sweep_qmatmul`` on 8192 x 28672
@@ -70,6 +90,9 @@ def tiling(qtype, n_out: int, k_in: int, cfg: Config = DEFAULT) -> dict:
 # tiles, the 32-value block formats the elementwise accumulation with 8-row tiles (M = 8 twice as fast as 16 rows).
 K_QUANT_CONFIG = Config(BN=16, chunk=256, num_warps=4, target_programs=2112, mode="reduce")
 BLOCK32_CONFIG = Config(BN=8, chunk=256, num_warps=4, target_programs=2112, mode="elementwise")
+# The prefill GEMM (more than 8 rows without row groups): 16-row groups, one float32 matrix product per chunk.
+# A first, simple choice (not tuned: the speed of prefill is the next issue's).
+GEMM_CONFIG = Config(BN=32, chunk=128, num_warps=4, target_programs=264, mode="dot")
 
 
 def choose_config(qtype, n_out: int, k_in: int) -> Config:
@@ -81,15 +104,13 @@ def choose_config(qtype, n_out: int, k_in: int) -> Config:
 
 def why_not(qtype, M: int, n_out: int, k_in: int, x_dtype, w_dtype, n_mats: int = 1,
             row_groups: bool = False) -> str | None:
-    """None when the kernel serves M rows of this weight, else the reason. ``row_groups``: M > 8 rows are run as
-    groups of 8 (`qmatmul_kernel`; the moe kernel's row groups)."""
+    """None when the kernel serves M rows of this weight, else the reason. Any M: 1..8 rows run the GEMV, more
+    rows the GEMV in 8-row groups (``row_groups``: verify windows, the moe kernel) or the 16-row GEMM."""
     if qtype not in FORMATS and qtype not in FLOAT_TYPES:
         return f"block format {getattr(qtype, 'name', qtype)} has no Pallas kernel yet"
-    if row_groups:
-        M = min(M, M_MAX)
-    if not 1 <= M <= M_MAX:
-        return f"M={M} rows (the kernel is a GEMV for 1..{M_MAX} rows; larger M uses the reference GEMM)"
-    W = sub_width(qtype)
+    if M < 1:
+        return f"M={M} rows"
+    W = sub_width(qtype, k_in)
     if k_in % W:
         return f"K={k_in} is not a multiple of {W}"
     nbytes = n_out * k_in * (jnp.dtype(w_dtype).itemsize if qtype in FLOAT_TYPES else 1)
@@ -107,8 +128,15 @@ def why_not(qtype, M: int, n_out: int, k_in: int, x_dtype, w_dtype, n_mats: int 
 MP_DOT = 16  # rows of the activation tile in "dot" mode (Triton's smallest dot dimension)
 
 
-def _kernel(slot_ref, raw_ref, x_ref, o_ref, *, qtype, M, n_out, k_in, row_bytes, W, S, n_chunks, cps, BN,
-            mode, x_per_slot, interpret):
+def gemm_serves(qtype, n_out: int, k_in: int) -> bool:
+    """Whether the 16-row GEMM serves this weight: its chunk must be a Triton dot of K >= 16 (not so for a tiny
+    K such as the K = 8 hyper-connection up projection, whose prefill rows then run as 8-row GEMV groups)."""
+    t = tiling(qtype, n_out, k_in, GEMM_CONFIG)
+    return t["S"] * t["W"] >= 16
+
+
+def _kernel(slot_ref, raw_ref, x_ref, o_ref, *, qtype, M, n_out, k_in, row_bytes, W, S, n_chunks, cps, masked,
+            BN, mode, x_per_slot, interpret):
     i = pl.program_id(0)
     s = pl.program_id(1)
     u = pl.program_id(2)
@@ -120,10 +148,13 @@ def _kernel(slot_ref, raw_ref, x_ref, o_ref, *, qtype, M, n_out, k_in, row_bytes
         rows = e * n_out + jnp.minimum(i * BN + lax.broadcasted_iota(jnp.int32, (BN, 1, 1), 0), n_out - 1)
         sub_local = lax.broadcasted_iota(jnp.int32, (1, S, 1), 1)
         lane = lax.broadcasted_iota(jnp.int32, (1, 1, W), 2)
-        lo = s * cps
-        hi = jnp.minimum(lo + cps, n_chunks)
 
-        def body(c, accs):
+        def body(j, accs):
+            c = s * cps + j
+            live = c < n_chunks
+            if masked:  # the ragged last split: read the last chunk again and add nothing
+                c = jnp.minimum(c, n_chunks - 1)
+            keep = (lambda d: jnp.where(live, d, 0.0)) if masked else (lambda d: d)
             sub = c * S + sub_local
             if qtype in FLOAT_TYPES:
                 w = raw_ref[rows * k_in + sub * W + lane].astype(jnp.float32)
@@ -135,20 +166,22 @@ def _kernel(slot_ref, raw_ref, x_ref, o_ref, *, qtype, M, n_out, k_in, row_bytes
             if mode == "dot":
                 xt = x_ref[xu, :, pl.ds(c * S * W, S * W)].astype(jnp.float32)           # [MP_DOT, S*W]
                 prec = (lax.Precision.HIGHEST if interpret else lax.DotAlgorithmPreset.TF32_TF32_F32_X3)
-                return accs + lax.dot_general(w.reshape(BN, S * W), xt, (((1,), (1,)), ((), ())),
-                                              precision=prec, preferred_element_type=jnp.float32)
+                return accs + keep(lax.dot_general(w.reshape(BN, S * W), xt, (((1,), (1,)), ((), ())),
+                                                   precision=prec, preferred_element_type=jnp.float32))
             out = []
             for m in range(M):
                 xm = x_ref[xu, m, pl.ds(c * S, S), :].astype(jnp.float32)
-                out.append(accs[m] + (w * xm[None] if mode == "elementwise" else jnp.sum(w * xm[None], axis=2)))
+                out.append(accs[m] + keep(w * xm[None] if mode == "elementwise" else jnp.sum(w * xm[None], axis=2)))
             return tuple(out)
 
+        # a compile-time trip count: the same loop for every program, and no while loop of unknown length in the
+        # interpreter's program either
         if mode == "dot":
-            acc = lax.fori_loop(lo, hi, body, jnp.zeros((BN, MP_DOT), jnp.float32))
+            acc = lax.fori_loop(0, cps, body, jnp.zeros((BN, MP_DOT), jnp.float32))
             o_ref[u, s, pl.ds(i * BN, BN), :] = acc
             return
         acc_shape = (BN, S, W) if mode == "elementwise" else (BN, S)
-        accs = lax.fori_loop(lo, hi, body, tuple(jnp.zeros(acc_shape, jnp.float32) for _ in range(M)))
+        accs = lax.fori_loop(0, cps, body, tuple(jnp.zeros(acc_shape, jnp.float32) for _ in range(M)))
         for m in range(M):
             acc = jnp.sum(accs[m], axis=2) if mode == "elementwise" else accs[m]
             o_ref[u, s, pl.ds(i * BN, BN), m] = jnp.sum(acc, axis=1)
@@ -159,7 +192,8 @@ def grouped_qmatmul_kernel(x, w_stacked, slot_expert, qtype, n_out: int, k_in: i
     """For each slot u: x (or x[u]) [M, K] times the decoded matrix ``w_stacked[slot_expert[u]]`` [n_out, K]^T.
 
     Args:
-      x: [M, K] (the same rows for every slot) or [U, M, K] (rows per slot); M <= 8; float32/bfloat16/float16.
+      x: [M, K] (the same rows for every slot) or [U, M, K] (rows per slot); M <= 8 (M <= 16 in "dot" mode);
+        float32/bfloat16/float16.
       w_stacked: [E, n_out, row_bytes] uint8 (or [E, n_out, K] float for F32/F16/BF16).
       slot_expert: int32 [U]: the matrix each slot reads, or -1 for an unused slot (its output is not written).
     Returns: float32 [U, M, n_out]. Each matrix a slot names is read once; rows never mix. Not jitted.
@@ -193,7 +227,8 @@ def grouped_qmatmul_kernel(x, w_stacked, slot_expert, qtype, n_out: int, k_in: i
     full = pl.no_block_spec
     call = dispatch.pallas_call(
         functools.partial(_kernel, qtype=qtype, M=M, n_out=n_out, k_in=k_in, row_bytes=row_bytes, W=W, S=S,
-                          n_chunks=t["n_chunks"], cps=t["cps"], BN=BN, mode=cfg.mode, x_per_slot=x_per_slot,
+                          n_chunks=t["n_chunks"], cps=t["cps"], masked=t["masked"], BN=BN, mode=cfg.mode,
+                          x_per_slot=x_per_slot,
                           interpret=interpret),
         out_shape=[jax.ShapeDtypeStruct((U, t["split"], n_pad, M), jnp.float32)],
         grid=(t["n_tiles"], t["split"], U), in_specs=[full, full, full], out_specs=[full], interpret=interpret,
@@ -207,19 +242,28 @@ def grouped_qmatmul_kernel(x, w_stacked, slot_expert, qtype, n_out: int, k_in: i
     return jnp.swapaxes(out[:U_in, :n_out, :M_in], 1, 2)
 
 
-def qmatmul_kernel(x, w_raw, qtype, n_out: int, k_in: int, *, interpret: bool, cfg: Config | None = None):
+def qmatmul_kernel(x, w_raw, qtype, n_out: int, k_in: int, *, interpret: bool, cfg: Config | None = None,
+                   gemm: bool = False):
     """x [M, K] times the decoded weight [n_out, K] transposed -> float32 [M, n_out]. Not jitted.
 
-    M <= 8: one GEMV. M > 8 (the row groups of `strata_jax.pallas.quant_matmul.qmatmul`): the rows are cut into
-    groups of 8 (the last one zero-padded), run in one launch as the slots of `grouped_qmatmul_kernel` (every slot
-    reads the same matrix, so the weight is read once per group); each row gets the instructions of an 8-row GEMV,
-    which are those of the row alone."""
+    M <= 8 (and not ``gemm``): one GEMV. M > 8 (the row groups of `strata_jax.pallas.quant_matmul.qmatmul`): the
+    rows are cut into groups of 8 (the last one zero-padded), run in one launch as the slots of
+    `grouped_qmatmul_kernel` (every slot reads the same matrix, so the weight is read once per group); each row gets
+    the instructions of an 8-row GEMV, which are those of the row alone. ``gemm``: the 16-row GEMM (`GEMM_CONFIG`,
+    prefill chunks) for any M; its bits differ from the GEMV's."""
     M = x.shape[0]
+    w1 = w_raw[None]
+    if gemm:
+        G = -(-M // MP_DOT)
+        xg = jnp.pad(x, [(0, G * MP_DOT - M), (0, 0)]).reshape(G, MP_DOT, k_in)
+        y = grouped_qmatmul_kernel(xg, w1, jnp.zeros((G,), jnp.int32), qtype, n_out, k_in, interpret=interpret,
+                                   cfg=cfg or GEMM_CONFIG)                         # [G, 16, n_out]
+        return y.reshape(G * MP_DOT, n_out)[:M]
     if M <= M_MAX:
-        return grouped_qmatmul_kernel(x, w_raw[None], jnp.zeros((1,), jnp.int32), qtype, n_out, k_in,
+        return grouped_qmatmul_kernel(x, w1, jnp.zeros((1,), jnp.int32), qtype, n_out, k_in,
                                       interpret=interpret, cfg=cfg)[0]
     G = -(-M // M_MAX)
     xg = jnp.pad(x, [(0, G * M_MAX - M), (0, 0)]).reshape(G, M_MAX, k_in)
-    y = grouped_qmatmul_kernel(xg, w_raw[None], jnp.zeros((G,), jnp.int32), qtype, n_out, k_in,
+    y = grouped_qmatmul_kernel(xg, w1, jnp.zeros((G,), jnp.int32), qtype, n_out, k_in,
                                interpret=interpret, cfg=cfg)                       # [G, 8, n_out]
     return y.reshape(G * M_MAX, n_out)[:M]

@@ -1,9 +1,9 @@
 """Append an MTP draft block to a tiny hybrid GGUF (test fixtures for MTP proposals on a whole model).
 
-The tiny parity fixtures (``make_hybrid_fixtures.py``) come from HF models, which have no MTP module, so they carry
-no MTP tensors. This script copies such a file and appends block ``n_layer``: the attention + MoE tensors of the
-trunk's last full-attention layer (the draft block has that layer's shape; qwen4exp's indexer and PLE tensors are
-left out) plus random MTP projections and norms in the names `strata_jax.layers.mtp` reads:
+The tiny parity fixtures (``experiments/parity/make_hybrid_fixtures.py``) come from HF models, which have no MTP
+module, so they carry no MTP tensors. `add_mtp_block` copies such a file and appends block ``n_layer``: the
+attention + MoE tensors of the trunk's last full-attention layer (the draft block has that layer's shape; qwen4exp's
+indexer and PLE tensors are left out) plus random MTP projections and norms in the names `strata_jax.layers.mtp` reads:
   qwen35moe / qwen3next: ``blk.n.nextn.{eh_proj,enorm,hnorm,shared_head_norm}``, ``attn_norm``,
     ``post_attention_norm`` (llama.cpp's ``nextn`` names);
   qwen4exp: ``blk.n.nextn.{enorm,hnorm,fc_embedding,fc_hidden}`` and the block's ``hc_attn_*`` / ``hc_ffn_*``.
@@ -11,7 +11,7 @@ left out) plus random MTP projections and norms in the names `strata_jax.layers.
 copied layer (F32 or Q8_0, quantized with ``gguf.quants``); the MTP weights are random (drafts are not expected to
 be accepted: the fixture tests exactness and plumbing, not acceptance).
 
-Usage: python experiments/parity/add_mtp_block.py SRC.gguf DST.gguf [--seed 0]
+Usage: python -m strata_jax.testing.mtp_block SRC.gguf DST.gguf [--seed 0]
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from strata_jax.models_registry import configs_dir
 GEOMETRIES = configs_dir() / "geometries"
 
 # byte ranges of the fp16 scales inside each block format's block (ggml-common.h structs); random blocks get
-# RANDOM_SCALE there, so every dequantized value stays small and finite (also used by experiments/random_gguf.py)
+# RANDOM_SCALE there, so every dequantized value stays small and finite (also used by `strata_jax.testing.random_gguf`)
 SCALE_BYTES = {Q.Q4_0: [(0, 2)], Q.Q4_1: [(0, 4)], Q.Q5_0: [(0, 2)], Q.Q5_1: [(0, 4)], Q.Q8_0: [(0, 2)],
                Q.Q2_K: [(80, 84)], Q.Q3_K: [(108, 110)], Q.Q4_K: [(0, 4)], Q.Q5_K: [(0, 4)], Q.Q6_K: [(208, 210)],
                Q.IQ4_NL: [(0, 2)], Q.IQ4_XS: [(0, 2)], Q.IQ2_XS: [(0, 2)], Q.IQ2_S: [(0, 2)],

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# One device call (<= 10 minutes on an nvidia-h200) that measures issue 12's GPU step: the compiled Pallas kernel
+# tests, the step profile of the Qwen2.5-Coder-1.5B shape (random blocks) on the old path (the package at BASE,
+# default c6351ea, carried) and the new one, bench_decode, and llama.cpp on the same file; one short table at
+# the end, full logs under $OUT.
+#
+#   bash experiments/device_session.sh prepare   # here, once before the call: fills the git-ignored .carry/
+#                                                #   (.carry/whl: the gguf wheel; .carry/anchor: llama.cpp's
+#                                                #   source and script; .carry/old: the old strata_jax package)
+#   device run, carry [".carry"]:  bash experiments/device_session.sh run
+#   bash experiments/device_session.sh dry       # here: every part that runs on a CPU, on the tiny fixture
+#
+# Parts of `run` (each under its own timeout, skipped when the call's time would run out): env (wheel, GPU, XLA
+# flags accepted), llama.cpp build (background), random 1.5B GGUF, pallas (STRATA_TEST_GPU=1 pytest tests/pallas,
+# compiled kernels), profile (experiments/profile_step.py old and new path, command buffers off), decode
+# (experiments/bench_decode.py new path, command buffers on), anchor (llama-bench tg128 / pp512), table.
+set -uo pipefail
+MODE=${1:-}
+OUT=${OUT:-/tmp/out}
+BASE=${BASE:-c6351ea}  # the commit the 2026-12-01 H200 figures were measured at (old path)
+BUDGET=${BUDGET:-570}
+T0=$(date +%s)
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+part() {  # part NAME SECONDS CMD...: run CMD with a timeout, logged to $OUT/NAME.log, if the budget allows
+  local name=$1 secs=$2; shift 2
+  local l; l=$(left)
+  if [ "$l" -lt 20 ]; then echo "=== $name skipped ($l s left)"; return; fi
+  [ "$secs" -gt "$l" ] && secs=$l
+  echo "=== $name ($(date +%T), up to $secs s)"
+  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
+  echo "    rc=$? ($(( $(date +%s) - T0 )) s elapsed)"; tail -n 4 "$OUT/$name.log" | sed 's/^/    /'
+}
+
+case "$MODE" in
+  prepare)
+    mkdir -p .carry/whl .carry/anchor .carry/old
+    cp /opt/pypi/files/gguf-*.whl .carry/whl/ 2>/dev/null || python3 -m pip download -q --no-deps -d .carry/whl gguf
+    cp ../shared/tools/llamacpp/* .carry/anchor/ 2>/dev/null || cp /work/shared/tools/llamacpp/* .carry/anchor/
+    rm -rf .carry/old/strata_jax .carry/old/configs && git archive "$BASE" strata_jax configs | tar -x -C .carry/old
+    # the profiler's own modules (standalone), so that profile_step.py runs against the old package too
+    cp strata_jax/pallas/trace.py strata_jax/pallas/gpu_flags.py .carry/old/strata_jax/pallas/
+    du -sh .carry; git check-ignore -q .carry && echo ".carry is git-ignored (carry it by name)";;
+  run|dry)
+    mkdir -p "$OUT"
+    export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 XLA_PYTHON_CLIENT_PREALLOCATE=false
+    if ! python3 -c "import gguf" 2>/dev/null; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/whl/*.whl || exit 1
+    fi
+    export PYTHONPATH=/tmp/site:$PWD
+    NEW="env PYTHONPATH=/tmp/site:$PWD"
+    OLD="env PYTHONPATH=/tmp/site:$PWD/.carry/old:$PWD"
+    if [ "$MODE" = run ]; then
+      MODEL=/tmp/q15.gguf; PROF="--steps 20 --warmup 3 --prompt_tokens 64"; PTESTS="-k not hlo_loops"
+      FLAGS=$(python3 -c "from strata_jax.pallas import gpu_flags as g; print(' '.join(g.xla_flags(True)))")
+      part env 60 python3 -c "import jax, flax; print(jax.__version__, flax.__version__, jax.devices())"
+      part flags 60 env XLA_FLAGS="$FLAGS" python3 -c "import jax; print('XLA flags accepted:', jax.devices())"
+      bash .carry/anchor/anchor.sh build > "$OUT/anchor_build.log" 2>&1
+      part random_gguf 60 python3 -m strata_jax.testing.random_gguf fill experiments/data/qwen2.5-coder-1.5b.header.xz $MODEL
+      part pallas 130 env STRATA_TEST_GPU=1 python3 -m pytest -q tests/pallas $PTESTS
+    else
+      MODEL=tests/fixtures/hybrid/qwen4exp_q8_0.gguf; PROF="--steps 2 --warmup 1 --prompt_tokens 8 --max_context 64"
+      part env 60 python3 -c "import jax, flax; print(jax.__version__, flax.__version__, jax.devices())"
+      bash .carry/anchor/anchor.sh > "$OUT/anchor_usage.log" 2>&1; echo "=== anchor script: $(head -c 60 "$OUT/anchor_usage.log")"
+      part pallas 300 python3 -m pytest -q tests/pallas/test_rows.py tests/pallas/test_trace_summary.py \
+        tests/pallas/test_gpu_flags.py tests/pallas/test_program_structure.py -k "not hlo_loops"
+    fi
+    part profile_new 110 $NEW python3 experiments/profile_step.py --model $MODEL $PROF --out "$OUT/profile_new.json"
+    part profile_old 100 $OLD python3 experiments/profile_step.py --model $MODEL $PROF --out "$OUT/profile_old.json"
+    part decode_new 90 $NEW python3 experiments/bench_decode.py --model $MODEL --prompt_tokens 64 \
+      --decode_tokens 32 --out "$OUT/decode_new.json"
+    if [ "$MODE" = run ]; then
+      part anchor 120 bash .carry/anchor/anchor.sh bench $MODEL
+    fi
+    python3 - "$OUT" <<'EOF'
+import json, os, re, sys
+out = sys.argv[1]
+def load(name):
+    try:
+        return json.load(open(os.path.join(out, name)))
+    except (OSError, ValueError):
+        return None
+print(f"{'path':28s} {'ms/step':>8s} {'tok/s':>7s} {'busy':>5s} {'launches':>8s} {'D2H/step':>9s} {'D2D/step':>16s}")
+for label, name in (("old (base package)", "profile_old.json"), ("new (kernels, per layer)", "profile_new.json")):
+    r = load(name)
+    if r is None:
+        print(f"{label:28s} (no result: see {name[:-5]}.log)")
+        continue
+    c = r["trace"]["copies"]
+    d2d = c.get("D2D", {"count": 0, "bytes": 0})
+    print(f"{label:28s} {r['wall_ms']:8.2f} {1e3 / r['wall_ms']:7.1f} {r['busy_fraction'] or 0:5.2f} "
+          f"{r['trace']['launches']:8.0f} {c.get('D2H', {}).get('count', 0):9.1f} "
+          f"{d2d['count']:6.1f} {d2d['bytes'] / 1e6:7.2f} MB")
+d = load("decode_new.json")
+if d:
+    print(f"bench_decode (new, command buffers on): decode {d['decode_tok_s']:.1f} tok/s, prefill "
+          f"{d['prefill_tok_s']:.1f} tok/s, {d['fraction_of_ceiling']:.3f} of the ceiling")
+try:
+    rows = [ln for ln in open(os.path.join(out, "anchor.log")) if re.search(r"\| +(tg|pp)\d+", ln)]
+    for ln in rows:
+        print("llama.cpp " + " ".join(ln.split()))
+except OSError:
+    pass
+EOF
+    ;;
+  *) sed -n 2,18p "$0"; exit 2;;
+esac

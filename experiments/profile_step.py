@@ -1,0 +1,137 @@
+"""Profile the engine's decode step (not a test): wall ms per step, device busy fraction, kernel launches per step,
+host<->device and device-to-device copies per step (count and bytes), the top kernels -- from a `jax.profiler`
+trace of ``--steps`` steps (`strata_jax.pallas.trace.summarize`). (The step program's structure -- XLA loops,
+kernel operands copied from slices -- is `compile_probe.py --structure`.)
+
+  python experiments/profile_step.py --random_from experiments/data/qwen2.5-coder-1.5b.header.xz --out p.json
+  python experiments/profile_step.py --model tests/fixtures/hybrid/qwen4exp_q8_0.gguf --steps 3   # CPU plumbing
+  STRATA_PALLAS_IMPL=reference python experiments/profile_step.py ...    # the XLA-only path, for comparison
+
+Steps are launched back to back with the picks left on the device (as `bench_decode.py` does); the wall time is
+measured untraced first, then the same number of steps is traced. ``--command_buffers 0`` (the default for a
+profile) launches every kernel alone so the trace shows each; ``1`` records them into CUDA graphs
+(`strata_jax.pallas.gpu_flags`), for the wall time users see. On a CPU the trace's XLA executor events stand in
+for kernels and there are no copies: the run checks the plumbing, not the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.append(os.path.dirname(HERE))  # after PYTHONPATH: a strata_jax given there (another version) wins
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="a GGUF file (or a registry name)")
+    src.add_argument("--random_from", help="a header file (python -m strata_jax.testing.random_gguf header): random "
+                     "blocks of its shapes")
+    src.add_argument("--geometry", help="configs/geometries/<name>.json: random weights made on the device")
+    ap.add_argument("--n_layer", type=int, default=None, help="with --geometry: trunk layers")
+    ap.add_argument("--kind", default="step", help="step (T = 1, window + commit) or windowT (a T-row verify window)")
+    ap.add_argument("--steps", type=int, default=20, help="steps timed and traced")
+    ap.add_argument("--warmup", type=int, default=3, help="steps run first (the first compiles)")
+    ap.add_argument("--prompt_tokens", type=int, default=32)
+    ap.add_argument("--max_context", type=int, default=1024)
+    ap.add_argument("--command_buffers", type=int, choices=(0, 1), default=0, help="XLA command buffers (GPU)")
+    ap.add_argument("--autotune", default="off", help="off | cache:DIR | default (strata_jax.pallas.gpu_flags)")
+    ap.add_argument("--trace_dir", default=None, help="keep the trace here (default: a temporary directory)")
+    ap.add_argument("--out", default=None, help="JSON file for the results")
+    args = ap.parse_args()
+
+    from strata_jax.pallas import gpu_flags
+
+    gpu_flags.apply(gpu_flags.xla_flags(bool(args.command_buffers), args.autotune))
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from strata_jax.pallas import dispatch, trace
+    from strata_jax.pipeline.engine import Engine
+    from strata_jax.sampling import RowSampling, SamplingParams
+    from strata_jax.state import Rows
+
+    if args.random_from:
+        from strata_jax.testing import random_gguf
+
+        path = os.path.join(tempfile.gettempdir(), "strata_profile_random.gguf")
+        random_gguf.fill(args.random_from, path)
+        model = path
+    elif args.geometry:
+        from strata_jax.models.random_weights import VirtualGGUF, load_geometry
+
+        model = VirtualGGUF(load_geometry(args.geometry), n_layer=args.n_layer)
+    else:
+        from strata_jax.models_registry import resolve_model
+
+        model = str(resolve_model(args.model))
+    t0 = time.perf_counter()
+    eng = Engine(model, max_context=args.max_context)
+    load_s = time.perf_counter() - t0
+    T = 1 if args.kind == "step" else int(args.kind.removeprefix("window"))
+    kind = "step" if T == 1 else "window"
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(100, min(eng.cfg.vocab_size, 30000), args.prompt_tokens).tolist()
+    sp = SamplingParams(0.0)
+    first, _ = eng.prefill(0, prompt, sp)
+    samp = RowSampling.make([sp])
+    pos = len(prompt)
+    toks = np.asarray(rng.integers(100, min(eng.cfg.vocab_size, 30000), (1, T)), np.int32)
+    toks[0, 0] = first
+    tok = jnp.asarray(toks)
+
+    def run(n, start):
+        """n steps back to back from position ``start`` (a window re-verifies the same positions)."""
+        nonlocal tok
+        out = None
+        for i in range(n):
+            p = start + i if T == 1 else start
+            out, _ = eng.run(kind, tok, Rows.make([0], [p], [T]), samp)
+            if T == 1:
+                tok = out["picks"][:, :1]
+        jax.block_until_ready((out, eng.states))
+
+    t0 = time.perf_counter()
+    run(1, pos)
+    first_s = time.perf_counter() - t0
+    run(args.warmup, pos + 1)
+    at = pos + 1 + args.warmup
+    t0 = time.perf_counter()
+    run(args.steps, at)
+    wall = (time.perf_counter() - t0) / args.steps
+    trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="strata_trace_")
+    at += args.steps
+    t0 = time.perf_counter()
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        run(args.steps, at)
+    traced_wall = (time.perf_counter() - t0) / args.steps
+    s = trace.summarize(trace.load_events(trace_dir), args.steps)
+    r = {"model": args.random_from or args.geometry or args.model, "backend": jax.default_backend(),
+         "device": str(jax.devices()[0]), "jax": jax.__version__, "kind": args.kind,
+         "impl": os.environ.get("STRATA_PALLAS_IMPL", "auto"), "kernels_in_use": getattr(dispatch, "kernels_in_use", dispatch.on_gpu)(),
+         "stack_layers": os.environ.get("STRATA_STACK_LAYERS", "auto"), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+         "load_s": load_s, "first_step_s": first_s, "wall_ms": wall * 1e3, "traced_wall_ms": traced_wall * 1e3,
+         "busy_fraction": s["busy_ms"] / (traced_wall * 1e3) if traced_wall else None, "trace": s,
+         "trace_dir": trace_dir}
+    c = s["copies"]
+    cp = lambda k: f"{c[k]['count']:.1f} ({c[k]['bytes'] / 1e6:.2f} MB)" if k in c else "0"
+    print(f"{'model':36s} {'ms/step':>8s} {'busy':>6s} {'launches':>9s} {'D2H':>14s} {'D2D':>14s} {'copy kern.':>10s}")
+    print(f"{str(r['model'])[-36:]:36s} {wall * 1e3:8.2f} {r['busy_fraction'] or 0:6.2f} {s['launches']:9.1f} "
+          f"{cp('D2H'):>14s} {cp('D2D'):>14s} {c.get('copy_kernel', {}).get('count', 0):10.1f}")
+    print("top kernels (ms/step, calls/step): " + "; ".join(f"{k[:40]} {t:.3f} x{n:.1f}"
+                                                           for k, t, n in s["top_kernels"][:6]))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(r, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""XLA:GPU flags for the step program: command buffers (CUDA graphs) and pinned autotuning.
+
+* Command buffers: XLA records the step's kernel launches (fusions, cuBLAS calls, custom calls -- the Pallas-Triton
+  kernels are kernel launches -- and, with ``WHILE`` / ``CONDITIONAL``, loops and conditionals) into CUDA graphs and
+  replays them with one launch per graph; ``xla_gpu_graph_min_graph_size=1`` makes every run of commands a graph.
+  A profile of single kernels needs them off (``command_buffers=False``): a replayed graph is one trace event.
+* Pinned autotuning: XLA times candidate GEMM / fusion configurations while compiling and keeps the fastest, so two
+  processes (or two starts) may compile different programs. ``autotune="off"`` (``xla_gpu_autotune_level=0``)
+  takes XLA's default configuration everywhere, ``autotune="cache:DIR"`` records each fusion's choice in DIR
+  (``xla_gpu_per_fusion_autotune_cache_dir``) and reuses it, so a second process compiles the same program.
+
+XLA reads ``XLA_FLAGS`` once, when JAX starts its first backend: `apply` must run before any JAX computation.
+Flags already in ``XLA_FLAGS`` win over these (a user's choice is kept).
+"""
+
+from __future__ import annotations
+
+import os
+
+from strata_jax.errors import StrataError
+
+COMMAND_BUFFER_TYPES = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
+
+
+def xla_flags(command_buffers: bool = True, autotune: str = "off") -> list[str]:
+    """The flags (``--name=value`` strings) for a GPU step.
+
+    Args:
+      command_buffers: record launches into CUDA graphs (True) or launch every kernel alone (False, for profiles).
+      autotune: ``"off"``, ``"cache:DIR"`` or ``"default"`` (XLA's own autotuning, not pinned).
+
+    Raises:
+      StrataError: another ``autotune`` value.
+    """
+    flags = ([f"--xla_gpu_enable_command_buffer={COMMAND_BUFFER_TYPES}", "--xla_gpu_graph_min_graph_size=1"]
+             if command_buffers else ["--xla_gpu_enable_command_buffer="])
+    if autotune == "off":
+        flags.append("--xla_gpu_autotune_level=0")
+    elif autotune.startswith("cache:") and len(autotune) > 6:
+        flags.append(f"--xla_gpu_per_fusion_autotune_cache_dir={os.path.expanduser(autotune[6:])}")
+    elif autotune != "default":
+        raise StrataError(f"autotune={autotune!r}: expected off, cache:DIR or default")
+    return flags
+
+
+def merged(existing: str, flags: list[str]) -> str:
+    """``existing`` (an ``XLA_FLAGS`` value) plus those of ``flags`` whose name it does not set already."""
+    have = {f.split("=", 1)[0] for f in existing.split()}
+    return " ".join(existing.split() + [f for f in flags if f.split("=", 1)[0] not in have])
+
+
+def apply(flags: list[str]) -> str:
+    """Add ``flags`` to ``os.environ["XLA_FLAGS"]`` (see `merged`); returns the new value.
+
+    Raises:
+      StrataError: a JAX backend is already initialised (XLA would ignore the change).
+    """
+    from jax._src import xla_bridge
+
+    if getattr(xla_bridge, "_backends", None):
+        raise StrataError("XLA flags must be set before JAX starts a backend (call gpu_flags.apply first)")
+    value = merged(os.environ.get("XLA_FLAGS", ""), flags)
+    os.environ["XLA_FLAGS"] = value
+    return value

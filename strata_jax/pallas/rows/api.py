@@ -1,0 +1,108 @@
+"""Public API of the per-row ops: `rms_norm`, `row_sum`, `softmax`, `row_map`.
+
+Sources: RMSNorm (Zhang & Sennrich 2019; HF ``LlamaRMSNorm``: ``x * rsqrt(mean(x^2) + eps) * w``), HF ``l2norm``
+(``x * rsqrt(sum(x^2) + eps)``), softmax over the last axis.
+
+All four act on the last axis of ``x`` [..., n] (any float dtype, computed in float32) independently per row:
+
+* ``rms_norm(x, w, eps, *, mean=True)`` -> float32 [..., n]: ``x * rsqrt(mean(x^2) + eps) * w`` (``w`` float32
+  [n] or None); ``mean=False`` divides by nothing (the L2 normalisation ``x * rsqrt(sum(x^2) + eps)``).
+* ``row_sum(x)`` -> float32 [..., 1].
+* ``softmax(x)`` -> float32 [..., n] (-inf entries give 0).
+* ``row_map(fn, x)`` -> float32 [..., n]: an elementwise ``fn`` (sigmoid, softplus, ...) applied per row (for
+  narrow rows, whose arithmetic XLA on a CPU would otherwise choose by the number of rows).
+
+Row invariance (both paths): a row's result is bit-identical whatever the other rows hold and however many there
+are. The reference (the CPU path) gets it from fixed pairwise trees and a loop over rows (`reference`); the kernel
+(one Pallas program per row, `kernel`) from its fixed in-register reduction. The two agree to ~1e-6 relative, not
+bitwise.
+
+``impl``: "auto" | "reference" | "kernel" | "interpret" (`strata_jax.pallas.dispatch`).
+
+Errors: `strata_jax.errors.UnsupportedError` for an unknown impl, or impl="kernel"/"interpret" where the kernel
+cannot serve (a non-float dtype, a row wider than `MAX_WIDTH`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from strata_jax.pallas import dispatch
+from strata_jax.pallas.rows import kernel as _k
+from strata_jax.pallas.rows import reference as _ref
+
+MAX_WIDTH = 2 ** 16
+
+
+def _why_not(x):
+    def f():
+        if jnp.dtype(x.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+            return f"dtype {jnp.dtype(x.dtype).name}"
+        if x.shape[-1] > MAX_WIDTH:
+            return f"rows of {x.shape[-1]} values (> {MAX_WIDTH})"
+        return None
+    return f
+
+
+def _rows(x):
+    return x.reshape(-1, x.shape[-1])
+
+
+@functools.partial(jax.jit, static_argnames=("eps", "mean", "path", "poison"))
+def _rms_norm(x, w, *, eps, mean, path, poison):
+    if path == "reference":
+        return _ref.rms_norm(x, w, eps, mean)
+    with dispatch.poison_outputs(poison):
+        return _k.rms_norm(_rows(x), w, eps, mean=mean, interpret=path == "interpret").reshape(x.shape)
+
+
+def rms_norm(x, w, eps: float, *, mean: bool = True, impl: str = "auto"):
+    """float32 [..., n]: ``x * rsqrt(mean(x^2) + eps) * w`` per row (module docstring)."""
+    path = dispatch.resolve("rows.rms_norm", impl, _why_not(x))
+    w = None if w is None else jnp.asarray(w, jnp.float32).reshape(-1)
+    return _rms_norm(x, w, eps=float(eps), mean=bool(mean), path=path, poison=dispatch.poisoning())
+
+
+@functools.partial(jax.jit, static_argnames=("path", "poison"))
+def _row_sum(x, *, path, poison):
+    if path == "reference":
+        return _ref.row_sum(x)
+    with dispatch.poison_outputs(poison):
+        return _k.row_sum(_rows(x), interpret=path == "interpret").reshape(*x.shape[:-1], 1)
+
+
+def row_sum(x, *, impl: str = "auto"):
+    """float32 [..., 1]: the sum of each row (module docstring)."""
+    path = dispatch.resolve("rows.row_sum", impl, _why_not(x))
+    return _row_sum(x, path=path, poison=dispatch.poisoning())
+
+
+@functools.partial(jax.jit, static_argnames=("path", "poison"))
+def _softmax(x, *, path, poison):
+    if path == "reference":
+        return _ref.softmax(x)
+    with dispatch.poison_outputs(poison):
+        return _k.softmax(_rows(x), interpret=path == "interpret").reshape(x.shape)
+
+
+def softmax(x, *, impl: str = "auto"):
+    """float32 [..., n]: softmax of each row (module docstring)."""
+    path = dispatch.resolve("rows.softmax", impl, _why_not(x))
+    return _softmax(x, path=path, poison=dispatch.poisoning())
+
+
+@functools.partial(jax.jit, static_argnames=("fn", "path", "poison"))
+def _row_map(x, *, fn, path, poison):
+    if path == "reference":
+        return _ref.row_map(fn, x.astype(jnp.float32))
+    with dispatch.poison_outputs(poison):
+        return _k.row_map(fn, _rows(x), interpret=path == "interpret").reshape(x.shape)
+
+
+def row_map(fn, x, *, impl: str = "auto"):
+    """float32 [..., n]: ``fn`` (elementwise, hashable: e.g. ``jax.nn.sigmoid``) applied one row at a time."""
+    path = dispatch.resolve("rows.row_map", impl, _why_not(x))
+    return _row_map(x, fn=fn, path=path, poison=dispatch.poisoning())

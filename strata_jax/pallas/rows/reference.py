@@ -1,0 +1,37 @@
+"""Plain-jnp reference of the per-row ops (the CPU path): fixed pairwise reduction trees and a loop over rows.
+
+XLA on a CPU vectorises a reduction over the last axis, and evaluates exp/log-based elementwise functions with
+vector instructions on the fused iteration space and scalar ones on its remainder, differently for different sizes
+of the other axes (seen: the RMS of a [1, 576] row differs in the last bit from the same row inside an [8, 576]
+array; sigmoid of 4 values differs with the number of rows). So the reference reduces in the fixed pairwise order
+of `strata_jax.layers.exact` (elementwise adds of halves: the order depends only on the row's length) and runs
+`row_map` one row at a time (``lax.map``), which makes every row's arithmetic independent of the row count.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from strata_jax.layers import exact
+
+
+def rms_norm(x, w, eps: float, mean: bool = True):
+    x = x.astype(jnp.float32)
+    ss = exact.row_mean(x * x) if mean else exact.row_sum(x * x)
+    y = x * jax.lax.rsqrt(ss + eps)
+    return y if w is None else y * w
+
+
+def row_sum(x):
+    return exact.row_sum(x.astype(jnp.float32))
+
+
+def softmax(x):
+    return exact.softmax(x.astype(jnp.float32))
+
+
+def row_map(fn, x):
+    lead, n = x.shape[:-1], x.shape[-1]
+    flat = x.reshape(-1, n)
+    return jax.lax.map(lambda r: fn(flat[r]), jnp.arange(flat.shape[0])).reshape(*lead, n)

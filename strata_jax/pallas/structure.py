@@ -1,0 +1,184 @@
+"""The structure of a step program: which loops XLA runs, and which Pallas kernel operands XLA must copy.
+
+What makes a GPU step wait or copy is visible before it runs:
+
+* a while loop without a trip count XLA knows: XLA:GPU copies its predicate to the host every iteration
+  (`hlo_while_loops` reads the optimized HLO text, where a known count is annotated as ``known_trip_count``);
+* a loop at the XLA level at all (a ``lax.map`` over rows, a scan over layers), and a loop inside a kernel whose
+  bounds are traced values (`jaxpr_report` walks a traced program, kernel bodies included);
+* a Pallas-Triton call whose operand is a slice or gather of a weight or state array (a scan's per-layer slice of
+  stacked weights, ``state[slot]``): XLA materialises the slice, a device-to-device copy on every call
+  (`jaxpr_report`'s ``sliced_operands``).
+
+Used by tests/pallas/test_program_structure.py and `experiments/compile_probe.py` (``--structure``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+# primitives whose output is the operand's buffer seen differently (no copy when XLA lowers them)
+_VIEW = {"reshape", "squeeze", "expand_dims", "bitcast_convert_type", "copy_p"}
+# primitives that read part of an array (a copy when a custom call consumes the result)
+_SLICE = {"dynamic_slice", "slice", "gather", "index_in_dim", "dynamic_index_in_dim"}
+_CALLS = {"pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr",
+          "remat", "checkpoint", "jit"}
+
+
+def hlo_while_loops(hlo_text: str) -> list[dict]:
+    """The while loops of an optimized HLO module's text.
+
+    Returns:
+      one dict per ``while`` instruction: ``name``, ``trip_count`` (int, or None when XLA does not know it) and
+      ``op_name`` (the JAX name stack, e.g. ``jit(fn)/jit(_qmatmul)/qmatmul_Q8_0/while``).
+    """
+    out = []
+    for line in hlo_text.splitlines():
+        m = re.search(r"%(\S+) = .*\bwhile\(", line)
+        if not m:
+            continue
+        n = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
+        op = re.search(r'op_name="([^"]*)"', line)
+        out.append({"name": m.group(1), "trip_count": int(n.group(1)) if n else None,
+                    "op_name": op.group(1) if op else ""})
+    return out
+
+
+@dataclasses.dataclass
+class _Origin:
+    root: int | None  # index of the traced function's argument the value comes from (None: computed)
+    sliced: str | None = None  # the first slicing primitive on the way, if any
+
+
+@dataclasses.dataclass
+class Report:
+    """What `jaxpr_report` found.
+
+    Attributes:
+      kernels: names of the Pallas calls (one entry per call site).
+      xla_while: loops outside kernels whose trip count is a traced value (``while`` primitives).
+      xla_scan: loops outside kernels with a static trip count (scans: ``lax.map``, a layer scan).
+      kernel_while: loops inside kernel bodies with traced bounds.
+      barriers: ``optimization_barrier`` calls outside kernels.
+      sliced_operands: one dict per kernel operand that is a slice of an argument of the traced function:
+        ``kernel``, ``arg`` (the argument index), ``via`` (the slicing primitive), ``shape``, ``bytes``.
+    """
+
+    kernels: list = dataclasses.field(default_factory=list)
+    xla_while: list = dataclasses.field(default_factory=list)
+    xla_scan: list = dataclasses.field(default_factory=list)
+    kernel_while: list = dataclasses.field(default_factory=list)
+    barriers: int = 0
+    sliced_operands: list = dataclasses.field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {"kernels": len(self.kernels), "kernel_variants": len(set(self.kernels)),
+                "xla_while": len(self.xla_while), "xla_scan": len(self.xla_scan),
+                "kernel_while": len(self.kernel_while), "barriers": self.barriers,
+                "sliced_operands": len(self.sliced_operands),
+                "sliced_bytes": sum(s["bytes"] for s in self.sliced_operands)}
+
+
+def _subjaxprs(params):
+    for v in params.values():
+        for x in (v if isinstance(v, (tuple, list)) else (v,)):
+            if hasattr(x, "eqns"):
+                yield x
+            elif hasattr(x, "jaxpr") and hasattr(x.jaxpr, "eqns"):
+                yield x.jaxpr
+
+
+def _nbytes(aval) -> int:
+    return int(math.prod(aval.shape)) * aval.dtype.itemsize
+
+
+def _is_full(eqn) -> bool:
+    a, b = eqn.invars[0].aval, eqn.outvars[0].aval
+    return math.prod(a.shape) == math.prod(b.shape)
+
+
+def jaxpr_report(closed_jaxpr, arg_leaves: list[int] | None = None) -> Report:
+    """Walk a traced program (``jax.make_jaxpr(fn)(*args)`` or ``jitted.trace(*args).jaxpr``), kernel bodies and
+    nested calls included.
+
+    Args:
+      closed_jaxpr: the program.
+      arg_leaves: the number of flat inputs of each argument of the traced function (to name an input by its
+        argument: 0 = params, 1 = state for a stage function); None numbers the flat inputs instead.
+    """
+    rep = Report()
+    jaxpr = closed_jaxpr.jaxpr if hasattr(closed_jaxpr, "jaxpr") else closed_jaxpr
+    roots = []
+    if arg_leaves is None:
+        roots = list(range(len(jaxpr.invars)))
+    else:
+        for i, n in enumerate(arg_leaves):
+            roots += [i] * n
+    origins = {v: _Origin(r) for v, r in zip(jaxpr.invars, roots)}
+    _walk(jaxpr, origins, rep, in_kernel=False, kernel_name=None)
+    return rep
+
+
+def _walk(jaxpr, origins: dict, rep: Report, *, in_kernel: bool, kernel_name):
+    def origin(v):
+        return origins.get(v, _Origin(None)) if not hasattr(v, "val") else _Origin(None)
+
+    for eqn in jaxpr.eqns:
+        prim = eqn.primitive.name
+        if prim == "pallas_call":
+            name = eqn.params.get("name_and_src_info", None)
+            name = getattr(name, "name", None) or eqn.params.get("name") or "pallas_call"
+            rep.kernels.append(name)
+            for v in eqn.invars:
+                o = origin(v)
+                if o.root is not None and o.sliced:
+                    rep.sliced_operands.append({"kernel": name, "arg": o.root, "via": o.sliced,
+                                                "shape": tuple(v.aval.shape), "bytes": _nbytes(v.aval)})
+            for sub in _subjaxprs(eqn.params):
+                _walk(sub, {}, rep, in_kernel=True, kernel_name=name)
+            continue
+        if prim == "while":
+            (rep.kernel_while if in_kernel else rep.xla_while).append(kernel_name or prim)
+        elif prim == "scan" and not in_kernel:
+            rep.xla_scan.append(eqn.params.get("length"))
+        elif prim == "optimization_barrier" and not in_kernel:
+            rep.barriers += 1
+        ins = [origin(v) for v in eqn.invars]
+        if prim in _VIEW or (prim == "broadcast_in_dim" and _is_full(eqn)):
+            outs = [ins[0]] if ins else []
+        elif prim in _SLICE or prim.startswith("dynamic_slice"):
+            o = ins[0] if ins else _Origin(None)
+            full = _is_full(eqn)
+            outs = [_Origin(o.root, o.sliced or (None if full else prim)) if o.root is not None else _Origin(None)]
+        else:
+            outs = None
+        sub_origins = None
+        if prim in _CALLS or prim in ("cond", "while", "scan"):
+            subs = list(_subjaxprs(eqn.params))
+            if prim == "scan":
+                nc, nk = eqn.params["num_consts"], eqn.params["num_carry"]
+                sub_in = ins[:nc + nk] + [_Origin(o.root, o.sliced or "scan xs") if o.root is not None else o
+                                          for o in ins[nc + nk:]]
+                sub_origins = [sub_in]
+            elif prim == "cond":
+                sub_origins = [ins[1:]] * len(subs)
+            elif prim == "while":
+                cn, bn = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+                carry = ins[cn + bn:]
+                body, cond = eqn.params["body_jaxpr"].jaxpr, eqn.params["cond_jaxpr"].jaxpr
+                subs = [body, cond]
+                sub_origins = [ins[cn:cn + bn] + carry, ins[:cn] + carry]
+            else:
+                sub_origins = [ins] * len(subs)
+            for sub, so in zip(subs, sub_origins):
+                inner = {v: o for v, o in zip(sub.invars, so)}
+                _walk(sub, inner, rep, in_kernel=in_kernel, kernel_name=kernel_name)
+                if prim in _CALLS and outs is None:
+                    outs = [inner.get(v, _Origin(None)) if not hasattr(v, "val") else _Origin(None)
+                            for v in sub.outvars]
+        if outs is None:
+            outs = [_Origin(None)] * len(eqn.outvars)
+        for v, o in zip(eqn.outvars, outs):
+            origins[v] = o

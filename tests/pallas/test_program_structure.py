@@ -1,0 +1,103 @@
+"""The structure of the GPU step program (issue 12 items 1-2), checked on a CPU with the tiny qwen4exp fixture
+(``tests/fixtures/hybrid/qwen4exp_q8_0.gguf``: GDN, QSA and PLE layers, Q8_0 / F32 / F16 weights).
+
+Three programs, as the engine builds them (`strata_jax.pipeline.stages.build_stage_fn`, two slots): a prefill chunk
+(`PREFILL_CHUNK` rows, last-row logits), the one-row decode step (window + commit) and a T = 4 verify window.
+
+(1) `test_kernel_path_programs` traces them on the kernel path exactly as on a GPU (``STRATA_PALLAS_IMPL=kernel``
+    with the backend taken for a GPU: the Pallas calls are traced, not lowered) and walks the programs, kernel
+    bodies included (`strata_jax.pallas.structure.jaxpr_report`): no loop at the XLA level at all (no ``while``,
+    no ``scan`` -- neither the 8-row chunk loops, ``lax.map`` over rows, nor a layer scan), no
+    ``optimization_barrier``, no loop with traced bounds inside a kernel, and no kernel operand that is a slice
+    or gather of the weights or the state (XLA would copy it on every call). Cheap: tracing only.
+(2) `test_step_hlo_loops_known` compiles them for this CPU with every kernel in Pallas' interpreter
+    (``STRATA_PALLAS_IMPL=interpret``: the GPU program's structure) and reads the optimized HLO: every while loop
+    has a trip count XLA knows (``known_trip_count``), so none would copy its predicate to the host on a GPU.
+    The interpreter emulates each kernel's grid, and the kernels' own inner loops (fixed trip counts by design:
+    K chunks per split, the GDN steps, QSA cells per split), as XLA while loops; those loops do not exist in the
+    GPU program, where a kernel is one launch. The test therefore also requires every while loop to belong to a
+    kernel (its JAX name stack names one of the program's Pallas kernels), except the sampler's random-bits loop
+    (threefry, unrolled on GPU). Compiled at XLA's lowest backend optimisation level (the HLO passes that count
+    trip counts still run) to keep the test's minute of compile down.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from strata_jax.gguf.reader import open_gguf
+from strata_jax.models import build_stage, config_from_gguf
+from strata_jax.pallas import dispatch, structure
+from strata_jax.pipeline.engine import PREFILL_CHUNK
+from strata_jax.pipeline.stages import build_stage_fn, make_stage
+from strata_jax.sampling import RowSampling, SamplingParams
+from strata_jax.state import Rows
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "hybrid" / "qwen4exp_q8_0.gguf"
+MC = 64
+SLOTS = 2  # more than one slot: a gather of one slot's state would be a real copy
+PROGRAMS = [("prefill", PREFILL_CHUNK), ("step", 1), ("window", 4)]
+KERNEL_FAMILIES = ("qmatmul_", "gdn_scan", "qsa_attend", "qsa_scores", "rows_")
+
+
+def _programs(impl: str, monkeypatch):
+    """[(kind, T, jitted fn, args)] of the fixture's one stage, built and traced with STRATA_PALLAS_IMPL=impl."""
+    if not FIX.exists():
+        pytest.fail(f"committed fixture {FIX.name} is missing (experiments/parity/make_hybrid_fixtures.py makes it)")
+    monkeypatch.setenv("STRATA_PALLAS_IMPL", impl)
+    monkeypatch.delenv("STRATA_PALLAS_OPS", raising=False)
+    monkeypatch.delenv("STRATA_STACK_LAYERS", raising=False)
+    if impl == "kernel":
+        monkeypatch.setattr(dispatch, "on_gpu", lambda: True)
+    g = open_gguf(FIX)
+    cfg = config_from_gguf(g)
+    mod = build_stage(g, cfg, 0, cfg.n_layer, None)
+    stage = make_stage(mod, 0, None)
+    state = mod.init_state(SLOTS, MC)
+    table = type(mod).ple_table(g, cfg)
+    samp = RowSampling.make([SamplingParams(0.0)])
+    out = []
+    for kind, T in PROGRAMS:
+        rows = Rows.make([1], [3], [T])
+        toks = jnp.asarray(np.arange(T, dtype=np.int32)[None] % cfg.vocab_size)
+        ple = table.gather(np.stack([table.start_prev()]), np.asarray(toks))
+        fn = build_stage_fn(stage, kind, MC, "last" if kind == "prefill" else "all")
+        out.append((kind, T, fn, (stage.params, state, toks, rows, toks, samp, {"ple": jnp.asarray(ple)})))
+    return out
+
+
+def test_kernel_path_programs(monkeypatch):
+    for kind, T, fn, args in _programs("kernel", monkeypatch):
+        rep = structure.jaxpr_report(fn.trace(*args).jaxpr, [len(jax.tree.leaves(a)) for a in args])
+        what = f"{kind} (T={T})"
+        assert rep.kernels, f"{what}: no Pallas kernel on the kernel path"
+        names = set(rep.kernels)
+        for fam in ("qmatmul_", "gdn_scan", "qsa_attend", "rows_rms_norm"):
+            assert any(n.startswith(fam) for n in names), f"{what}: no {fam} kernel in {sorted(names)}"
+        assert not rep.xla_while, f"{what}: XLA while loops (traced trip counts): {rep.xla_while}"
+        assert not rep.xla_scan, f"{what}: XLA scans / maps of lengths {rep.xla_scan}"
+        assert rep.barriers == 0, f"{what}: {rep.barriers} optimization barriers"
+        assert not rep.kernel_while, f"{what}: kernel loops with traced bounds in {rep.kernel_while}"
+        assert not rep.sliced_operands, f"{what}: kernel operands copied from slices: {rep.sliced_operands}"
+
+
+@pytest.mark.slow
+def test_step_hlo_loops_known(monkeypatch):
+    opts = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+    for kind, T, fn, args in _programs("interpret", monkeypatch):
+        hlo = fn.lower(*args).compile(compiler_options=opts).as_text()
+        loops = structure.hlo_while_loops(hlo)
+        what = f"{kind} (T={T})"
+        assert loops, f"{what}: no while loop at all (the interpreter's grid loops are expected)"
+        unknown = [lp["op_name"] for lp in loops if lp["trip_count"] is None]
+        assert not unknown, f"{what}: {len(unknown)} of {len(loops)} while loops without a known trip count: " \
+                            f"{sorted(set(unknown))[:5]}"
+        outside = [lp["op_name"] for lp in loops
+                   if not any(f in lp["op_name"] for f in KERNEL_FAMILIES) and "threefry" not in lp["op_name"]
+                   and "_uniform" not in lp["op_name"]]
+        assert not outside, f"{what}: while loops outside the kernels: {sorted(set(outside))[:5]}"
