@@ -143,11 +143,16 @@ def test_batch_streams_labelled_lines_and_sizes_the_slots(model_path, tmp_path):
 @pytest.mark.slow
 def test_verbose_log_lines_never_inside_text(model_path):
     """--verbose with stdout and stderr on one stream: every log record starts a line (the decode step's compile
-    is logged after the first streamed token), and the text reads the same as without logs."""
+    is logged after the first streamed token), and the text reads the same as without logs. The run is split over
+    two CPU devices (the suite's XLA_FLAGS give four): it says its stages and their devices."""
     args = ["--model", model_path("smollm2-135m"), "--prompt", "Once upon a time", "--max_new_tokens", "6",
-            "--max_context", "64"]
+            "--max_context", "64", "--layer_split", "15"]
     plain = _run(*args)
     assert plain.returncode == 0, plain.stderr[-2000:]
+    err = plain.stderr.splitlines()
+    assert any(ln.startswith("stage 0 (layers 0..14, ") for ln in err), plain.stderr[-2000:]
+    assert any(ln.startswith("stage 1 (layers 15..29, ") for ln in err), plain.stderr[-2000:]
+    assert ", 2 stages |" in err[-1], err[-1]
     proc = subprocess.run([sys.executable, "-m", "strata_jax.cli.generate", *args, "--verbose"],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:]
@@ -155,5 +160,6 @@ def test_verbose_log_lines_never_inside_text(model_path):
     lines = proc.stdout.splitlines()
     assert any("compiled (0, 'step'" in ln for ln in lines), proc.stdout[-2000:]
     assert all(m.start() == 0 for ln in lines for m in log.finditer(ln)), proc.stdout[-3000:]
-    text = "".join(ln for ln in lines if not log.match(ln) and not ln.startswith(("[loaded", "compil")))
+    notes = ("[loaded", "compil", "stage ", "hand-off: ")
+    text = "".join(ln for ln in lines if not log.match(ln) and not ln.startswith(notes))
     assert text.strip() == plain.stdout.strip(), (text, plain.stdout)
