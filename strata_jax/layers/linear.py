@@ -31,27 +31,28 @@ _DEQUANT_ROWS = 4096  # rows dequantized per call at load (bounds the decoder's 
 
 
 @contextlib.contextmanager
+def _loading(**settings):
+    """Set this thread's load settings (`blocks_as_f32`, `load_progress`) for the context, then restore them."""
+    old = {k: getattr(_LOAD, k, None) for k in settings}
+    for k, v in settings.items():
+        setattr(_LOAD, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(_LOAD, k, v)
+
+
 def blocks_as_f32(enabled: bool = True):
     """Within this context `load_raw` returns block-format tensors dequantized to float32 (qtype F32); see the
     module docstring. Float formats are left as stored."""
-    old = getattr(_LOAD, "f32", False)
-    _LOAD.f32 = bool(enabled)
-    try:
-        yield
-    finally:
-        _LOAD.f32 = old
+    return _loading(f32=bool(enabled))
 
 
-@contextlib.contextmanager
 def load_progress(callback):
     """Within this context `load_raw` calls ``callback(nbytes)`` after placing each tensor, with the bytes it read
     from the file (a progress bar over the bytes loaded). None: no calls."""
-    old = getattr(_LOAD, "progress", None)
-    _LOAD.progress = callback
-    try:
-        yield
-    finally:
-        _LOAD.progress = old
+    return _loading(progress=callback)
 
 
 def _loaded(info) -> None:
