@@ -52,6 +52,10 @@ flags.DEFINE_integer("compile_cache_size", 32, "Most compiled window functions k
 flags.DEFINE_string("xla_cache_dir", None, "JAX's persistent compilation cache: compiled programs are kept here "
                     "and read back by later runs of the same model and shapes (the stats line counts the programs "
                     "read and written). Default: <cache>/xla (see --cache_dir). Empty string: off.")
+flags.DEFINE_bool("gpu_graphs", True, "On a GPU: replay each step's kernel launches as CUDA graphs (XLA command "
+                  "buffers), and pin XLA's autotuning choices in <xla cache>/autotune (off with --xla_cache_dir '') so a "
+                  "second start compiles the same programs. --nogpu_graphs launches kernels one by one (for profiles). "
+                  "No effect on a CPU.")
 flags.DEFINE_bool("verbose", False, "Log compiles (and JAX's own logs) to stderr, each record on a line of its own, "
                   "and show tracebacks.")
 
@@ -179,6 +183,26 @@ def xla_cache_path() -> str | None:
     if FLAGS.xla_cache_dir is not None:
         return os.path.expanduser(FLAGS.xla_cache_dir) or None
     return str(cache_dir(FLAGS.cache_dir) / "xla")
+
+
+def _cuda_plugin_installed() -> bool:
+    import importlib.metadata
+
+    return any((d.metadata.get("Name") or "").lower().replace("_", "-").startswith("jax-cuda")
+               for d in importlib.metadata.distributions())
+
+
+def apply_gpu_flags() -> None:
+    """`--gpu_graphs`: XLA:GPU's command buffers and pinned autotuning (`strata_jax.pallas.gpu_flags`), set in
+    ``XLA_FLAGS`` before JAX starts its backend; flags the user already set there win. Nothing on a machine
+    without JAX's CUDA plugin."""
+    if not _cuda_plugin_installed():
+        return
+    from strata_jax.pallas import gpu_flags
+
+    xla = xla_cache_path()
+    autotune = f"cache:{os.path.join(xla, 'autotune')}" if (FLAGS.gpu_graphs and xla) else "off"
+    gpu_flags.apply(gpu_flags.xla_flags(command_buffers=FLAGS.gpu_graphs, autotune=autotune))
 
 
 def default_sampling():
@@ -408,6 +432,7 @@ def run_command(main, module_name: str, doc: str) -> None:
 
     def guarded(argv):
         try:
+            apply_gpu_flags()  # before JAX starts a backend
             sys.exit(main(argv))
         except StrataError as e:
             if FLAGS.verbose:
