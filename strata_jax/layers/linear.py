@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
 
 import jax
@@ -29,7 +30,7 @@ import numpy as np
 from flax import nnx
 from gguf.constants import GGMLQuantizationType as Q
 
-from strata_jax.errors import StrataError
+from strata_jax.errors import StrataError, UnsupportedError
 from strata_jax.gguf import blocks
 from strata_jax.pallas.quant_matmul import qmatmul
 from strata_jax.state import Rows
@@ -89,7 +90,7 @@ def _shape_text(shape) -> str:
     return "[" + ", ".join("*" if d is None else str(int(d)) for d in shape) + "]"
 
 
-def check_tensor(g, name: str, shape, formats=None) -> tuple[int, ...]:
+def check_tensor(g, name: str, shape, formats=None, reshape: bool = False) -> tuple[int, ...]:
     """The one check of a tensor against what the metadata says (llama.cpp's ``check_tensor_dims``).
 
     Args:
@@ -99,20 +100,30 @@ def check_tensor(g, name: str, shape, formats=None) -> tuple[int, ...]:
         `strata_jax.config.Dim` s (their keys are named in the message) or None (any size). The stored shape must
         equal it; extra leading dims must be 1 (``[1, D]`` for an expected ``[D]``, as ggml allows).
       formats: the block formats allowed for the tensor's role (None: any format the engine reads).
+      reshape: only the element count must match (llama.cpp's ``TENSOR_ALLOW_RESHAPE``: a vector stored as
+        ``[hc, D]`` for an expected ``[hc * D]``); ``shape`` must then have no None.
 
     Returns:
-      The stored shape without the extra leading 1s (the rank of ``shape``).
+      The shape to read the tensor at: the stored one without the extra leading 1s, or ``shape`` with ``reshape``.
 
     Raises:
       StrataError: one line naming the file and the tensor: missing; ``has shape [a, b], the metadata expects [c, d]
         (from <arch>.<key>=<value>, ...)``; stored in a format outside ``formats``.
-      UnsupportedError: a block format the engine cannot read (`strata_jax.gguf.blocks.check_supported`).
+      UnsupportedError: a block format the engine cannot read.
     """
     info = g.info(name)
-    blocks.check_supported(info.qtype, name)
+    if info.qtype not in blocks.SUPPORTED:
+        raise UnsupportedError(f"{g.path}: unsupported block format {blocks.format_name(info.qtype)} for tensor "
+                               f"{name!r}")
     got, want = tuple(info.shape), tuple(shape)
     lead = len(got) - len(want)
-    if lead < 0 or any(d != 1 for d in got[:lead]) or any(w is not None and w != d for w, d in zip(want, got[lead:])):
+    reshape = reshape and None not in want
+    if reshape:
+        ok = math.prod(got) == math.prod(want)
+    else:
+        ok = lead >= 0 and all(d == 1 for d in got[:lead]) and all(w is None or w == d
+                                                                    for w, d in zip(want, got[lead:]))
+    if not ok:
         src = []
         for w in want:
             src += [s for s in getattr(w, "src", ()) if s not in src]
@@ -122,12 +133,13 @@ def check_tensor(g, name: str, shape, formats=None) -> tuple[int, ...]:
         allowed = ", ".join(blocks.format_name(f) for f in sorted(formats, key=int))
         raise StrataError(f"{g.path}: tensor {name!r} is stored as {blocks.format_name(info.qtype)}; its role takes "
                           f"only {allowed}")
-    return got[lead:]
+    return tuple(int(w) for w in want) if reshape else got[lead:]
 
 
-def load_raw(g, name: str, device=None, *, shape, formats=None):
+def load_raw(g, name: str, device=None, *, shape, formats=None, reshape: bool = False):
     """A tensor's data as stored, placed on ``device`` (no dequantization), after `check_tensor` (``shape``: the
-    logical shape the caller expects from the config; ``formats``: the block formats its role allows).
+    logical shape the caller expects from the config; ``formats``: the block formats its role allows; ``reshape``:
+    any stored shape of as many values, read at ``shape``).
 
     Returns:
       (array, qtype, shape): uint8 [rows..., row_bytes] for block formats, float32/float16/bfloat16 [shape] for
@@ -138,7 +150,7 @@ def load_raw(g, name: str, device=None, *, shape, formats=None):
       StrataError: missing tensor, a shape that disagrees with ``shape``, a format outside ``formats``;
       UnsupportedError: a block format the engine cannot read.
     """
-    shape = check_tensor(g, name, shape, formats)
+    shape = check_tensor(g, name, shape, formats, reshape)
     qtype = g.info(name).qtype
     if getattr(_LOAD, "dry", False):
         if qtype in FLOAT_FORMATS:
@@ -168,8 +180,9 @@ def load_raw(g, name: str, device=None, *, shape, formats=None):
 
 def load_f32(g, name: str, device=None, *, shape) -> jax.Array:
     """A small tensor as float32 [shape] on ``device``: norms, biases, gates, conv weights. Its role needs a float
-    format (F32, F16 or BF16: what llama.cpp's converters write for them); ``shape`` as `load_raw`."""
-    arr, qtype, shape = load_raw(g, name, device, shape=shape, formats=FLOAT_FORMATS)
+    format (F32, F16 or BF16: what llama.cpp's converters write for them); ``shape`` as `load_raw`; a vector
+    (1-D ``shape``) may be stored in any shape of as many values (its order is the same)."""
+    arr, qtype, shape = load_raw(g, name, device, shape=shape, formats=FLOAT_FORMATS, reshape=len(shape) == 1)
     return jnp.asarray(arr, jnp.float32).reshape(shape)
 
 

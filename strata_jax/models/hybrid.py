@@ -162,8 +162,9 @@ def make_mixer(g, cfg: HybridConfig, i: int, device=None):
                              d_v=d.ssm_d_v, conv_kernel=d.ssm_conv, v_order=cfg.v_order, gate_act=cfg.gdn_gate,
                              rms_eps=cfg.rms_eps, device=device)
     ratio = cfg.idx_ratio[i] if i < len(cfg.idx_ratio) else 0
+    # a layer with a compress ratio needs its indexer tensors (llama.cpp requires them on every attention layer)
     indexer = (dict(n_heads=d.idx_heads, head_dim=d.idx_head_dim, ratio=ratio, budget=cfg.idx_budget)
-               if ratio > 0 and g.has(p + "indexer.q_proj.weight") else None)
+               if ratio > 0 else None)
     return GatedAttention(g, p, dim=d.n_embd, n_head=d.n_head, n_head_kv=d.n_head_kv, head_dim=d.head_dim,
                           rope_dim=cfg.rope_dim, rope_theta=cfg.rope_theta, rms_eps=cfg.rms_eps, indexer=indexer,
                           device=device)
