@@ -42,15 +42,20 @@ _DEQUANT_ROWS = 4096  # rows dequantized per call at load (bounds the decoder's 
 
 
 @contextlib.contextmanager
-def blocks_as_f32(enabled: bool = True):
-    """Within this context `load_raw` returns block-format tensors dequantized to float32 (qtype F32); see the
-    module docstring. Float formats are left as stored."""
-    old = getattr(_LOAD, "f32", False)
-    _LOAD.f32 = bool(enabled)
+def _load_flag(name: str, value: bool):
+    """Set the loaders' thread-local flag ``name`` within the context (`blocks_as_f32`, `dry_run`)."""
+    old = getattr(_LOAD, name, False)
+    setattr(_LOAD, name, bool(value))
     try:
         yield
     finally:
-        _LOAD.f32 = old
+        setattr(_LOAD, name, old)
+
+
+def blocks_as_f32(enabled: bool = True):
+    """Within this context `load_raw` returns block-format tensors dequantized to float32 (qtype F32); see the
+    module docstring. Float formats are left as stored."""
+    return _load_flag("f32", enabled)
 
 
 @functools.partial(jax.jit, static_argnames=("qtype", "n_cols"))
@@ -73,17 +78,11 @@ def _dequantize_rows(raw: np.ndarray, qtype, n_cols: int, device) -> jax.Array:
     return jax.device_put(out.reshape(*lead, n_cols), device)
 
 
-@contextlib.contextmanager
 def dry_run():
     """Within this context (run under `flax.nnx.eval_shape`) `load_raw` checks each tensor (`check_tensor`) and
     returns zeros of the shape and dtype it would load, reading no data: a stage built so is checked whole before
     any weight is placed (`strata_jax.models.registry.check_stages`)."""
-    old = getattr(_LOAD, "dry", False)
-    _LOAD.dry = True
-    try:
-        yield
-    finally:
-        _LOAD.dry = old
+    return _load_flag("dry", True)
 
 
 def _shape_text(shape) -> str:
