@@ -170,18 +170,23 @@ def dequant_rows(raw: jax.Array, qtype, dim: int) -> jax.Array:
 
 
 class PLEBlock(nnx.Module):
-    """The gated PLE update of the residual streams (see module docstring)."""
+    """The gated PLE update of the residual streams (see module docstring).
 
-    def __init__(self, g, prefix: str, *, hc: int, dim: int, conv_kernel: int, dilation: int, eps: float,
+    Args: g; prefix ``"blk.L."``; hc; dim: D; emb: E, the width of a token's gathered table rows (heads x table
+    columns); conv_kernel: K; dilation; eps. Tensors (expected shapes): ``ple_key`` [hc*D, E], ``ple_value`` [D, E],
+    ``ple_norm_{key,query,conv}`` [hc*D], ``ple_conv1d`` [hc*D, K]."""
+
+    def __init__(self, g, prefix: str, *, hc: int, dim: int, emb: int, conv_kernel: int, dilation: int, eps: float,
                  device=None):
         p = prefix
-        self.hc, self.D, self.K, self.dil, self.eps = hc, dim, conv_kernel, dilation, eps
-        self.wkey = QLinear.from_gguf(g, p + "ple_key.weight", device)
-        self.wvalue = QLinear.from_gguf(g, p + "ple_value.weight", device)
-        self.norm_key = nnx.Param(load_f32(g, p + "ple_norm_key.weight", device).reshape(-1))
-        self.norm_query = nnx.Param(load_f32(g, p + "ple_norm_query.weight", device).reshape(-1))
-        self.norm_conv = nnx.Param(load_f32(g, p + "ple_norm_conv.weight", device).reshape(-1))
-        self.conv_w = nnx.Param(load_f32(g, p + "ple_conv1d.weight", device).reshape(hc * dim, conv_kernel))
+        self.hc, self.D, self.K, self.dil, self.eps = int(hc), int(dim), int(conv_kernel), int(dilation), eps
+        C = hc * dim
+        self.wkey = QLinear.from_gguf(g, p + "ple_key.weight", device, shape=(C, emb))
+        self.wvalue = QLinear.from_gguf(g, p + "ple_value.weight", device, shape=(dim, emb))
+        self.norm_key = nnx.Param(load_f32(g, p + "ple_norm_key.weight", device, shape=(C,)))
+        self.norm_query = nnx.Param(load_f32(g, p + "ple_norm_query.weight", device, shape=(C,)))
+        self.norm_conv = nnx.Param(load_f32(g, p + "ple_norm_conv.weight", device, shape=(C,)))
+        self.conv_w = nnx.Param(load_f32(g, p + "ple_conv1d.weight", device, shape=(C, conv_kernel)))
 
     @property
     def hist_len(self) -> int:

@@ -24,7 +24,7 @@ from strata_jax.config import ModelConfig
 from strata_jax.errors import StrataError
 from strata_jax.gguf import open_gguf
 from strata_jax.layers.linear import blocks_as_f32, load_progress
-from strata_jax.models.registry import family_of, mtp_head
+from strata_jax.models.registry import check_stages, family_of, mtp_head
 from strata_jax.pipeline.stages import (Stage, build_commit_fn, build_mtp_fn, build_stage_fn, make_stage,
                                        parse_layer_split)
 from strata_jax.pipeline.windows import CompileCache
@@ -85,6 +85,7 @@ class Engine:
         devices = list(devices) if devices is not None else jax.devices()
         ranges = parse_layer_split(layer_split, self.cfg.n_layer, len(devices))
         self.weights = _resolve_weights(weights, self.gguf, devices[:len(ranges)])
+        check_stages(self.gguf, self.cfg, ranges)  # every tensor against the metadata before any is placed
         self.stages: list[Stage] = []
         bar = _load_bar(self.gguf, self.cfg, len(ranges), self.weights, progress)
         for i, (a, b) in enumerate(ranges):
