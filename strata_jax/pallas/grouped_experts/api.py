@@ -1,6 +1,6 @@
 """Public API: `moe_experts`, the routed experts of a MoE block (SwiGLU, GGUF-quantized stacked weights).
 
-Source: spec MODEL.md §1.5 (routed expert e: ``down_e(silu(gate_e x) * up_e x)``, output ``sum_k w_k expert_k(x)``);
+Source: the MoE block (routed expert e: ``down_e(silu(gate_e x) * up_e x)``, output ``sum_k w_k expert_k(x)``);
 HF transformers Qwen3-Next / Qwen3.5-MoE sparse MoE block; GGUF tensors ``ffn_{gate,up,down}_exps`` (ggml ne
 [H, n_ff, E] for gate/up and [n_ff, H, E] for down, i.e. numpy [E, n_ff, row] and [E, H, row]).
 

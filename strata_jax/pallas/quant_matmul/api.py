@@ -1,7 +1,7 @@
 """Public API: `qmatmul`, a matmul of activations by a GGUF block-quantized weight matrix.
 
 Source: GGUF block layouts from ggml (``ggml/src/ggml-common.h`` structs, ``dequantize_row_*`` in
-``ggml/src/ggml-quants.c``); spec MODEL.md §2.2 (which formats the shipped models use).
+``ggml/src/ggml-quants.c``); the formats the shipped GGUF models use.
 
 ``qmatmul(x, w_raw, qtype, n_out, k_in, *, impl="auto", row_groups=False) -> float32 [M, n_out]``
 
