@@ -9,7 +9,7 @@ Usage (CPU, 4 host devices):
   XLA_FLAGS=--xla_force_host_platform_device_count=4 python experiments/batch_exactness.py \
       --model smollm2-135m --stages 2 --modes serial,pipelined,batch_mtp,piped_mtp --new 8
   ... --model tests/fixtures/hybrid/qwen3next_f32.gguf --stages 2
-The anchor's workload (seed 000: 32 requests x 512 tokens, 4 concurrent), on GPUs, with MTP proposals:
+The anchor's workload (Strata PR #1253's: 32 requests x 512 tokens, 4 concurrent), on GPUs, with MTP proposals:
   python experiments/batch_exactness.py --model qwen4exp_mtp.gguf --stages 2 --slots 4 --requests 32 --new 512 \
       --draft mtp --max_context 1024
 ``--model`` may be a registry name, a .gguf path, or a header file made by ``python -m

@@ -2,19 +2,38 @@
 
 Usage:
   python experiments/bench_kernels.py --out bench.json            # on the GPU (H200): full sizes
+  python experiments/bench_kernels.py --only formats,head,prefill,moe_variants --budget_s 170 --out k.json
   python experiments/bench_kernels.py --small --out /tmp/b.json   # smoke test anywhere (CPU: kernels interpreted)
+  python experiments/bench_kernels.py --small --lower cuda --only formats,prefill --out /tmp/l.json
+                                                                  # CPU: lower every case for CUDA, time nothing
 
-What it measures (each timing = median of --iters calls of a jitted function after warm-up, synchronised with
-block_until_ready):
+What it measures (each timing = best of 3 batches of --iters calls of a jitted function after warm-up,
+synchronised with block_until_ready):
   * ceiling: a bf16 GEMV of a large matrix (8192 x 28672 = 470 MB; 1, 4 and 8 rows) through XLA (cuBLAS), and a
     plain reduction over the same bytes. ceiling_GBps = the best bytes-read / time among them. This is "the
     H200's bandwidth ceiling" as seen by XLA in this very run.
-  * sections (--only): qmatmul, gdn, moe, qsa (default: all four) and sweep_qmatmul (launch-config search).
-  * each op, for the kernel path and the plain-jnp reference path: time, bytes the op must read at least (weights
-    / state once per call, activations), achieved GB/s and that as a fraction of the ceiling.
+  * sections (--only): qmatmul, gdn, moe, qsa (default: all four), sweep_qmatmul (launch-config search), and the
+    kernel variants of issues 13 / 14, side by side per case:
+      formats       every block format (the shipped models' first) at 1 / 2 / 4 / 8 rows on 8192 x 28672:
+                    ``bytes`` (the kernel on the GGUF bytes), ``planar_fma`` (planar GEMV, float32 FMAs),
+                    ``planar_tc`` (tensor-core GEMV, bf16x3);
+      head          the Flash-Next output head, 248,320 x 2,560 Q6_K, at 1 and 8 rows;
+      prefill       the prefill GEMM at chunks of 64 / 128 / 256 / 512 rows: ``bytes`` (TF32x3 dot), ``planar_tc``
+                    at bf16 / bf16x2 / bf16x3, ``jnp``; also TFLOP/s;
+      moe_variants  the Flash-Next experts (Q2_K gate/up, Q4_0 down, 512 x top-10) at 1 / 4 / 8 window rows and a
+                    128-row prefill chunk, GGUF bytes vs planar (window: union-slot GEMV; prefill: sorted grouped
+                    GEMM);
+      sweep_planar  launch configurations of the planar GEMV and the tensor-core GEMV (BN / G / warps).
+  * each op and path: time, bytes the op must read at least (the weights as the path stores them -- GGUF bytes or
+    the planar words -- once per call, plus activations), achieved GB/s and that as a fraction of the ceiling.
+  * --budget_s: cases are started only while their section is within its share of the budget (formats 3, prefill
+    1.5, other sections 1; time a section leaves unused passes on), in priority order (the shipped formats and 1
+    and 8 rows first); the rest are listed as skipped.
 
-Prints a table and writes JSON: {"device", "jax", "ceiling": [...], "ceiling_GBps", "rows": [...]} to --out.
-On a machine without a GPU the kernel column runs Pallas' interpreter (--small only; its times mean nothing).
+Prints a table per section and a summary of the best variant per format, and writes JSON {"device", "jax",
+"ceiling": [...], "ceiling_GBps", "rows": [...], "summary": [...], "skipped": [...]} to --out. On a machine without
+a GPU the kernel columns run Pallas' interpreter (--small only; its times mean nothing); --lower cuda instead
+lowers every case for a GPU (Pallas -> Triton IR, no compile) and records each kernel's IR size.
 """
 
 from __future__ import annotations
@@ -51,52 +70,92 @@ def timeit(fn, args, iters: int, warmup: int = 2, reps: int = 3) -> float:
 
 
 def random_weight(rng, qtype, n_out, k_in, lead=()):
-    """Random GGUF blocks with finite fp16 scales (see tests/pallas/pallas_testlib.py)."""
-    f16 = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q2_K": (80, 82),
-           "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
-    if qtype in (Q.F32, Q.F16, Q.BF16):
-        dt = {Q.F32: jnp.float32, Q.F16: jnp.float16, Q.BF16: jnp.bfloat16}[qtype]
-        return (jax.random.normal(jax.random.key(int(rng.integers(1 << 30))), (*lead, n_out, k_in)) * 0.1).astype(dt)
-    qb, bpb = GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, (*lead, n_out, k_in // qb, bpb), dtype=np.uint8)
-    for off in f16.get(qtype.name, ()):
-        scale = {"Q8_0": 1.5e-3, "Q4_0": 0.02, "Q4_1": 0.01, "Q5_0": 0.01, "Q5_1": 0.005, "Q2_K": 5e-3,
-                 "Q3_K": 1e-3, "Q4_K": 2e-4, "Q5_K": 1e-4, "Q6_K": 1e-4}[qtype.name]
-        d = (rng.uniform(0.5, 1, raw.shape[:-1]) * scale).astype(np.float16)
-        raw[..., off:off + 2] = d.view(np.uint8).reshape(*raw.shape[:-1], 2)
-    return jnp.asarray(raw.reshape(*lead, n_out, -1))
+    """Random GGUF blocks with finite fp16 scales (`strata_jax.testing.blocks`), as a device array."""
+    from strata_jax.testing.blocks import random_blocks
+    return jnp.asarray(random_blocks(rng, qtype, n_out, k_in, lead))
 
 
 class Bench:
-    def __init__(self, iters, kernel_impl):
+    def __init__(self, iters, kernel_impl, budget_s=None, lower=None):
         self.iters = iters
         self.kernel_impl = kernel_impl
+        self.interpret = kernel_impl != "kernel"
         self.rows = []
         self.ceiling = []
         self.ceiling_GBps = None
+        self.deadline = None if budget_s is None else time.perf_counter() + budget_s
+        self.skipped = []
+        self.lower = lower
 
-    def add(self, op, case, nbytes, fns, args):
-        row = {"op": op, "case": case, "bytes": int(nbytes)}
+    def out_of_time(self, op, case) -> bool:
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            self.skipped.append(f"{op} {case}")
+            return True
+        return False
+
+    def add(self, op, case, nbytes, fns, args, flops=None, extra=None):
+        """Time each path's fn(*args); ``nbytes`` int or {path: bytes} (paths that store the weight differently)."""
+        if self.out_of_time(op, case):
+            return None
+        row = {"op": op, "case": case, **(extra or {})}
         for path, fn in fns.items():
+            nb = nbytes[path] if isinstance(nbytes, dict) else nbytes
+            row[f"{path}_bytes"] = int(nb)
             try:
+                if self.lower:
+                    row[f"{path}_ir"] = lower_ir(fn, args, self.lower)
+                    continue
                 t = timeit(fn, args, self.iters)
                 row[f"{path}_us"] = t * 1e6
-                row[f"{path}_GBps"] = nbytes / t / 1e9
+                row[f"{path}_GBps"] = nb / t / 1e9
+                if flops:
+                    row[f"{path}_TFLOPs"] = flops / t / 1e12
                 if self.ceiling_GBps:
-                    row[f"{path}_frac"] = nbytes / t / 1e9 / self.ceiling_GBps
+                    row[f"{path}_frac"] = nb / t / 1e9 / self.ceiling_GBps
             except Exception as e:  # keep going: one failing case must not hide the others
                 row[f"{path}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         self.rows.append(row)
-        fmt = lambda p: (f"{row[p + '_us']:9.1f} us {row.get(p + '_frac', 0):5.2f}" if p + "_us" in row
-                         else f"{'ERR':>18}")
-        print(f"{op:<14} {case:<34} {nbytes / 1e6:9.2f} MB | kernel {fmt('kernel')} | jnp {fmt('jnp')}",
-              flush=True)
+        nb0 = nbytes if not isinstance(nbytes, dict) else max(nbytes.values())
+
+        def fmt(p):
+            if p + "_ir" in row:
+                return f"{p} IR {row[p + '_ir']['ops']:5d} ops"
+            if p + "_us" not in row:
+                return f"{p} {'ERR':>15}"
+            return f"{p} {row[p + '_us']:8.1f} us {row.get(p + '_frac', 0):4.2f}"
+        print(f"{op:<13} {case:<40} {nb0 / 1e6:8.2f} MB | " + " | ".join(fmt(p) for p in fns), flush=True)
         for p in fns:
             if p + "_error" in row:
                 print(f"    {p}: {row[p + '_error']}", flush=True)
+        return row
+
+
+def lower_ir(fn, args, platform):
+    """Lower fn(*args) for ``platform`` (no compile); the Triton IR size of the Pallas kernels it holds."""
+    from jax._src.pallas.triton import lowering as _tl
+
+    seen = []
+    orig = _tl.lower_jaxpr_to_triton_module
+
+    def hook(jaxpr, *a, **k):
+        res = orig(jaxpr, *a, **k)
+        asm = res.module.operation.get_asm()
+        seen.append({"ops": asm.count(" = "), "loads": asm.count("tt.load"), "dots": asm.count("tt.dot")})
+        return res
+
+    _tl.lower_jaxpr_to_triton_module = hook
+    try:
+        jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,))
+    finally:
+        _tl.lower_jaxpr_to_triton_module = orig
+    return {"kernels": len(seen), "ops": sum(k["ops"] for k in seen), "loads": sum(k["loads"] for k in seen),
+            "dots": sum(k["dots"] for k in seen)}
 
 
 def bench_ceiling(b: Bench, small: bool):
+    if b.lower:
+        b.ceiling_GBps = None
+        return
     n, k = (512, 1024) if small else (8192, 28672)
     key = jax.random.key(0)
     w = jax.random.normal(key, (n, k), jnp.bfloat16)
@@ -230,9 +289,176 @@ def sweep_qmatmul(b: Bench, small: bool, rng):
                 f"{t * 1e6:.0f}us {wbytes / t / 1e9 / b.ceiling_GBps:.2f} {g}" for t, g in res[:3]), flush=True)
 
 
+
+# --- the kernel variants of issues 13 / 14 -------------------------------------------------------------------------
+
+# the shipped models' formats first (Qwen2.5-Coder 1.5B: Q4_K / Q6_K; Flash-Next: Q2_K / Q4_0 / Q8_0 / BF16 and the
+# IQ files' experts), then the rest of the list
+FORMAT_ORDER = [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q2_K, Q.Q4_0, Q.BF16, Q.IQ4_NL, Q.IQ4_XS, Q.IQ2_S, Q.IQ3_S, Q.IQ2_XS,
+                Q.IQ3_XXS, Q.IQ1_M, Q.Q5_0, Q.Q5_K, Q.Q3_K, Q.Q4_1, Q.Q5_1, Q.F16, Q.IQ2_XXS, Q.IQ1_S]
+FLOATS = (Q.F32, Q.F16, Q.BF16)
+
+
+def _weights(rng, qt, n, k, lead=()):
+    """(GGUF array, planar / float array the planar kernels read)."""
+    from strata_jax.pallas.quant_matmul import planar
+    w = random_weight(rng, qt, n, k, lead)
+    return w, (w if qt in FLOATS else planar.repack(w, qtype=qt, n_cols=k))
+
+
+def _nbytes(a):
+    return a.size * a.dtype.itemsize
+
+
+def _gemv_paths(b: Bench, qt, n, k, with_jnp: bool):
+    """{path: fn(x, w_raw, w_planar)} of the GEMV variants for one weight."""
+    from strata_jax.pallas.quant_matmul import gemm as G, gemv as V, kernel as K, reference as R
+    it = b.interpret
+    fns = {}
+    if qt in K.FORMATS or qt in FLOATS:
+        fns["bytes"] = jax.jit(lambda x, w, wp: K.qmatmul_kernel(x, w, qt, n, k, interpret=it))
+    fns["planar_fma"] = jax.jit(lambda x, w, wp: V.gemv(x, wp, qt, n, k, interpret=it))
+    fns["planar_tc"] = jax.jit(lambda x, w, wp: G.gemm(x, wp, qt, n, k, interpret=it, precision="bf16x3",
+                                                       cfg=G.GEMV_TC))
+    if with_jnp:
+        fns["jnp"] = jax.jit(lambda x, w, wp: R.qmatmul(x, w, qt, n, k))
+    return fns
+
+
+def bench_formats(b: Bench, small: bool, rng):
+    """Every format x GEMV variant at 1 / 2 / 4 / 8 rows (1 and 8 first, for all formats, then 2 and 4)."""
+    n, k = (64, 512) if small else (8192, 28672)
+    types = FORMAT_ORDER[:4] + [Q.IQ2_S, Q.BF16] if small else FORMAT_ORDER
+    for ms in ((1, 8), (2, 4)):
+        for qt in types:
+            if b.deadline is not None and time.perf_counter() > b.deadline:
+                b.skipped += [f"formats {qt.name} M={m}" for m in ms]
+                continue
+            w, wp = _weights(rng, qt, n, k)
+            nb = {"bytes": _nbytes(w), "planar_fma": _nbytes(wp), "planar_tc": _nbytes(wp), "jnp": _nbytes(w)}
+            fns = _gemv_paths(b, qt, n, k, with_jnp=False)  # the jnp path of a 0.9 GB f32 copy: section qmatmul
+            for m in ms:
+                x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+                b.add("formats", f"{qt.name} {n}x{k} M={m}", {p: v + x.size * 4 + m * n * 4 for p, v in nb.items()},
+                      fns, (x, w, wp), extra={"format": qt.name, "M": m})
+            del w, wp
+
+
+def bench_head(b: Bench, small: bool, rng):
+    """The Flash-Next output head (248,320 x 2,560 Q6_K, 0.52 GB) at 1 and 8 rows."""
+    n, k = (1000, 512) if small else (248320, 2560)
+    qt = Q.Q6_K
+    w, wp = _weights(rng, qt, n, k)
+    fns = _gemv_paths(b, qt, n, k, with_jnp=False)
+    for m in (1, 8):
+        x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+        nb = {"bytes": _nbytes(w), "planar_fma": _nbytes(wp), "planar_tc": _nbytes(wp)}
+        b.add("head", f"{qt.name} {n}x{k} M={m}", {p: v + x.size * 4 + m * n * 4 for p, v in nb.items()}, fns,
+              (x, w, wp), extra={"format": qt.name, "M": m})
+
+
+def bench_prefill(b: Bench, small: bool, rng):
+    """The prefill GEMM per chunk size: bytes (TF32x3 dot) vs planar tensor cores at each precision vs jnp."""
+    from strata_jax.pallas.quant_matmul import gemm as G, kernel as K, reference as R
+    n, k = (64, 512) if small else (8960, 1536)   # the 1.5B shape's FFN up projection
+    types = [Q.Q4_K, Q.IQ4_XS] if small else [Q.Q4_K, Q.Q6_K, Q.Q2_K, Q.Q8_0, Q.Q4_0, Q.IQ4_XS, Q.IQ2_S, Q.BF16]
+    chunks = (64, 128) if small else (64, 128, 256, 512)
+    it = b.interpret
+    for qt in types:
+        w, wp = _weights(rng, qt, n, k)
+        fns = {}
+        if qt in K.FORMATS or qt in FLOATS:
+            fns["bytes"] = jax.jit(lambda x, w, wp: K.qmatmul_kernel(x, w, qt, n, k, interpret=it, gemm=True))
+        for prec in ("bf16", "bf16x2", "bf16x3"):
+            fns[f"tc_{prec}"] = jax.jit(lambda x, w, wp, prec=prec: G.gemm(x, wp, qt, n, k, interpret=it,
+                                                                           precision=prec))
+        if not small:
+            fns["jnp"] = jax.jit(lambda x, w, wp: R.qmatmul(x, w, qt, n, k))
+        for m in chunks:
+            x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+            nb = {p: (_nbytes(w) if p in ("bytes", "jnp") else _nbytes(wp)) + x.size * 4 + m * n * 4 for p in fns}
+            b.add("prefill", f"{qt.name} {n}x{k} rows={m}", nb, fns, (x, w, wp), flops=2 * m * n * k,
+                  extra={"format": qt.name, "M": m})
+        del w, wp
+
+
+def bench_moe_variants(b: Bench, small: bool, rng):
+    """Grouped experts on GGUF bytes vs planar: windows (1 / 4 / 8 rows) and a 128-row prefill chunk."""
+    from strata_jax.pallas.grouped_experts import kernel as GK
+    from strata_jax.pallas.quant_matmul import gemm as G, gemv as V
+    E, H, F, k = (8, 256, 64, 2) if small else (512, 2560, 640, 10)
+    qts = (Q.Q2_K, Q.Q2_K, Q.Q4_0)
+    ws = [_weights(rng, q, nn, kk, (E,)) for q, nn, kk in ((qts[0], F, H), (qts[1], F, H), (qts[2], H, F))]
+    raw, pl_ = [w for w, _ in ws], [p for _, p in ws]
+    it = b.interpret
+    fns = {"bytes": jax.jit(lambda x, i, tw, *w: GK.moe_experts_kernel(x, i, tw, *w[:3], qts, interpret=it)),
+           "planar_fma": jax.jit(lambda x, i, tw, *w: GK.moe_experts_kernel(x, i, tw, *w[3:], qts, interpret=it,
+                                                                           grouped=V.grouped_gemv,
+                                                                           fused_gate_up=True)),
+           "planar_tc": jax.jit(lambda x, i, tw, *w: GK.moe_experts_planar(x, i, tw, *w[3:], qts, interpret=it,
+                                                                          prefill=False, gemv="tc",
+                                                                          precision="bf16x3"))}
+    pre = {"bytes": fns["bytes"],
+           **{f"tc_{p}": jax.jit(lambda x, i, tw, *w, p=p: GK.moe_prefill(x, i, tw, *w[3:], qts, interpret=it,
+                                                                          precision=p)) for p in ("bf16", "bf16x3")}}
+    per_expert = [sum(_nbytes(a[0]) for a in arrs) for arrs in (raw, pl_)]
+    for m in ((1, 4, 8, 128) if not small else (1, 8, 16)):
+        ids = np.stack([rng.choice(E, k, replace=False) for _ in range(m)]).astype(np.int32)
+        n_union = len(np.unique(ids))
+        x = jnp.asarray(rng.standard_normal((m, H)), jnp.float32)
+        tw = jnp.asarray(rng.uniform(0.1, 1, (m, k)), jnp.float32)
+        use = fns if m <= 8 else pre
+        nb = {p: n_union * per_expert[0 if p == "bytes" else 1] + x.size * 8 for p in use}
+        b.add("moe_variants", f"{qts[0].name}/{qts[2].name} E={E} k={k} M={m} union={n_union}", nb, use,
+              (x, jnp.asarray(ids), tw, *raw, *pl_), extra={"M": m})
+
+
+def sweep_planar(b: Bench, small: bool, rng):
+    """Launch configurations of the planar GEMV (fma) and the tensor-core GEMV, to choose `gemv.choose_config` /
+    `gemm.GEMV_TC` (first guesses today); the likeliest candidates first."""
+    from strata_jax.pallas.quant_matmul import gemm as G, gemv as V
+    n, k = (64, 512) if small else (8192, 28672)
+    fma = [(16, 8, 4), (32, 8, 4), (64, 8, 4), (32, 4, 4), (32, 16, 8), (64, 8, 8), (8, 8, 2), (16, 16, 4)]
+    tc = [(32, 4), (64, 4), (128, 8), (64, 8)]
+    it = b.interpret
+    for qt in ([Q.Q4_K] if small else [Q.Q4_K, Q.Q6_K, Q.Q2_K, Q.IQ4_XS]):
+        w, wp = _weights(rng, qt, n, k)
+        for m in (1, 8):
+            x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+            fns = {}
+            for bn, g, nw in (fma[:2] if small else fma):
+                cfg = V.Config(BN=bn, G=g, num_warps=nw)
+                fns[f"fma_{bn}_{g}_{nw}"] = jax.jit(lambda x, w, wp, cfg=cfg: V.gemv(x, wp, qt, n, k, interpret=it,
+                                                                                     cfg=cfg))
+            for bn, nw in (tc[:1] if small else tc):
+                cfg = G.Config(BN=bn, BM=16, target_programs=2112, num_warps=nw)
+                fns[f"tc_{bn}_{nw}"] = jax.jit(lambda x, w, wp, cfg=cfg: G.gemm(x, wp, qt, n, k, interpret=it,
+                                                                               precision="bf16x3", cfg=cfg))
+            b.add("sweep_planar", f"{qt.name} {n}x{k} M={m}", _nbytes(wp) + x.size * 4 + m * n * 4, fns,
+                  (x, w, wp), extra={"format": qt.name, "M": m})
+        del w, wp
+
+
+def summary(b: Bench) -> list[dict]:
+    """Per (section, format, M): the best path and its fraction of the ceiling, with every path's fraction."""
+    out = []
+    for r in b.rows:
+        if r["op"] not in ("formats", "head", "prefill", "moe_variants", "sweep_planar"):
+            continue
+        fr = {k[:-5]: v for k, v in r.items() if k.endswith("_frac")}
+        if not fr:
+            continue
+        best = max(fr, key=fr.get)
+        out.append({"op": r["op"], "case": r["case"], "best": best, "best_frac": round(fr[best], 3),
+                    **{p: round(v, 3) for p, v in fr.items()}})
+    return out
+
+
 SECTIONS = {"qmatmul": bench_qmatmul, "gdn": bench_gdn, "moe": bench_moe, "qsa": bench_qsa,
-            "sweep_qmatmul": sweep_qmatmul}
+            "sweep_qmatmul": sweep_qmatmul, "formats": bench_formats, "head": bench_head, "prefill": bench_prefill,
+            "moe_variants": bench_moe_variants, "sweep_planar": sweep_planar}
 DEFAULT_SECTIONS = "qmatmul,gdn,moe,qsa"
+SECTION_WEIGHT = {"formats": 3.0, "prefill": 1.5, "sweep_planar": 1.5}   # shares of --budget_s
 
 
 def main(argv=None):
@@ -241,22 +467,52 @@ def main(argv=None):
     ap.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
     ap.add_argument("--iters", type=int, default=None, help="timed calls per case (default 20, --small 2)")
     ap.add_argument("--only", default=DEFAULT_SECTIONS, help=f"comma-separated subset of {list(SECTIONS)}")
+    ap.add_argument("--budget_s", type=float, default=None,
+                    help="start no new case after this many seconds (the rest are listed as skipped)")
+    ap.add_argument("--lower", default=None, help="lower every case for this platform (e.g. cuda) instead of "
+                    "timing it: Triton IR size per case, works on a CPU")
     args = ap.parse_args(argv)
     on_gpu = jax.default_backend() in ("gpu", "cuda", "rocm")
-    if not on_gpu and not args.small:
-        print("no GPU: use --small (the kernels would run in Pallas' interpreter)", file=sys.stderr)
+    unknown = [n for n in args.only.split(",") if n not in SECTIONS]
+    if unknown:
+        print(f"error: unknown section(s) {unknown}; known: {list(SECTIONS)}", file=sys.stderr)
         return 2
-    b = Bench(args.iters or (2 if args.small else 20), "kernel" if on_gpu else "interpret")
-    print(f"device: {jax.devices()[0].device_kind}  jax {jax.__version__}  kernel impl: {b.kernel_impl}\n")
+    if not on_gpu and not args.small and not args.lower:
+        print("error: no GPU: use --small (the kernels would run in Pallas' interpreter) or --lower cuda",
+              file=sys.stderr)
+        return 2
+    if args.lower:
+        from strata_jax.pallas import dispatch
+        dispatch.on_gpu = lambda: True
+    impl = "kernel" if on_gpu or args.lower else "interpret"
+    b = Bench(args.iters or (2 if args.small else 20), impl, args.budget_s, args.lower)
+    print(f"device: {jax.devices()[0].device_kind}  jax {jax.__version__}  kernel impl: {b.kernel_impl}"
+          f"{'  lowering for ' + args.lower if args.lower else ''}\n")
     rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
     bench_ceiling(b, args.small)
-    for name in args.only.split(","):
+    names = args.only.split(",")
+    end = None if args.budget_s is None else t0 + args.budget_s
+    for i, name in enumerate(names):
+        if end is not None:  # each section gets its weighted share of what is left (unused time passes on)
+            w = [SECTION_WEIGHT.get(n, 1.0) for n in names[i:]]
+            b.deadline = time.perf_counter() + max(0.0, end - time.perf_counter()) * w[0] / sum(w)
         SECTIONS[name](b, args.small, rng)
+    summ = summary(b)
+    if summ:
+        print(f"\nsummary (fraction of the {b.ceiling_GBps or 0:.0f} GB/s ceiling; best path first):")
+        for r in summ:
+            rest = ", ".join(f"{p} {v:.2f}" for p, v in r.items() if p not in ("op", "case", "best", "best_frac"))
+            print(f"  {r['op']:<12} {r['case']:<40} best {r['best']:<11} {r['best_frac']:.2f}   ({rest})")
+    if b.skipped:
+        print(f"\nskipped ({len(b.skipped)}, over --budget_s): " + "; ".join(b.skipped[:12])
+              + (" ..." if len(b.skipped) > 12 else ""))
     res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "small": args.small,
-           "kernel_impl": b.kernel_impl, "ceiling": b.ceiling, "ceiling_GBps": b.ceiling_GBps, "rows": b.rows}
+           "kernel_impl": b.kernel_impl, "lower": args.lower, "ceiling": b.ceiling, "ceiling_GBps": b.ceiling_GBps,
+           "rows": b.rows, "summary": summ, "skipped": b.skipped, "wall_s": round(time.perf_counter() - t0, 1)}
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
-    print(f"\nwrote {args.out}")
+    print(f"\nwrote {args.out} ({res['wall_s']} s)")
     return 0
 
 

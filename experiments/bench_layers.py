@@ -47,9 +47,9 @@ COUNT = {"gdn_window": 36, "gdn_commit": 36, "qsa_window": 12, "moe": 48, "hc_re
 
 def build(small: bool, seed: int = 0):
     """The pieces of layer 0 (GDN) and layer 3 (QSA) of a 4-layer model of the geometry, and its head."""
-    from strata_jax.layers.hyper import GatedResidual
+    from strata_jax.layers.hyper import hyper_read
     from strata_jax.layers.linear import QLinear
-    from strata_jax.layers.moe import MoE
+    from strata_jax.layers.mlp import make_ffn
     from strata_jax.models.hybrid import make_mixer
     from strata_jax.models.registry import config_from_gguf
     from strata_jax.testing.random_weights import VirtualGGUF, load_geometry
@@ -63,10 +63,10 @@ def build(small: bool, seed: int = 0):
     pieces = {
         "gdn": make_mixer(g, cfg, 0),
         "qsa": make_mixer(g, cfg, 3),
-        "moe": MoE(g, "blk.0.", n_used=cfg.n_expert_used, renorm=True),
-        "hc_read": GatedResidual(g, "blk.0.hc_attn_", hc=cfg.hc, eps=cfg.rms_eps),
-        "out_hc": GatedResidual(g, "output_hc_", hc=cfg.hc, eps=cfg.rms_eps, inject=False),
-        "head": QLinear.from_gguf(g, "output.weight"),
+        "moe": make_ffn(g, "blk.0.", cfg),
+        "hc_read": hyper_read(g, cfg, "blk.0.hc_attn_"),
+        "out_hc": hyper_read(g, cfg, "output_hc_", inject=False),
+        "head": QLinear.from_gguf(g, "output.weight", shape=(cfg.vocab_size, cfg.n_embd)),
     }
     formats = {"experts gate/up/down": "/".join(getattr(pieces["moe"], n).qtype.name
                                                 for n in ("gate_exps", "up_exps", "down_exps")),

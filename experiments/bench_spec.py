@@ -6,7 +6,7 @@ Workloads (chat-templated prompts):
   rename: return a ~100-line file with one method renamed (the output copies the prompt: lookup's best case);
   prose:  a short essay (no code, no copying).
 
-Modes: ``plain`` (one-row steps), ``lookup`` (prompt lookup, SERVING.md §3.3) and ``model`` (a smaller GGUF with the
+Modes: ``plain`` (one-row steps), ``lookup`` (prompt lookup) and ``model`` (a smaller GGUF with the
 same tokenizer drafting greedily). Every speculative run is checked to give token for token the plain output.
 Default: Qwen2.5-Coder-1.5B with the 0.5B as draft model. ``--small`` is a CPU smoke run: SmolLM2-135M drafting
 for itself, a 20-line file, few tokens.

@@ -10,10 +10,14 @@
 #   device run, carry [".carry"]:  bash experiments/device_session.sh run
 #   bash experiments/device_session.sh dry       # here: every part that runs on a CPU, on the tiny fixture
 #
-# Parts of `run` (each under its own timeout, skipped when the call's time would run out): env (wheel, GPU, XLA
-# flags accepted), llama.cpp build (background), random 1.5B GGUF, pallas (STRATA_TEST_GPU=1 pytest tests/pallas,
-# compiled kernels), profile (experiments/profile_step.py old and new path, command buffers off), decode
-# (experiments/bench_decode.py new path, command buffers on), anchor (llama-bench tg128 / pp512), table.
+# Parts of `run` in priority order (each under its own timeout, skipped when the call's time would run out): env
+# (wheel, GPU, XLA flags accepted), llama.cpp build (background), random 1.5B GGUF, pallas (STRATA_TEST_GPU=1
+# pytest tests/pallas: the compiled kernels and the references; interpret-mode cases are CI's), kernels
+# (experiments/bench_kernels.py: every quantized-matmul variant of issues 13/14 -- GGUF-bytes kernel, planar GEMV,
+# tensor-core GEMV, prefill GEMM precisions, grouped experts, launch configs -- in 210 s), decode (experiments/bench_decode.py on the
+# new path with the default kernels and with STRATA_QMATMUL=planar, command buffers on), profile_new
+# (experiments/profile_step.py, command buffers off), anchor (llama-bench tg128 / pp512), profile_old (the old
+# path's step profile, c6351ea: last, as its figures are on record from 2026-12-01), table.
 set -uo pipefail
 MODE=${1:-}
 OUT=${OUT:-/tmp/out}
@@ -50,27 +54,35 @@ case "$MODE" in
     NEW="env PYTHONPATH=/tmp/site:$PWD"
     OLD="env PYTHONPATH=/tmp/site:$PWD/.carry/old:$PWD"
     if [ "$MODE" = run ]; then
-      MODEL=/tmp/q15.gguf; PROF="--steps 20 --warmup 3 --prompt_tokens 64"; PTESTS="-k not hlo_loops"
+      MODEL=/tmp/q15.gguf; PROF="--steps 20 --warmup 3 --prompt_tokens 64"
       FLAGS=$(python3 -c "from strata_jax.pallas import gpu_flags as g; print(' '.join(g.xla_flags(True)))")
-      part env 60 python3 -c "import jax, flax; print(jax.__version__, flax.__version__, jax.devices())"
-      part flags 60 env XLA_FLAGS="$FLAGS" python3 -c "import jax; print('XLA flags accepted:', jax.devices())"
+      part env 30 python3 -c "import jax, flax; print(jax.__version__, flax.__version__, jax.devices())"
+      part flags 30 env XLA_FLAGS="$FLAGS" python3 -c "import jax; print('XLA flags accepted:', jax.devices())"
       bash .carry/anchor/anchor.sh build > "$OUT/anchor_build.log" 2>&1
       part random_gguf 60 python3 -m strata_jax.testing.random_gguf fill experiments/data/qwen2.5-coder-1.5b.header.xz $MODEL
-      part pallas 130 env STRATA_TEST_GPU=1 python3 -m pytest -q tests/pallas $PTESTS
+      part pallas 150 env STRATA_TEST_GPU=1 python3 -m pytest -q tests/pallas -k "not hlo_loops and not interpret"
+      part kernels 230 python3 experiments/bench_kernels.py --only head,moe_variants,prefill,formats,sweep_planar \
+        --budget_s 210 --out "$OUT/kernels.json"
     else
       MODEL=tests/fixtures/hybrid/qwen4exp_q8_0.gguf; PROF="--steps 2 --warmup 1 --prompt_tokens 8 --max_context 64"
       part env 60 python3 -c "import jax, flax; print(jax.__version__, flax.__version__, jax.devices())"
       bash .carry/anchor/anchor.sh > "$OUT/anchor_usage.log" 2>&1; echo "=== anchor script: $(head -c 60 "$OUT/anchor_usage.log")"
       part pallas 300 python3 -m pytest -q tests/pallas/test_rows.py tests/pallas/test_trace_summary.py \
         tests/pallas/test_gpu_flags.py tests/pallas/test_program_structure.py -k "not hlo_loops"
+      part kernels 120 python3 experiments/bench_kernels.py --small --lower cuda \
+        --only head,moe_variants,prefill,formats,sweep_planar --out "$OUT/kernels.json"
     fi
-    part profile_new 110 $NEW python3 experiments/profile_step.py --model $MODEL $PROF --out "$OUT/profile_new.json"
-    part profile_old 100 $OLD python3 experiments/profile_step.py --model $MODEL $PROF --out "$OUT/profile_old.json"
     part decode_new 90 $NEW python3 experiments/bench_decode.py --model $MODEL --prompt_tokens 64 \
       --decode_tokens 32 --out "$OUT/decode_new.json"
     if [ "$MODE" = run ]; then
-      part anchor 120 bash .carry/anchor/anchor.sh bench $MODEL
+      part decode_planar 80 $NEW STRATA_QMATMUL=planar python3 experiments/bench_decode.py --model $MODEL \
+        --prompt_tokens 64 --decode_tokens 32 --out "$OUT/decode_planar.json"
     fi
+    part profile_new 100 $NEW python3 experiments/profile_step.py --model $MODEL $PROF --out "$OUT/profile_new.json"
+    if [ "$MODE" = run ]; then
+      part anchor 100 bash .carry/anchor/anchor.sh bench $MODEL
+    fi
+    part profile_old 90 $OLD python3 experiments/profile_step.py --model $MODEL $PROF --out "$OUT/profile_old.json"
     python3 - "$OUT" <<'EOF'
 import json, os, re, sys
 out = sys.argv[1]
@@ -90,10 +102,18 @@ for label, name in (("old (base package)", "profile_old.json"), ("new (kernels, 
     print(f"{label:28s} {r['wall_ms']:8.2f} {1e3 / r['wall_ms']:7.1f} {r['busy_fraction'] or 0:5.2f} "
           f"{r['trace']['launches']:8.0f} {c.get('D2H', {}).get('count', 0):9.1f} "
           f"{d2d['count']:6.1f} {d2d['bytes'] / 1e6:7.2f} MB")
-d = load("decode_new.json")
-if d:
-    print(f"bench_decode (new, command buffers on): decode {d['decode_tok_s']:.1f} tok/s, prefill "
-          f"{d['prefill_tok_s']:.1f} tok/s, {d['fraction_of_ceiling']:.3f} of the ceiling")
+for label, name in (("new, GGUF-bytes kernels", "decode_new.json"), ("new, STRATA_QMATMUL=planar", "decode_planar.json")):
+    d = load(name)
+    if d:
+        print(f"bench_decode ({label}, command buffers on): decode {d['decode_tok_s']:.1f} tok/s, prefill "
+              f"{d['prefill_tok_s']:.1f} tok/s, {d['fraction_of_ceiling']:.3f} of the ceiling")
+k = load("kernels.json")
+if k and k.get("summary"):
+    print(f"kernels (fraction of the {k.get('ceiling_GBps') or 0:.0f} GB/s ceiling; {len(k.get('skipped', []))} cases "
+          f"over budget):")
+    for r in k["summary"]:
+        rest = " ".join(f"{p}={v:.2f}" for p, v in r.items() if p not in ("op", "case", "best", "best_frac"))
+        print(f"  {r['op']:<12} {r['case']:<38} {rest}")
 try:
     rows = [ln for ln in open(os.path.join(out, "anchor.log")) if re.search(r"\| +(tg|pp)\d+", ln)]
     for ln in rows:

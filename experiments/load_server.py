@@ -1,10 +1,10 @@
-"""A bounded loopback load test of strata-serve: N concurrent streaming clients on the seeds' three workloads.
+"""A bounded loopback load test of strata-serve: N concurrent streaming clients on three workloads.
 
-Workloads (seed 004's): ``code`` (write a new Python module), ``edit`` (return a file with one method renamed, a
-copy-heavy answer) and ``prose`` (a short story). Each prompt starts with a random tag, as in the seed, so two
-requests never share a prompt. For every arm (a set of strata-serve flags; a fresh server per arm, as the seed runs
-"a fresh engine for each arm") and every stream count C: C = 1 is the mean of ``--rounds`` sequential requests,
-C > 1 one round of C concurrent requests. Reported per (arm, workload, C):
+Workloads (those of Strata issue #2973): ``code`` (write a new Python module), ``edit`` (return a file with one
+method renamed, a copy-heavy answer) and ``prose`` (a short story). Each prompt starts with a random tag, as there,
+so two requests never share a prompt. For every arm (a set of strata-serve flags; a fresh server per arm, as that
+issue runs "a fresh engine for each arm") and every stream count C: C = 1 is the mean of ``--rounds`` sequential
+requests, C > 1 one round of C concurrent requests. Reported per (arm, workload, C):
 
 * total output tok/s: output tokens of the round / its wall time (first request sent to last token);
 * per-stream tok/s: each stream's own decode rate, (tokens - 1) / (last token - first token), shown as a range;
@@ -18,7 +18,7 @@ Loopback only: the servers it starts listen on 127.0.0.1, and ``--url`` must nam
 Usage (the CPU table in experiments/RESULTS.md):
   python experiments/load_server.py --model smollm2-135m --streams 1,4 --max_tokens 32 --max_context 512 \\
       --arm "serial=--batch 4" --arm "lookup-solo=--batch 4 --draft lookup --spec 4" --out /tmp/load.json
-On a GPU (the seed's shape: 900-token answers, 4 users):
+On a GPU (Strata issue #2973's shape: 900-token answers, 4 users):
   python experiments/load_server.py --model Q.gguf --streams 1,4 --max_tokens 900 --edit_lines 300 \\
       --arm "pipelined=--batch 4 --layer_split 12,24,36" \\
       --arm "piped-mtp=--batch 4 --layer_split 12,24,36 --piped_mtp 3"
@@ -172,7 +172,7 @@ def fmt(x, nd=0):
 
 
 def tables(results: list[dict], streams: list[int], workloads: list[str]) -> str:
-    """Seed 004's table (total tok/s by workload, "1 user / C users (per-stream range each)"), then the
+    """Strata issue #2973's table (total tok/s by workload, "1 user / C users (per-stream range each)"), then the
     latencies."""
     hi = max(streams)
     head = " | ".join(f"{w}: " + " / ".join(f"{c} user{'s' if c > 1 else ''}" for c in streams) for w in workloads)

@@ -4,12 +4,17 @@
 by ``general.architecture`` in `strata_jax.models.registry`) reads its own ``{arch}.*`` keys into it, or into a
 subclass with its extra fields, and writes down there the facts its files do not state. `base_fields` is the part
 of that reading common to every family (llama.cpp's converters write these keys the same way for all of them).
+
+`shape_dims` gives the config's widths as `Dim` s, ints that remember the keys they were read from: the layers state
+each tensor's expected shape with them (as llama.cpp's ``create_tensor(name, {dims})``), and the loader's one check
+(`strata_jax.layers.linear.check_tensor`) names those keys when a tensor disagrees.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from typing import Any
 
 from strata_jax.errors import UnsupportedError
@@ -157,3 +162,95 @@ def refuse_rope_scaling(g) -> None:
     if kind != "none":
         raise UnsupportedError(f"{g.path}: RoPE scaling {kind!r} ({g.architecture}.rope.scaling.type) is not "
                                "implemented; use a file converted without rope_scaling")
+
+
+class Dim(int):
+    """An expected tensor dimension that remembers where it comes from: ``src``, texts such as
+    ``"qwen3next.attention.head_count=4"``. Sums, products and floor quotients with ints or other Dims are Dims with
+    the sources of both, so ``2 * d.n_head * d.head_dim`` names both keys. Equal to (and hashed as) its int value."""
+
+    src: tuple[str, ...]
+
+    def __new__(cls, value: int, src: tuple[str, ...] = ()):
+        d = super().__new__(cls, value)
+        d.src = tuple(src)
+        return d
+
+    def _with(self, other, value: int) -> "Dim":
+        extra = getattr(other, "src", ())
+        return Dim(value, self.src + tuple(s for s in extra if s not in self.src))
+
+    def __add__(self, o):
+        return self._with(o, int(self) + int(o)) if isinstance(o, int) else NotImplemented
+
+    def __mul__(self, o):
+        return self._with(o, int(self) * int(o)) if isinstance(o, int) else NotImplemented
+
+    def __sub__(self, o):
+        return self._with(o, int(self) - int(o)) if isinstance(o, int) else NotImplemented
+
+    def __rsub__(self, o):
+        return self._with(o, int(o) - int(self)) if isinstance(o, int) else NotImplemented
+
+    def __floordiv__(self, o):
+        return self._with(o, int(self) // int(o)) if isinstance(o, int) else NotImplemented
+
+    __radd__ = __add__
+    __rmul__ = __mul__
+
+
+# The keys (after "<arch>.") each shape-giving field is read from, as alternatives: the first whose keys are all in
+# the file is named (the fallbacks of base_fields, hybrid_fields and the families: head_dim = embedding_length /
+# head_count without key_length, ...). Messages only; the reading itself is in those functions.
+FIELD_KEYS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "n_embd": (("embedding_length",),),
+    "n_head": (("attention.head_count",),),
+    "n_head_kv": (("attention.head_count_kv",), ("attention.head_count",)),
+    "head_dim": (("attention.key_length",), ("embedding_length", "attention.head_count")),
+    "n_ff": (("feed_forward_length",),),
+    "vocab_size": (("vocab_size",), ("tokenizer.ggml.tokens",)),
+    "n_expert": (("expert_count",),),
+    "expert_ff": (("expert_feed_forward_length",), ("feed_forward_length", "expert_used_count")),
+    "shared_ff": (("expert_shared_feed_forward_length",),),
+    "ssm_k_heads": (("ssm.group_count",),),
+    "ssm_v_heads": (("ssm.time_step_rank",),),
+    "ssm_d_k": (("ssm.state_size",),),
+    "ssm_d_v": (("ssm.inner_size", "ssm.time_step_rank"),),
+    "ssm_conv": (("ssm.conv_kernel",),),
+    "hc": (("hyper_connection.count",),),
+    "hc_lowrank": (("hyper_connection.low_rank",),),
+    "idx_heads": (("attention.indexer.head_count",),),
+    "idx_head_dim": (("attention.indexer.key_length",),),
+    "ple_ngram": (("ple.ngram_size",),),
+    "ple_heads_per_ngram": (("ple.heads_per_ngram",),),
+    "ple_conv": (("ple.conv_kernel",),),
+}
+
+
+def _key_text(g, key: str) -> str:
+    v = g.metadata[key]
+    return f"{key} ({len(v)} entries)" if hasattr(v, "__len__") and not isinstance(v, str) else f"{key}={v}"
+
+
+def _sources(g, arch: str, field: str, value: int) -> tuple[str, ...]:
+    alts = FIELD_KEYS.get(field)
+    if not alts:
+        return ()
+    full = lambda k: k if k.startswith("tokenizer.") else f"{arch}.{k}"
+    for keys in alts:
+        if all(full(k) in g.metadata for k in keys):
+            return tuple(_key_text(g, full(k)) for k in keys)
+    return (f"{full(alts[0][0])} absent: {value}",)
+
+
+def shape_dims(g, cfg: ModelConfig) -> types.SimpleNamespace:
+    """The integer fields of ``cfg`` as `Dim` s naming the GGUF keys they come from (`FIELD_KEYS`), for the expected
+    tensor shapes of the layers (``shape=(d.n_head * d.head_dim, d.n_embd)``). A field that is 0 (a width the file
+    does not state, e.g. ``expert_ff`` without ``expert_feed_forward_length``) is None: any size (no tensor dim is
+    0, the reader refuses those)."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if isinstance(v, int) and not isinstance(v, bool):
+            out[f.name] = Dim(v, _sources(g, cfg.arch, f.name, v)) if v else None
+    return types.SimpleNamespace(**out)

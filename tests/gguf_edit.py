@@ -203,3 +203,52 @@ def get_field(data: bytes, part: Part):
 
 def part(lay: Layout, label: str) -> Part:
     return next(p for p in lay.parts if p.label == label)
+
+
+# ---------------------------------------------------------------- tiny valid files of the dense families
+
+TINY = dict(D=32, H=2, HKV=1, HD=16, F=64, V=64, L=2)
+
+
+def tiny_dense(path: str | Path, arch: str, seed: int = 0) -> Path:
+    """Write a tiny random float32 model of a dense family (``llama``, ``qwen2`` with Q/K/V biases, ``gemma3`` with
+    q/k norms and post norms; `TINY` geometry, tied head) holding the tensors its family reads (the fixtures of
+    the other families come from HF models: tests/fixtures/hybrid). Returns ``path``."""
+    import gguf
+    import numpy as np
+
+    D, H, HKV, HD, F, V, L = (TINY[k] for k in ("D", "H", "HKV", "HD", "F", "V", "L"))
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(L)
+    w.add_embedding_length(D)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv(HKV)
+    w.add_context_length(256)
+    w.add_layer_norm_rms_eps(1e-6)
+    if arch == "gemma3":
+        w.add_key_length(HD)
+    r = lambda *s: (rng.standard_normal(s) / np.sqrt(s[-1])).astype(np.float32)
+    ones = lambda n: np.ones(n, np.float32)
+    w.add_tensor("token_embd.weight", r(V, D))
+    w.add_tensor("output_norm.weight", ones(D))
+    for i in range(L):
+        b = f"blk.{i}."
+        for name, a in [("attn_norm.weight", ones(D)), ("attn_q.weight", r(H * HD, D)), ("attn_k.weight", r(HKV * HD, D)),
+                        ("attn_v.weight", r(HKV * HD, D)), ("attn_output.weight", r(D, H * HD)),
+                        ("ffn_norm.weight", ones(D)), ("ffn_gate.weight", r(F, D)), ("ffn_up.weight", r(F, D)),
+                        ("ffn_down.weight", r(D, F))]:
+            w.add_tensor(b + name, a)
+        if arch == "qwen2":
+            for p, n in (("q", H * HD), ("k", HKV * HD), ("v", HKV * HD)):
+                w.add_tensor(b + f"attn_{p}.bias", r(n))
+        if arch == "gemma3":
+            for name, n in (("attn_q_norm", HD), ("attn_k_norm", HD), ("post_attention_norm", D),
+                            ("post_ffw_norm", D)):
+                w.add_tensor(b + name + ".weight", ones(n))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

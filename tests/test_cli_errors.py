@@ -123,7 +123,8 @@ def _jsonl(tmp_path, *lines, name="reqs.jsonl"):
     (["--prompt", "hi", "--draft", "model", "--draft_model", "llama-9000"], ["--draft_model", "unknown model"]),
     (["--prompt", "hi", "--out_jsonl", "x.jsonl"], ["--out_jsonl needs --prompts_file"]),
     (["--prompt", "hi", "--batch_mtp"], ["--batch_mtp needs --prompts_file"]),
-    (["--prompt", "hi", "--top_k", "500"], ["--top_k 500", "0..64"]),
+    (["--prompt", "hi", "--top_k", "5000"], ["--top_k 5000", "0..1024"]),
+    (["--prompt", "hi", "--spec", "6"], ["--spec 6 needs --draft"]),
     (["--prompt", "hi", "--temperature", "nan"], ["--temperature nan", "finite"]),
 ])
 def test_flag_errors_before_load(args, needles):
@@ -156,7 +157,7 @@ def test_help_names_the_module():
     (['{"prompt": "a"}', '{"prompt": "b", "id": 0}'], [":2:", "duplicate id 0"]),  # line 1's default id is 0
     (['{"prompt": "a", "id": [1]}'], [":1:", "'id'", "string or a number"]),
     (['{"prompt_ids": [1, -2]}'], [":1:", "'prompt_ids'", ">= 0"]),
-    (['{"prompt": "a"}', '{"prompt": "a", "top_k": 500}'], [":2:", "'top_k' 500", "0..64"]),
+    (['{"prompt": "a"}', '{"prompt": "a", "top_k": 5000}'], [":2:", "'top_k' 5000", "0..1024"]),
     (['{"prompt": "a", "temperature": NaN}'], [":1:", "'temperature'", "finite"]),
     (['{"prompt": "a", "arrival": -1}'], [":1:", "'arrival' -1", ">= 0"]),
     (['{"prompt": "a", "seed": 4294967296}'], [":1:", "'seed'", "0..4294967295"]),
@@ -165,7 +166,9 @@ def test_help_names_the_module():
     (['{"prompt": ""}'], [":1:", "'prompt' is empty"]),
     (['{"prompt": "a", "prompt_ids": [1]}'], [":1:", "not both"]),
     (['{"prompt_ids": [1], "chat": true}'], [":1:", "'chat' needs text"]),
-    (['[1, 2]'], [":1:", "not a JSON object"]),
+    (['[1, 2]'], [":1:", "not a JSON object (got an array"]),
+    (['{"prompt": "a",}'], [":1:", "not valid JSON", "column 16"]),
+    (['{"prompt": "a", "arrival_offset": 1}'], [":1:", "unknown key 'arrival_offset'"]),
 ])
 def test_prompts_file_line_errors(tmp_path, lines, needles):
     f = _jsonl(tmp_path, *lines)

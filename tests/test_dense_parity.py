@@ -3,6 +3,7 @@ experiments/parity/make_dense_fixtures.py): prompt logits within 1e-3 relative i
 identical; and the end-to-end chat answer of SmolLM2."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -42,18 +43,24 @@ def test_logits_and_greedy_match_hf(name, engine_for, plain_decode):
 @pytest.mark.slow
 def test_chat_answer_end_to_end(model_path, tmp_path):
     """The CLI answers a chat question with the real model's greedy text; the second run of the same command reads
-    its compiled functions from the persistent compilation cache (--xla_cache_dir) and answers the same."""
+    its compiled programs from the persistent compilation cache (<--cache_dir>/xla), says so, and answers the
+    same."""
     cache = tmp_path / "xla"
     for run in range(2):
         proc = subprocess.run([sys.executable, "-m", "strata_jax.cli.generate", "--model", model_path("smollm2-135m"),
                                "--chat", "--prompt", "What is the capital of France?", "--max_new_tokens", "24",
-                               "--max_context", "128", "--xla_cache_dir", str(cache)],
+                               "--max_context", "128", "--cache_dir", str(tmp_path)],
                               capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert proc.stdout.strip() == "The capital of France is Paris."
         stats = proc.stderr.strip().splitlines()[-1]
         assert "tok/s" in stats and "stop: eos" in stats
+        got = re.search(r"XLA cache: (\d+) read, (\d+) written", stats)
+        assert got, stats
+        read, written = int(got.group(1)), int(got.group(2))
         if run == 0:
             entries = set(os.listdir(cache))
-            assert entries, "nothing was written to the compilation cache"
+            assert entries and read == 0 and written >= 2, (entries, stats)  # the prefill chunk and the step
+        else:
+            assert read >= 2 and written == 0, stats
     assert set(os.listdir(cache)) == entries  # the second run compiled nothing new

@@ -1,7 +1,10 @@
-"""Fuzz test: malformed GGUF headers built from the valid tiny hybrid fixtures (qwen3next, qwen4exp) go through
-`open_gguf` and `config_from_gguf`. Every case must end in the project's own error (`StrataError`) or in a file and
-config that keep their invariants; any other exception, more than `CASE_SECONDS` for one case, or a traced Python
-allocation peak above `CASE_PEAK_BYTES` fails.
+"""Fuzz test: malformed GGUF headers built from valid tiny fixtures (the hybrids qwen3next and qwen4exp, the dense
+qwen3) go through `open_gguf` and `config_from_gguf`, and the files accepted there through the engine's load: the
+tensor check of every stage and the build of the stages and their state (`Engine`, weights kept in their block
+formats, a context of 8 cells) and of the MTP layer when the file declares one. Every case must end in the project's
+own error (`StrataError`, one line starting with the file's path) or in a file and config that keep their invariants
+and build; any other exception, more than `CASE_SECONDS` for reading one case (`BUILD_SECONDS` for its build), or a
+traced Python allocation peak above `CASE_PEAK_BYTES` while reading it fails.
 
 Mutations (tests/gguf_edit.py locates every header field with gguf-py's GGUFReader): truncation at or near a field
 boundary (or anywhere), a number field (count, length, value type, dim, block format, offset, a numeric value) set to
@@ -33,16 +36,18 @@ from strata_jax.errors import StrataError
 from strata_jax.gguf import open_gguf
 from strata_jax.gguf.blocks import GGML_QUANT_SIZES
 from strata_jax.models.registry import config_from_gguf, get_family
+from strata_jax.pipeline.engine import Engine
 
 EXAMPLES = int(os.environ.get("STRATA_FUZZ_EXAMPLES", "300"))
 SEED = os.environ.get("STRATA_FUZZ_SEED")
 LOG = os.environ.get("STRATA_FUZZ_LOG")
 CASE_SECONDS = 3.0  # a fixture header parses in a few ms; this bound catches hangs and blow-ups, not speed
-CASE_PEAK_BYTES = 32 << 20  # the fixtures are 2.5-3 MB (memory-mapped, not traced)
+CASE_PEAK_BYTES = 32 << 20  # the fixtures are 0.3-3 MB (memory-mapped, not traced)
+BUILD_SECONDS = 30.0  # a fixture builds in ~0.1-0.5 s; the first build of a process also starts JAX
 
-FIXTURES = [E.FIXTURE.parent / "qwen3next_q8_0.gguf", E.FIXTURE.parent / "qwen4exp_q8_0.gguf"]
-for _arch in ("qwen3next", "qwen4exp"):
-    get_family(_arch)  # import the family modules here, not inside the first timed case
+FIXTURES = [E.FIXTURE.parent / f"{a}_q8_0.gguf" for a in ("qwen3next", "qwen4exp", "qwen3")]
+for _p in FIXTURES:
+    get_family(_p.name.split("_")[0])  # import the family modules here, not inside the first timed case
 # keys the readers use that the fixtures do not all have
 EXTRA_KEYS = ["general.alignment", "{a}.vocab_size", "{a}.nextn_predict_layers", "{a}.full_attention_interval",
               "{a}.feed_forward_length", "{a}.attention.sliding_window", "{a}.attention.scale",
@@ -190,7 +195,7 @@ def _short(v) -> str:
 def malformed(draw) -> Case:
     path = draw(st.sampled_from(FIXTURES))
     lay = E.layout(path)
-    arch = "qwen4exp" if "qwen4exp" in path.name else "qwen3next"
+    arch = path.name.split("_")[0]
     first = draw(st.sampled_from(_EDITS + _BYTE_EDITS))
     desc, data = first(draw, lay, lay.data, arch)
     descs = [path.name, desc]
@@ -223,11 +228,35 @@ def _check_config(cfg) -> None:
     assert cfg.n_head % cfg.n_head_kv == 0 and cfg.head_dim >= 1 and cfg.rope_dim <= cfg.head_dim
 
 
+def _refusal(path, e: StrataError) -> str:
+    """The message of a refusal without the file's path, checked to be one line about that file."""
+    msg = str(e)
+    assert "\n" not in msg and msg.startswith(f"{path}: ") and len(msg) < len(str(path)) + 400, msg[:2000]
+    return msg[len(str(path)) + 2:]
+
+
+def _build(path, g) -> str:
+    """What the engine builds from an accepted file (module docstring): ``"built"`` or ``"build: <refusal>"``."""
+    t0 = time.perf_counter()
+    try:
+        engine = Engine(g, max_context=8, weights="blocks")
+        if getattr(engine.cfg, "n_nextn", 0):
+            engine.mtp.enable(1)
+        outcome = "built"
+    except StrataError as e:
+        outcome = "build: " + _refusal(path, e)
+    dt = time.perf_counter() - t0
+    assert dt < BUILD_SECONDS, f"{dt:.2f} s to build one case ({outcome})"
+    return outcome
+
+
 def run_case(path, data: bytes, desc: str = "") -> str:
-    """Write ``data`` to ``path`` and read it; returns ``"ok"`` or the refusal (file path removed)."""
+    """Write ``data`` to ``path``, read it and, if accepted, build it; returns ``"built"`` or the refusal (file path
+    removed; a refusal at the build is prefixed ``build:``)."""
     path.write_bytes(data)
     tracemalloc.start()
     t0 = time.perf_counter()
+    g = None
     try:
         try:
             g = open_gguf(path)
@@ -235,15 +264,15 @@ def run_case(path, data: bytes, desc: str = "") -> str:
             _check_config(config_from_gguf(g))
             outcome = "ok"
         except StrataError as e:
-            msg = str(e)
-            assert "\n" not in msg and msg.startswith(f"{path}: ") and len(msg) < len(str(path)) + 400, msg[:2000]
-            outcome = msg[len(str(path)) + 2:]
+            outcome = _refusal(path, e)
         dt = time.perf_counter() - t0
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert dt < CASE_SECONDS, f"{dt:.2f} s for one case ({outcome})"
     assert peak < CASE_PEAK_BYTES, f"{peak / 2**20:.0f} MiB traced for one case ({outcome})"
+    if outcome == "ok":
+        outcome = _build(path, g)
     if LOG:
         with open(LOG, "a") as f:
             f.write(f"{outcome}\t{desc}\n")
@@ -251,8 +280,11 @@ def run_case(path, data: bytes, desc: str = "") -> str:
 
 
 @pytest.fixture(scope="module")
-def case_path(tmp_path_factory):
-    return tmp_path_factory.mktemp("fuzz") / "case.gguf"
+def case_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("fuzz")
+
+
+_N = [0]
 
 
 _settings = settings(max_examples=EXAMPLES, derandomize=SEED is None, deadline=None, database=None,
@@ -262,15 +294,20 @@ _settings = settings(max_examples=EXAMPLES, derandomize=SEED is None, deadline=N
 
 @_settings
 @given(case=malformed())
-def test_malformed_headers_are_refused_cleanly(case_path, case):
-    run_case(case_path, case.data, case.desc)
+def test_malformed_headers_are_refused_cleanly(case_dir, case):
+    _N[0] += 1  # a fresh file per case (the last one's map may still be open: never truncate a mapped file)
+    path = case_dir / f"case{_N[0]}.gguf"
+    try:
+        run_case(path, case.data, case.desc)
+    finally:
+        path.unlink(missing_ok=True)
 
 
 if SEED is not None:
     test_malformed_headers_are_refused_cleanly = hypothesis.seed(int(SEED))(test_malformed_headers_are_refused_cleanly)
 
 
-def test_fixtures_pass_the_checks(case_path):
-    """The unmutated fixtures read and build their configs (the fuzz cases start from valid files)."""
+def test_fixtures_pass_the_checks(case_dir):
+    """The unmutated fixtures read, build their configs and build (the fuzz cases start from valid files)."""
     for p in FIXTURES:
-        assert run_case(case_path, p.read_bytes()) == "ok"
+        assert run_case(case_dir / p.name, p.read_bytes()) == "built"

@@ -1,4 +1,4 @@
-"""`resolve_groups`: every rule of SERVING.md §4.2-4.5 (pure, no model)."""
+"""`resolve_groups`: every rule of its docstring (pure, no model)."""
 
 import pytest
 

@@ -1,11 +1,11 @@
 """MTP draft layers (`strata_jax.layers.mtp`) against a float64 numpy reference written from the spec.
 
-HF transformers has no Qwen MTP module (MODEL.md B§1.4) and llama.cpp's draft-mtp was not compiled here, so there is
+HF transformers has no Qwen MTP module and llama.cpp's draft-mtp was not compiled here, so there is
 no oracle: the tiny fixtures carry no MTP tensors. Each test writes a tiny GGUF (gguf.GGUFWriter, random weights)
 holding an MTP block -- qwen35moe ``blk.{n_layer}.nextn.*`` + gated attention + MoE, and the qwen4exp layer under
 this engine's naming convention -- and checks the JAX layer's logits and chained hidden against the numpy
-reference (MODEL.md B§1.4/B§2.3 and A§1.7), over a prefill chunk followed by a verify window, plus the window
-exactness (a T=3 window gives the bits of three T=1 windows).
+reference (llama.cpp's ``graph_mtp``; the qwen4exp MTP cell of `strata_jax.layers.mtp`), over a prefill chunk
+followed by a verify window, plus the window exactness (a T=3 window gives the bits of three T=1 windows).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def _nextn_ref(t, n, h, toks):
 
 
 def _gr(t, pre, R, inject=True):
-    """Hyper-connection read (MODEL.md A§1.2) of R [N, hc, D]."""
+    """Hyper-connection read of R [N, hc, D]."""
     n = R.shape[0]
     xn = _rms(R, None) * t[pre + "norm.weight"].reshape(HC, D)
     flat = xn.reshape(n, HC * D)

@@ -15,6 +15,25 @@ def test_registry_names_and_hashes():
         assert len(e["sha256"]) == 64 and e["size"] > 0 and e["packages"], name
 
 
+def test_registry_says_where_each_model_comes_from():
+    """Every entry names its kind (instruct or base), its licence, and an origin that names its PyPI packages."""
+    for name, e in reg.registry().items():
+        assert e["kind"].startswith(("instruct", "base")) and e["licence"] and e["weights"], name
+        assert e["packages"][0]["name"].rsplit("-part", 1)[0] in e["origin"], name
+    assert reg.registry()["gemma3-270m"]["kind"].startswith("base")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_registry_licence_matches_the_file(model_path, name):
+    """Where the GGUF names its licence (general.license), the registry's licence says the same."""
+    from strata_jax.gguf import open_gguf
+
+    lic = open_gguf(model_path(name)).metadata["general.license"]
+    want = {"apache-2.0": "Apache-2.0", "gemma": "Gemma Terms of Use"}[lic]
+    assert reg.registry()[name]["licence"].startswith(want)
+
+
 def test_unknown_name(tmp_path):
     with pytest.raises(StrataError, match="unknown model 'nope'.*smollm2-135m"):
         reg.fetch_model("nope", cache=str(tmp_path))

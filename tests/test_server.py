@@ -284,7 +284,7 @@ BAD = [
     ("chat", {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "temperature": float("nan")}, "temperature"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "top_p": 2}, "top_p"),
-    ("chat", {"messages": [{"role": "user", "content": "x"}], "top_k": 100}, "top_k"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "top_k": 5000}, "top_k"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "min_p": -0.1}, "min_p"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "seed": -1}, "seed"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
@@ -425,6 +425,7 @@ def test_serve_flag_errors_before_load():
     try:
         for args, needles in [
             (["--draft", "lookup", "--spec", "20"], ["--spec 20", "2..8"]),
+            (["--spec", "6"], ["--spec 6 needs --draft"]),
             (["--batch", "2", "--batch_groups", "3"], ["--batch_groups 3", "1..2"]),
             (["--api_key", " "], ["--api_key", "empty key"]),
             (["--top_p", "0"], ["--top_p 0", "(0, 1]"]),

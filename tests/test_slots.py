@@ -1,4 +1,4 @@
-"""Batch slots are exact: every request decodes the tokens it decodes alone (SERVING.md §4.6), in every batch mode
+"""Batch slots are exact: every request decodes the tokens it decodes alone, in every batch mode
 (serial windows, pipelined groups, batch proposals, piped proposals), greedy and seeded (temperature 0.7, top_k 20, a
 seed per request), with staggered admissions, a cancellation and slot reuse (more requests than slots), on 2 and 4
 CPU host devices, for SmolLM2 and the tiny qwen3next hybrid (proposals: prompt lookup).

@@ -1,4 +1,4 @@
-"""Speculative decoding on one sequence (SERVING.md §3.1, §3.3, §5): whatever the proposals, the output is token
+"""Speculative decoding on one sequence: whatever the proposals, the output is token
 for token what plain decoding gives, greedy and seeded-sampled, on real models.
 
 Engines come from the session cache (``engine_for``) with two slots: slot 0 holds the sequence, slot 1 the

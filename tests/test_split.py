@@ -1,4 +1,4 @@
-"""Layer split (SERVING.md §3.4): a model split over 2 or 4 CPU host devices gives the same tokens and bit-identical
+"""Layer split: a model split over 2 or 4 CPU host devices gives the same tokens and bit-identical
 logits as one device; bad splits and batches that do not fit are refused with a clear StrataError.
 
 CI runs with XLA_FLAGS=--xla_force_host_platform_device_count=4; with fewer devices the multi-device cases skip.

@@ -1,6 +1,6 @@
 """HF-transformers reference fixtures for the dense GGUF models (SmolLM2-135M, Qwen2.5-Coder-0.5B).
 
-The oracle (shared/spec/REFERENCES.md, "the oracle for a quantized GGUF"): dequantize every GGUF tensor to float32
+The oracle for a quantized GGUF: dequantize every GGUF tensor to float32
 with `gguf.quants.dequantize`, undo llama.cpp's converter transforms, load the result into the HF class
 (`LlamaForCausalLM` / `Qwen2ForCausalLM`, float32, eager attention) and record its logits.
 
@@ -210,7 +210,8 @@ def make_fixture(name: str, out_dir: Path) -> dict:
     t_tok = time.time() - t
     ref = tok.encode(REF_SENTENCE, add_special_tokens=False)
     if ref != spec["ref_ids"]:
-        raise RuntimeError(f"{name}: tokenizer gives {ref} for {REF_SENTENCE!r}, REFERENCES.md says {spec['ref_ids']}")
+        raise RuntimeError(f"{name}: tokenizer gives {ref} for {REF_SENTENCE!r}, the reference ids are "
+                           f"{spec['ref_ids']}")
     rendered = spec["rendered"]
     template = field(reader, "tokenizer.chat_template")
     if template:

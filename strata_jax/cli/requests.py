@@ -13,10 +13,10 @@ import numpy as np
 
 from strata_jax.errors import StrataError
 from strata_jax.pipeline.scheduler import Request, RequestResult
-from strata_jax.sampling import SEED_MAX, SamplingParams
+from strata_jax.sampling import SEED_MAX, TOP_K_MAX, SamplingParams
 
 REQUEST_KEYS = ("prompt", "prompt_ids", "chat", "max_new_tokens", "seed", "temperature", "top_k", "top_p", "min_p",
-                "arrival", "arrival_offset", "id")
+                "arrival", "id")
 
 
 def _is_int(v) -> bool:
@@ -30,8 +30,8 @@ def _is_num(v) -> bool:
 def check_request_values(values: dict, label: Callable[[str], str]) -> None:
     """The rules one request's settings must follow, shared by the solo flags (``label = lambda k: "--" + k``) and
     the lines of ``--prompts_file`` (``label = lambda k: repr(k)``): types and ranges of ``temperature`` (finite),
-    ``top_k`` (0..64), ``top_p`` ((0, 1]), ``min_p`` ([0, 1]), ``seed`` (0..2**32-1), ``max_new_tokens`` (>= 1),
-    ``arrival`` (finite, >= 0), ``prompt`` (non-empty text), ``prompt_ids`` (non-empty list of ids >= 0; the
+    ``top_k`` (0..`TOP_K_MAX`), ``top_p`` ((0, 1]), ``min_p`` ([0, 1]), ``seed`` (0..2**32-1), ``max_new_tokens``
+    (>= 1), ``arrival`` (finite, >= 0), ``prompt`` (non-empty text), ``prompt_ids`` (non-empty list of ids >= 0; the
     vocabulary bound is `check_prompt_ids_vocab`), ``chat`` (bool), ``id`` (a string or a number).
 
     Raises:
@@ -41,7 +41,7 @@ def check_request_values(values: dict, label: Callable[[str], str]) -> None:
 
     for key, v in values.items():
         name = label(key)
-        if key in ("temperature", "top_p", "min_p", "arrival", "arrival_offset"):
+        if key in ("temperature", "top_p", "min_p", "arrival"):
             if not _is_num(v):
                 raise StrataError(f"{name} {v!r}: must be a number")
             if not math.isfinite(float(v)):
@@ -51,13 +51,14 @@ def check_request_values(values: dict, label: Callable[[str], str]) -> None:
                 raise StrataError(f"{name} {v}: must lie in (0, 1]")
             if key == "min_p" and not 0.0 <= v <= 1.0:
                 raise StrataError(f"{name} {v}: must lie in [0, 1]")
-            if key in ("arrival", "arrival_offset") and v < 0:
+            if key == "arrival" and v < 0:
                 raise StrataError(f"{name} {v}: must be >= 0 (seconds after the start)")
         elif key in ("top_k", "seed", "max_new_tokens"):
             if not _is_int(v):
                 raise StrataError(f"{name} {v!r}: must be an integer")
-            if key == "top_k" and not 0 <= v <= 64:
-                raise StrataError(f"{name} {v}: must lie in 0..64 (0 = 64)")
+            if key == "top_k" and not 0 <= v <= TOP_K_MAX:
+                raise StrataError(f"{name} {v}: must lie in 0..{TOP_K_MAX} (0 = 64; the sampler's candidates are "
+                                  f"the top {TOP_K_MAX} of each row)")
             if key == "seed" and not 0 <= v <= SEED_MAX:
                 raise StrataError(f"{name} {v}: must lie in 0..{SEED_MAX} (2**32 - 1)")
             if key == "max_new_tokens" and v < 1:
@@ -139,10 +140,12 @@ def read_prompts_file(path: str) -> list[PromptLine]:
         where = f"{path}:{n}"
         try:
             d = json.loads(line)
-        except ValueError:
-            d = None
+        except json.JSONDecodeError as e:
+            raise StrataError(f"--prompts_file {where}: not valid JSON ({e.msg} at column {e.colno})") from None
         if not isinstance(d, dict):
-            raise StrataError(f"--prompts_file {where}: not a JSON object")
+            got = {list: "an array", str: "a string", bool: "true/false", type(None): "null"}.get(type(d), "a number")
+            raise StrataError(f"--prompts_file {where}: not a JSON object (got {got}; one request per line, e.g. "
+                              f"{{\"prompt\": \"Hello\"}})")
         try:
             check_request_values(d, repr)
             if "prompt" in d and "prompt_ids" in d:
@@ -151,8 +154,6 @@ def read_prompts_file(path: str) -> list[PromptLine]:
                 raise StrataError("needs 'prompt' or 'prompt_ids'")
             if "prompt_ids" in d and d.get("chat"):
                 raise StrataError("'chat' needs text: it cannot be combined with 'prompt_ids'")
-            if "arrival" in d and "arrival_offset" in d:
-                raise StrataError("give one of 'arrival', 'arrival_offset', not both")
         except StrataError as e:
             raise StrataError(f"--prompts_file {where}: {e}") from None
         rid = d.get("id", len(out))
@@ -206,7 +207,7 @@ def build_requests(lines: list[PromptLine], tokenizer, *, default_max_new: int, 
                               float(d.get("top_p", ds.top_p)), float(d.get("min_p", ds.min_p)),
                               int(d.get("seed", ds.seed)))
         reqs.append(Request(ids, int(d.get("max_new_tokens", default_max_new)), samp, tuple(stop_ids), stop,
-                            float(d.get("arrival", d.get("arrival_offset", 0.0))), rid=pl.rid, text=text))
+                            float(d.get("arrival", 0.0)), rid=pl.rid, text=text))
     return reqs
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
+import time
 
 from absl import flags
 
@@ -132,28 +132,35 @@ def main(argv) -> int:
     if tok is None:
         fail(f"strata-serve needs the model's tokenizer, and this model has no usable one ({why})")
     if tok.chat_template_source != "gguf":
-        print(f"warning: this file has no chat template; /v1/chat/completions uses a generic one "
-              f"({tok.chat_template_source}), which a base model may not follow", file=sys.stderr)
+        shared.CONSOLE.note(f"warning: this file has no chat template; /v1/chat/completions uses a generic one "
+                            f"({tok.chat_template_source}), which a base model may not follow")
     metrics = Metrics()
     sch, res, _ = shared.batch_scheduler(engine, solo_spec=True, on_window=metrics.on_window)
+    caches = [engine.cache]
+    d_eng = getattr(getattr(sch.proposer_factory, "__self__", None), "engine", None)  # --draft model's engine
+    if d_eng is not None and d_eng is not engine:
+        caches.append(d_eng.cache)
+    metrics.watch_compiles(caches, shared.XLA_CACHE)
     loop = EngineLoop(sch, max_queue=FLAGS.max_queue, on_step=metrics.on_step).start()
     if FLAGS.warmup:
-        print(f"warming up: {engine.n_slots} request(s) of 3 tokens ...", file=sys.stderr)
+        shared.CONSOLE.note(f"warming up: {engine.n_slots} request(s) of 3 tokens ...")
+        t0 = time.perf_counter()
         _warmup(loop, engine, tok)
+        shared.CONSOLE.note(f"warmed up in {time.perf_counter() - t0:.1f} s: {shared.compile_summary(caches)}")
     app = create_app(loop, tok, model_id=_model_id(), max_context=engine.max_context,
                      vocab_size=engine.cfg.vocab_size,
                      defaults=oa.Defaults(FLAGS.max_new_tokens, shared.default_sampling()), eos_ids=tok.eos_ids,
                      api_key=api_key, metrics=metrics, on_shutdown=lambda: loop.close(drain=True))
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(f"strata-serve: {_model_id()} ({res.mode}, {engine.n_slots} slot(s)) on http://{shown}:{port}"
-          f"{' (API key required)' if api_key else ''}", file=sys.stderr, flush=True)
+    shared.CONSOLE.note(f"strata-serve: {_model_id()} ({res.mode}, {engine.n_slots} slot(s)) on http://{shown}:{port}"
+                        f"{' (API key required)' if api_key else ''}")
     config = uvicorn.Config(app, log_level="info" if FLAGS.verbose else "warning", timeout_graceful_shutdown=None,
                             access_log=bool(FLAGS.verbose))
     server = _draining_server_class()(config)
     server.run(sockets=[sock])  # SIGTERM / SIGINT: stop accepting, finish the open requests, then shut the app down
     loop.close(drain=True)
-    print("strata-serve: stopped", file=sys.stderr, flush=True)
+    shared.CONSOLE.note(f"strata-serve: stopped ({shared.compile_summary(caches)})")
     return 0
 
 

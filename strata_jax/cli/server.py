@@ -79,6 +79,23 @@ class Metrics:
         Gauge("strata_slots_busy", "Slots decoding a request", registry=r).set_function(lambda: loop.running)
         Gauge("strata_slots", "Batch slots (--batch)", registry=r).set(loop.n_slots)
 
+    def watch_compiles(self, caches, xla=None) -> None:
+        """Gauges read at each scrape: functions compiled and seconds spent compiling (the `CompileCache` objects
+        ``caches``: the target's, a draft model's), and with ``xla`` (an `XlaCacheStats`) the programs read from and
+        written to the persistent compilation cache."""
+        from prometheus_client import Gauge
+
+        r = self.registry
+        Gauge("strata_compiles", "Functions compiled (first calls of a window shape)",
+              registry=r).set_function(lambda: sum(c.compiles for c in caches))
+        Gauge("strata_compile_seconds", "Seconds spent in first calls (tracing, compiling or reading the XLA "
+              "cache, first run)", registry=r).set_function(lambda: sum(c.compile_seconds for c in caches))
+        if xla is not None:
+            Gauge("strata_xla_cache_read", "Programs read from the persistent compilation cache",
+                  registry=r).set_function(lambda: xla.hits)
+            Gauge("strata_xla_cache_written", "Programs compiled and written to the persistent compilation cache",
+                  registry=r).set_function(lambda: xla.written)
+
     def on_window(self, rec: WindowRecord) -> None:
         self.proposals_offered.inc(rec.proposed)
         self.proposals_accepted.inc(rec.accepted)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from strata_jax.layers.exact import softmax
 from strata_jax.pallas.qsa import attend_cells, attend_cells_path
-from strata_jax.state import Rows
+from strata_jax.state import Rows, kv_view
 
 _NEG = -1e30
 
@@ -42,13 +42,15 @@ def attend_window(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: Ro
 
     Args:
       q: float32 [B, T, Hq, D] (RoPE applied).
-      k_cache, v_cache: [n_slots, max_context + 1, Hkv, D].
+      k_cache, v_cache: [n_slots, max_context + 1, Hkv, D], float32 or bfloat16 (or uint16: bfloat16 bit patterns,
+        `strata_jax.state.kv_zeros`).
       rows: the window layout (slot and first position of each segment).
       scale: softmax scale; max_context: cells per slot; window: sliding window (0 = none; may be a traced int).
 
     Returns:
       float32 [B, T, Hq, D].
     """
+    k_cache, v_cache = kv_view(k_cache), kv_view(v_cache)
     path = _kernel_path(q, k_cache, v_cache)
     if path != "reference":
         return _attend_cells(q, k_cache, v_cache, rows, scale, max_context, window, path)
@@ -79,6 +81,7 @@ def attend_prefill(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: R
 
     Args/Returns: as `attend_window`, with T the chunk length.
     """
+    k_cache, v_cache = kv_view(k_cache), kv_view(v_cache)
     path = _kernel_path(q, k_cache, v_cache)
     if path != "reference":
         return _attend_cells(q, k_cache, v_cache, rows, scale, max_context, window, path)

@@ -2,7 +2,7 @@
 
 Sources: HF transformers 5.24 ``modeling_qwen3_next.Qwen3NextGatedDeltaNet`` and
 ``modeling_qwen3_5_moe.Qwen3_5MoeGatedDeltaNet`` (the numerics), llama.cpp's converter ``conversion/qwen.py``
-(GGUF layout), spec MODEL.md A§1.3 and B§1.3/§2.2, SERVING.md §3.2 (window/commit).
+(GGUF layout); windows leave the state untouched, the commit advances it.
 
 Per token ``x`` [D] (all float32):
   1. ``qkv = W_qkv x`` [C], C = 2*Hk*Dk + Hv*Dv; causal depthwise conv (kernel K, no bias) over time with the slot's
@@ -97,32 +97,35 @@ class GatedDeltaNet(nnx.Module):
     """One GDN mixer (see module docstring).
 
     Args:
-      g: an open `GGUFFile`; prefix: ``"blk.N."``; n_k_heads/n_v_heads/d_k/d_v/conv_kernel: geometry;
+      g: an open `GGUFFile`; prefix: ``"blk.N."``; dim: D; n_k_heads/n_v_heads/d_k/d_v/conv_kernel: geometry (ints
+        or `strata_jax.config.Dim` s: the tensors' expected shapes, module docstring);
       v_order: ``"tiled"`` or ``"grouped"``; gate_act: ``"silu"`` or ``"sigmoid"``; rms_eps: of the output norm.
     """
 
-    def __init__(self, g, prefix: str, *, n_k_heads: int, n_v_heads: int, d_k: int, d_v: int, conv_kernel: int,
-                 v_order: str, gate_act: str, rms_eps: float, device=None):
+    def __init__(self, g, prefix: str, *, dim: int, n_k_heads: int, n_v_heads: int, d_k: int, d_v: int,
+                 conv_kernel: int, v_order: str, gate_act: str, rms_eps: float, device=None):
         p = prefix
-        self.Hk, self.Hv, self.Dk, self.Dv, self.K = n_k_heads, n_v_heads, d_k, d_v, conv_kernel
-        self.C = 2 * n_k_heads * d_k + n_v_heads * d_v
+        C = 2 * n_k_heads * d_k + n_v_heads * d_v  # the expected shapes below: ints or strata_jax.config.Dim s
+        inner = n_v_heads * d_v
+        self.Hk, self.Hv, self.Dk, self.Dv, self.K = (int(x) for x in (n_k_heads, n_v_heads, d_k, d_v, conv_kernel))
+        self.C = int(C)
         self.v_order = v_order
         self.gate_act = gate_act
         self.eps = rms_eps
-        self.wqkv = QLinear.from_gguf(g, p + "attn_qkv.weight", device)
-        self.wz = QLinear.from_gguf(g, p + "attn_gate.weight", device)
+        self.wqkv = QLinear.from_gguf(g, p + "attn_qkv.weight", device, shape=(C, dim))
+        self.wz = QLinear.from_gguf(g, p + "attn_gate.weight", device, shape=(inner, dim))
         if g.has(p + "ssm_ba.weight"):
-            self.wba = QLinear.from_gguf(g, p + "ssm_ba.weight", device)
+            self.wba = QLinear.from_gguf(g, p + "ssm_ba.weight", device, shape=(2 * n_v_heads, dim))
             self.wb = self.wa = None
         else:
             self.wba = None
-            self.wb = QLinear.from_gguf(g, p + "ssm_beta.weight", device)
-            self.wa = QLinear.from_gguf(g, p + "ssm_alpha.weight", device)
-        self.ssm_a = nnx.Param(load_f32(g, p + "ssm_a", device).reshape(-1))
-        self.dt_bias = nnx.Param(load_f32(g, p + "ssm_dt.bias", device).reshape(-1))
-        self.conv_w = nnx.Param(load_f32(g, p + "ssm_conv1d.weight", device).reshape(self.C, conv_kernel))
-        self.norm_w = nnx.Param(load_f32(g, p + "ssm_norm.weight", device).reshape(-1))
-        self.wout = QLinear.from_gguf(g, p + "ssm_out.weight", device)
+            self.wb = QLinear.from_gguf(g, p + "ssm_beta.weight", device, shape=(n_v_heads, dim))
+            self.wa = QLinear.from_gguf(g, p + "ssm_alpha.weight", device, shape=(n_v_heads, dim))
+        self.ssm_a = nnx.Param(load_f32(g, p + "ssm_a", device, shape=(n_v_heads,)))
+        self.dt_bias = nnx.Param(load_f32(g, p + "ssm_dt.bias", device, shape=(n_v_heads,)))
+        self.conv_w = nnx.Param(load_f32(g, p + "ssm_conv1d.weight", device, shape=(C, conv_kernel)))
+        self.norm_w = nnx.Param(load_f32(g, p + "ssm_norm.weight", device, shape=(d_v,)))
+        self.wout = QLinear.from_gguf(g, p + "ssm_out.weight", device, shape=(dim, inner))
 
     def state_shapes(self):
         """{"S": (Hv, Dk, Dv), "conv": (K-1, C)} per slot, float32."""

@@ -1,7 +1,7 @@
 """Low-rank gated hyper-connections of qwen4exp (4 residual streams).
 
 Sources: HF transformers 5.24 ``modeling_qwen4_exp.Qwen4ExpTextGatedResidual`` and ``Qwen4ExpTextDecoderLayer``
-(the read/write order), spec MODEL.md A§1.2. GGUF names (llama.cpp ``conversion/qwen4exp.py``): per layer half
+(the read/write order). GGUF names (llama.cpp ``conversion/qwen4exp.py``): per layer half
 ``blk.N.hc_{attn,ffn}_{norm,down,up,inject}.weight``; head ``output_hc_{norm,down,up}.weight`` (no inject).
 
 The residual ``R`` is float32 [..., hc, D] (hc streams of width D). A read:
@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from strata_jax.config import shape_dims
 from strata_jax.layers.exact import row_mean
 from strata_jax.layers.gdn import qcall, rowwise
 from strata_jax.layers.linear import QLinear, load_f32
@@ -38,15 +39,19 @@ def stream_mean(x: jax.Array) -> jax.Array:
 class GatedResidual(nnx.Module):
     """One hyper-connection read (see module docstring).
 
-    Args: g; prefix e.g. ``"blk.3.hc_attn_"`` or ``"output_hc_"``; hc: streams; eps; inject: has ``inject``.
+    Args: g; prefix e.g. ``"blk.3.hc_attn_"`` or ``"output_hc_"``; dim: D; hc: streams; rank: r (None: as the
+    file's ``down``); eps; inject: has ``inject``. Tensors (expected shapes): ``norm`` [hc*D], ``down`` [r, hc*D],
+    ``up`` [hc*D, r], ``inject`` [hc, hc*D].
     """
 
-    def __init__(self, g, prefix: str, *, hc: int, eps: float, inject: bool = True, device=None):
-        self.hc, self.eps = hc, eps
-        self.norm_w = nnx.Param(load_f32(g, prefix + "norm.weight", device).reshape(-1))
-        self.down = QLinear.from_gguf(g, prefix + "down.weight", device)
-        self.up = QLinear.from_gguf(g, prefix + "up.weight", device)
-        self.inject = QLinear.from_gguf(g, prefix + "inject.weight", device) if inject else None
+    def __init__(self, g, prefix: str, *, dim: int, hc: int, rank: int | None, eps: float, inject: bool = True,
+                 device=None):
+        self.hc, self.eps = int(hc), eps
+        self.norm_w = nnx.Param(load_f32(g, prefix + "norm.weight", device, shape=(hc * dim,)))
+        self.down = QLinear.from_gguf(g, prefix + "down.weight", device, shape=(rank, hc * dim))
+        self.up = QLinear.from_gguf(g, prefix + "up.weight", device, shape=(hc * dim, rank or self.down.n_out))
+        self.inject = (QLinear.from_gguf(g, prefix + "inject.weight", device, shape=(hc, hc * dim)) if inject
+                       else None)
 
     def __call__(self, R: jax.Array, exact: bool):
         """R float32 [B, T, hc, D] -> (mixed [B, T, D], inj [B, T, hc] or None)."""
@@ -60,6 +65,14 @@ class GatedResidual(nnx.Module):
             return mixed, None
         inj = 2.0 * rowwise(jax.nn.sigmoid, qcall(self.inject, flat, exact) / hc, exact)
         return mixed, inj
+
+
+def hyper_read(g, cfg, prefix: str, device=None, inject: bool = True) -> GatedResidual:
+    """The `GatedResidual` at ``prefix`` with ``cfg``'s streams, width, rank and norm epsilon (every qwen4exp read:
+    the layers' ``hc_attn_`` / ``hc_ffn_``, the head's ``output_hc_``, the MTP layer's)."""
+    d = shape_dims(g, cfg)
+    return GatedResidual(g, prefix, dim=d.n_embd, hc=d.hc, rank=d.hc_lowrank, eps=cfg.rms_eps, inject=inject,
+                         device=device)
 
 
 def hc_write(R: jax.Array, y: jax.Array, inj: jax.Array) -> jax.Array:

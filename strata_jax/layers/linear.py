@@ -2,17 +2,28 @@
 
 A weight ``[n_out, n_in]`` is held as the file's bytes (uint8 ``[n_out, row_bytes]``) for block formats, or as its
 float dtype for F32/F16/BF16; it is dequantized inside the matmul (`strata_jax.pallas.quant_matmul.qmatmul`).
+Under ``STRATA_QMATMUL=planar`` with the Pallas kernels in use, block formats are repacked at load into the planar
+device layout instead (`strata_jax.pallas.quant_matmul.prepare_weight`: uint32, exact, the same values).
 
 Inside ``with blocks_as_f32():`` (what `strata_jax.pipeline.engine.Engine` does on a CPU when the copy fits, its
 ``weights="f32"``), block-format tensors are dequantized once at load instead (`strata_jax.gguf.blocks.dequantize`,
 the same decoder the matmul runs, so the values are the same) and held as float32 with qtype F32: four or more
 times the memory, but XLA on a CPU then reads plain floats instead of unpacking blocks on every step.
+
+Every tensor is loaded through `load_raw`, and every caller states the logical shape it expects from the config (in
+`strata_jax.config.Dim` s naming their metadata keys), as llama.cpp's loader does (``create_tensor(name, {dims})``,
+``check_tensor_dims``): `check_tensor`, the one check, refuses a missing tensor, a block format the engine cannot
+read, a shape that disagrees with the metadata, or a format wrong for the tensor's role (norms and other vectors
+read with `load_f32` must be float), with one `StrataError` line naming the file, the tensor and the keys.
+Inside ``with dry_run():`` the loaders check and return abstract arrays without reading data, so a whole stage can
+be checked before anything is placed (`strata_jax.models.registry.check_stages`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
 
 import jax
@@ -21,25 +32,47 @@ import numpy as np
 from flax import nnx
 from gguf.constants import GGMLQuantizationType as Q
 
+from strata_jax.errors import StrataError, UnsupportedError
 from strata_jax.gguf import blocks
-from strata_jax.pallas.quant_matmul import qmatmul
+from strata_jax.pallas.quant_matmul import dequantize_weight, prepare_weight, qmatmul
 from strata_jax.state import Rows
 
 _FLOAT_DTYPES = {Q.F32: np.float32, Q.F16: np.float16}
+FLOAT_FORMATS = frozenset({Q.F32, Q.F16, Q.BF16})
 _LOAD = threading.local()
 _DEQUANT_ROWS = 4096  # rows dequantized per call at load (bounds the decoder's temporaries)
 
 
 @contextlib.contextmanager
-def blocks_as_f32(enabled: bool = True):
-    """Within this context `load_raw` returns block-format tensors dequantized to float32 (qtype F32); see the
-    module docstring. Float formats are left as stored."""
-    old = getattr(_LOAD, "f32", False)
-    _LOAD.f32 = bool(enabled)
+def _loading(**settings):
+    """Set this thread's load settings (`blocks_as_f32`, `load_progress`, `dry_run`) for the context, then restore
+    them."""
+    old = {k: getattr(_LOAD, k, None) for k in settings}
+    for k, v in settings.items():
+        setattr(_LOAD, k, v)
     try:
         yield
     finally:
-        _LOAD.f32 = old
+        for k, v in old.items():
+            setattr(_LOAD, k, v)
+
+
+def blocks_as_f32(enabled: bool = True):
+    """Within this context `load_raw` returns block-format tensors dequantized to float32 (qtype F32); see the
+    module docstring. Float formats are left as stored."""
+    return _loading(f32=bool(enabled))
+
+
+def load_progress(callback):
+    """Within this context `load_raw` calls ``callback(nbytes)`` after placing each tensor, with the bytes it read
+    from the file (a progress bar over the bytes loaded). None: no calls."""
+    return _loading(progress=callback)
+
+
+def _loaded(info) -> None:
+    cb = getattr(_LOAD, "progress", None)
+    if cb is not None:
+        cb(int(getattr(info, "nbytes", 0) or 0))
 
 
 @functools.partial(jax.jit, static_argnames=("qtype", "n_cols"))
@@ -62,43 +95,116 @@ def _dequantize_rows(raw: np.ndarray, qtype, n_cols: int, device) -> jax.Array:
     return jax.device_put(out.reshape(*lead, n_cols), device)
 
 
-def load_raw(g, name: str, device=None):
-    """A tensor's data as stored, placed on ``device`` (no dequantization).
+def dry_run():
+    """Within this context (run under `flax.nnx.eval_shape`) `load_raw` checks each tensor (`check_tensor`) and
+    returns zeros of the shape and dtype it would load, reading no data: a stage built so is checked whole before
+    any weight is placed (`strata_jax.models.registry.check_stages`)."""
+    return _loading(dry=True)
+
+
+def _shape_text(shape) -> str:
+    return "[" + ", ".join("*" if d is None else str(int(d)) for d in shape) + "]"
+
+
+def check_tensor(g, name: str, shape, formats=None, reshape: bool = False) -> tuple[int, ...]:
+    """The one check of a tensor against what the metadata says (llama.cpp's ``check_tensor_dims``).
+
+    Args:
+      g: the open GGUF (`strata_jax.gguf.GGUFFile` or a `strata_jax.testing.random_weights.VirtualGGUF`).
+      name: the tensor.
+      shape: the logical shape the caller expects (numpy order, ``(n_out, n_in)`` for a matrix), its entries ints,
+        `strata_jax.config.Dim` s (their keys are named in the message) or None (any size). The stored shape must
+        equal it; extra leading dims must be 1 (``[1, D]`` for an expected ``[D]``, as ggml allows).
+      formats: the block formats allowed for the tensor's role (None: any format the engine reads).
+      reshape: only the element count must match (llama.cpp's ``TENSOR_ALLOW_RESHAPE``: a vector stored as
+        ``[hc, D]`` for an expected ``[hc * D]``); ``shape`` must then have no None.
+
+    Returns:
+      The shape to read the tensor at: the stored one without the extra leading 1s, or ``shape`` with ``reshape``.
+
+    Raises:
+      StrataError: one line naming the file and the tensor: missing; ``has shape [a, b], the metadata expects [c, d]
+        (from <arch>.<key>=<value>, ...)``; stored in a format outside ``formats``.
+      UnsupportedError: a block format the engine cannot read.
+    """
+    info = g.info(name)
+    if info.qtype not in blocks.SUPPORTED:
+        raise UnsupportedError(f"{g.path}: unsupported block format {blocks.format_name(info.qtype)} for tensor "
+                               f"{name!r}")
+    got, want = tuple(info.shape), tuple(shape)
+    lead = len(got) - len(want)
+    reshape = reshape and None not in want
+    if reshape:
+        ok = math.prod(got) == math.prod(want)
+    else:
+        ok = lead >= 0 and all(d == 1 for d in got[:lead]) and all(w is None or w == d
+                                                                    for w, d in zip(want, got[lead:]))
+    if not ok:
+        src = []
+        for w in want:
+            src += [s for s in getattr(w, "src", ()) if s not in src]
+        raise StrataError(f"{g.path}: tensor {name!r} has shape {_shape_text(got)}, the metadata expects "
+                          f"{_shape_text(want)}" + (f" (from {', '.join(src)})" if src else ""))
+    if formats is not None and info.qtype not in formats:
+        allowed = ", ".join(blocks.format_name(f) for f in sorted(formats, key=int))
+        raise StrataError(f"{g.path}: tensor {name!r} is stored as {blocks.format_name(info.qtype)}; its role takes "
+                          f"only {allowed}")
+    return tuple(int(w) for w in want) if reshape else got[lead:]
+
+
+def load_raw(g, name: str, device=None, *, shape, formats=None, reshape: bool = False):
+    """A tensor's data as stored, placed on ``device`` (no dequantization), after `check_tensor` (``shape``: the
+    logical shape the caller expects from the config; ``formats``: the block formats its role allows; ``reshape``:
+    any stored shape of as many values, read at ``shape``).
 
     Returns:
       (array, qtype, shape): uint8 [rows..., row_bytes] for block formats, float32/float16/bfloat16 [shape] for
-      float formats; within `blocks_as_f32`, block formats come as (float32 [shape], F32, shape).
+      float formats; within `blocks_as_f32`, block formats come as (float32 [shape], F32, shape). ``shape`` is the
+      stored one at the expected rank.
 
     Raises:
-      StrataError: missing tensor; UnsupportedError: a block format the engine cannot read.
+      StrataError: missing tensor, a shape that disagrees with ``shape``, a format outside ``formats``;
+      UnsupportedError: a block format the engine cannot read.
     """
-    info = g.info(name)
-    blocks.check_supported(info.qtype, name)
+    shape = check_tensor(g, name, shape, formats, reshape)
+    qtype = g.info(name).qtype
+    if getattr(_LOAD, "dry", False):
+        if qtype in FLOAT_FORMATS:
+            dt = jnp.bfloat16 if qtype == Q.BF16 else _FLOAT_DTYPES[qtype]
+            return jnp.zeros(shape, dt), qtype, shape
+        return jnp.zeros((*shape[:-1], blocks.row_bytes(qtype, shape[-1])), jnp.uint8), qtype, shape
+    out = _place(g, name, qtype, shape, device)
+    _loaded(g.info(name))
+    return out
+
+
+def _place(g, name: str, qtype, shape, device):
     if getattr(g, "virtual", False):  # random weights drawn on the device (strata_jax.testing.random_weights)
         raw = g.tensor_bytes(name, device)
-        if info.qtype in _FLOAT_DTYPES or info.qtype == Q.BF16:
-            dt = jnp.bfloat16 if info.qtype == Q.BF16 else _FLOAT_DTYPES[info.qtype]
-            raw = jax.lax.bitcast_convert_type(raw.reshape(*info.shape, jnp.dtype(dt).itemsize), dt)
-        return raw, info.qtype, info.shape
+        if qtype in FLOAT_FORMATS:
+            dt = jnp.bfloat16 if qtype == Q.BF16 else _FLOAT_DTYPES[qtype]
+            raw = jax.lax.bitcast_convert_type(raw.reshape(*shape, jnp.dtype(dt).itemsize), dt)
+        else:
+            raw = raw.reshape(*shape[:-1], raw.shape[-1])
+        return raw, qtype, shape
     raw = g.tensor_bytes(name)
-    if info.qtype in _FLOAT_DTYPES:
-        arr = raw.view(_FLOAT_DTYPES[info.qtype]).reshape(info.shape)
-    elif info.qtype == Q.BF16:
-        arr = jnp.asarray(raw.view(np.uint16).reshape(info.shape)).view(jnp.bfloat16)
-        return jax.device_put(arr, device), info.qtype, info.shape
-    elif getattr(_LOAD, "f32", False) and info.shape:
-        return _dequantize_rows(np.asarray(raw), info.qtype, int(info.shape[-1]), device), Q.F32, info.shape
+    if qtype in _FLOAT_DTYPES:
+        arr = raw.view(_FLOAT_DTYPES[qtype]).reshape(shape)
+    elif qtype == Q.BF16:
+        arr = jnp.asarray(raw.view(np.uint16).reshape(shape)).view(jnp.bfloat16)
+        return jax.device_put(arr, device), qtype, shape
     else:
-        arr = raw
-    return jax.device_put(np.ascontiguousarray(arr), device), info.qtype, info.shape
+        arr = raw.reshape(*shape[:-1], raw.shape[-1])
+        if getattr(_LOAD, "f32", False):
+            return _dequantize_rows(np.asarray(arr), qtype, int(shape[-1]), device), Q.F32, shape
+    return jax.device_put(np.ascontiguousarray(arr), device), qtype, shape
 
 
-def load_f32(g, name: str, device=None) -> jax.Array:
-    """A (small) tensor dequantized to float32 on ``device``: norms, biases, scalars."""
-    arr, qtype, shape = load_raw(g, name, device)
-    if arr.dtype == jnp.uint8:
-        n_cols = shape[-1]
-        arr = blocks.dequantize(arr, qtype, n_cols)
+def load_f32(g, name: str, device=None, *, shape) -> jax.Array:
+    """A small tensor as float32 [shape] on ``device``: norms, biases, gates, conv weights. Its role needs a float
+    format (F32, F16 or BF16: what llama.cpp's converters write for them); ``shape`` as `load_raw`; a vector
+    (1-D ``shape``) may be stored in any shape of as many values (its order is the same)."""
+    arr, qtype, shape = load_raw(g, name, device, shape=shape, formats=FLOAT_FORMATS, reshape=len(shape) == 1)
     return jnp.asarray(arr, jnp.float32).reshape(shape)
 
 
@@ -120,10 +226,12 @@ class QLinear(nnx.Module):
         self.b = nnx.Param(b) if b is not None else None
 
     @classmethod
-    def from_gguf(cls, g, name: str, device=None, bias: str | None = None) -> "QLinear":
-        w, qtype, shape = load_raw(g, name, device)
-        b = load_f32(g, bias, device) if bias and g.has(bias) else None
-        return cls(w, qtype, shape[0], shape[1], b)
+    def from_gguf(cls, g, name: str, device=None, bias: str | None = None, *, shape) -> "QLinear":
+        """W from tensor ``name``, expected ``shape`` = ``(n_out, n_in)`` (`load_raw`), and the bias [n_out] from
+        tensor ``bias`` when the file has it. W is put in its device form (`prepare_weight`)."""
+        w, qtype, shape = load_raw(g, name, device, shape=shape)
+        b = load_f32(g, bias, device, shape=(shape[0],)) if bias and g.has(bias) else None
+        return cls(prepare_weight(w, qtype, shape[1]), qtype, shape[0], shape[1], b)
 
     def __call__(self, x: jax.Array, exact_rows: bool = True) -> jax.Array:
         """x float [..., n_in] -> float32 [..., n_out].
@@ -155,14 +263,16 @@ class Embedding(nnx.Module):
         self.scale = float(scale)
 
     @classmethod
-    def from_gguf(cls, g, name: str, device=None, scale: float = 1.0) -> "Embedding":
-        w, qtype, shape = load_raw(g, name, device)
-        return cls(w, qtype, shape[0], shape[1], scale)
+    def from_gguf(cls, g, name: str, device=None, scale: float = 1.0, *, shape) -> "Embedding":
+        """The table from tensor ``name``, expected ``shape`` = ``(vocab, D)`` (`load_raw`), in its device form
+        (`prepare_weight`: a tied head reads it)."""
+        w, qtype, shape = load_raw(g, name, device, shape=shape)
+        return cls(prepare_weight(w, qtype, shape[1]), qtype, shape[0], shape[1], scale)
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         """ids int32 [...] -> float32 [..., D] (times ``scale``)."""
         rows = jnp.take(self.w[...], jnp.clip(ids, 0, self.vocab - 1), axis=0)
-        e = blocks.dequantize(rows, self.qtype, self.dim)
+        e = dequantize_weight(rows, self.qtype, self.dim)
         return e * self.scale if self.scale != 1.0 else e
 
     def as_linear(self) -> QLinear:

@@ -1,7 +1,7 @@
 """Mixture-of-experts FFN with a sigmoid-gated shared expert (qwen35moe, qwen3next, qwen4exp).
 
 Sources: HF transformers 5.24 ``Qwen3_5MoeSparseMoeBlock`` / ``Qwen3NextSparseMoeBlock`` (router softmax -> top-k ->
-renormalise; shared expert times ``sigmoid(shared_expert_gate(x))``, added), spec MODEL.md A§1.5, B§1.3.
+renormalise; shared expert times ``sigmoid(shared_expert_gate(x))``, added).
 
 Per row ``x`` [D] (float32):
   ``p = softmax(W_r x)`` over all E experts; the top k (ties -> lower expert id, `jax.lax.top_k`), renormalised
@@ -33,16 +33,18 @@ from strata_jax.layers.gdn import qcall, rowwise
 from strata_jax.layers.linear import QLinear, load_f32, load_raw
 from strata_jax.pallas import rows as row_ops
 from strata_jax.pallas.grouped_experts import moe_experts
+from strata_jax.pallas.quant_matmul import prepare_weight
 
 RENORM_MIN = 2.0 ** -14
 
 
 class StackedExperts(nnx.Module):
-    """One stacked expert tensor ``[E, n_out, n_in]`` kept as stored (block bytes or float)."""
+    """One stacked expert tensor ``[E, n_out, n_in]`` (the expected ``shape``) kept as stored (block bytes or
+    float)."""
 
-    def __init__(self, g, name: str, device=None):
-        w, qtype, shape = load_raw(g, name, device)
-        self.w = nnx.Param(w)
+    def __init__(self, g, name: str, device=None, *, shape):
+        w, qtype, shape = load_raw(g, name, device, shape=shape)
+        self.w = nnx.Param(prepare_weight(w, qtype, int(shape[-1])))  # the device form (planar under the switch)
         self.qtype = qtype
         self.E, self.n_out, self.n_in = (int(s) for s in shape)
 
@@ -50,23 +52,28 @@ class StackedExperts(nnx.Module):
 class MoE(nnx.Module):
     """Routed experts + gated shared expert (see module docstring).
 
-    Args: g; prefix ``"blk.N."``; n_used: k; renorm: renormalise the top-k weights.
+    Args: g; prefix ``"blk.N."``; dim: D; n_expert: E; expert_ff / shared_ff: the expert and shared-expert widths
+    (None: as the file's ``ffn_gate_exps`` / ``ffn_gate_shexp``; the expected shapes of the module docstring);
+    n_used: k; renorm: renormalise the top-k weights.
     """
 
-    def __init__(self, g, prefix: str, *, n_used: int, renorm: bool = True, device=None):
+    def __init__(self, g, prefix: str, *, dim: int, n_expert: int, expert_ff: int | None, shared_ff: int | None,
+                 n_used: int, renorm: bool = True, device=None):
         p = prefix
         self.n_used = int(n_used)
         self.renorm = renorm
-        self.router = QLinear.from_gguf(g, p + "ffn_gate_inp.weight", device)
-        self.gate_exps = StackedExperts(g, p + "ffn_gate_exps.weight", device)
-        self.up_exps = StackedExperts(g, p + "ffn_up_exps.weight", device)
-        self.down_exps = StackedExperts(g, p + "ffn_down_exps.weight", device)
+        self.router = QLinear.from_gguf(g, p + "ffn_gate_inp.weight", device, shape=(n_expert, dim))
+        self.gate_exps = StackedExperts(g, p + "ffn_gate_exps.weight", device, shape=(n_expert, expert_ff, dim))
+        F = expert_ff or self.gate_exps.n_out
+        self.up_exps = StackedExperts(g, p + "ffn_up_exps.weight", device, shape=(n_expert, F, dim))
+        self.down_exps = StackedExperts(g, p + "ffn_down_exps.weight", device, shape=(n_expert, dim, F))
         self.has_shared = g.has(p + "ffn_gate_shexp.weight")
         if self.has_shared:
-            self.sh_gate = QLinear.from_gguf(g, p + "ffn_gate_shexp.weight", device)
-            self.sh_up = QLinear.from_gguf(g, p + "ffn_up_shexp.weight", device)
-            self.sh_down = QLinear.from_gguf(g, p + "ffn_down_shexp.weight", device)
-            self.sh_w = nnx.Param(load_f32(g, p + "ffn_gate_inp_shexp.weight", device).reshape(-1))
+            self.sh_gate = QLinear.from_gguf(g, p + "ffn_gate_shexp.weight", device, shape=(shared_ff, dim))
+            Fs = shared_ff or self.sh_gate.n_out
+            self.sh_up = QLinear.from_gguf(g, p + "ffn_up_shexp.weight", device, shape=(Fs, dim))
+            self.sh_down = QLinear.from_gguf(g, p + "ffn_down_shexp.weight", device, shape=(dim, Fs))
+            self.sh_w = nnx.Param(load_f32(g, p + "ffn_gate_inp_shexp.weight", device, shape=(dim,)))
 
     def route(self, logits: jax.Array):
         """logits float32 [..., E] -> (weights float32 [..., k], ids int32 [..., k])."""
@@ -76,11 +83,13 @@ class MoE(nnx.Module):
             w = w / jnp.maximum(row_sum(w), RENORM_MIN)
         return w, ids
 
-    def routed(self, x: jax.Array, w: jax.Array, ids: jax.Array, impl: str = "auto") -> jax.Array:
-        """The routed experts of rows x float32 [N, D] with weights / ids [N, k] -> float32 [N, D] (`moe_experts`)."""
+    def routed(self, x: jax.Array, w: jax.Array, ids: jax.Array, impl: str = "auto",
+               prefill: bool = False) -> jax.Array:
+        """The routed experts of rows x float32 [N, D] with weights / ids [N, k] -> float32 [N, D] (`moe_experts`;
+        ``prefill``: a prefill chunk, which planar weights serve with the grouped GEMM)."""
         qtypes = (self.gate_exps.qtype, self.up_exps.qtype, self.down_exps.qtype)
         return moe_experts(x, ids, w, self.gate_exps.w[...], self.up_exps.w[...], self.down_exps.w[...], qtypes,
-                           impl=impl)
+                           impl=impl, prefill=prefill)
 
     def __call__(self, x: jax.Array, exact_rows: bool) -> jax.Array:
         """x float32 [B, T, D] -> float32 [B, T, D]."""
@@ -88,7 +97,8 @@ class MoE(nnx.Module):
         logits = qcall(self.router, x, exact_rows)
         w, ids = self.route(logits)
         # all B*T rows in one call: row-exact on both paths, and the kernel reads each expert once per 8-row group
-        y = self.routed(x.reshape(B * T, D), w.reshape(B * T, -1), ids.reshape(B * T, -1)).reshape(B, T, D)
+        y = self.routed(x.reshape(B * T, D), w.reshape(B * T, -1), ids.reshape(B * T, -1),
+                        prefill=not exact_rows).reshape(B, T, D)
         if self.has_shared:
             hs = jax.nn.silu(qcall(self.sh_gate, x, exact_rows)) * qcall(self.sh_up, x, exact_rows)
             s = qcall(self.sh_down, hs, exact_rows)

@@ -1,11 +1,11 @@
 """MTP (multi-token prediction) draft layers of the hybrid families.
 
-HF transformers has no Qwen MTP module (the Qwen classes drop ``mtp.*`` on load, MODEL.md B§1.4) and llama.cpp's
+HF transformers has no Qwen MTP module (the Qwen classes drop ``mtp.*`` on load) and llama.cpp's
 ``draft-mtp`` was not compiled here, so these layers follow the spec and llama.cpp's graph description; they are
 checked against a float64 numpy reference written from the spec (``tests/test_mtp.py``), and qwen35's block, exported
 by llama.cpp's converter, against the same block assembled from HF's own modules (``tests/test_relatives.py``).
 
-qwen35moe / qwen3next / qwen35 ``nextn`` block (`NextNMTP`; MODEL.md B§1.4, B§2.2, B§2.3; llama.cpp ``graph_mtp``):
+qwen35moe / qwen3next / qwen35 ``nextn`` block (`NextNMTP`; llama.cpp ``graph_mtp``):
 GGUF tensors in block ``n = n_layer`` (the trunk's layer count): ``blk.n.nextn.{eh_proj,enorm,hnorm,
 shared_head_norm}`` plus a gated-attention block with the trunk's kind of FFN (MoE; qwen35: SwiGLU
 ``ffn_{gate,up,down}``) ``blk.n.{attn_norm,attn_q,attn_k,attn_v,attn_output,attn_q_norm,attn_k_norm,
@@ -17,7 +17,7 @@ post_attention_norm,ffn_*}``; optional ``nextn.embed_tokens`` / ``nextn.shared_h
 ``h`` is the trunk's **post-final-norm** hidden (``out["mtp_hidden"]`` of the last `HybridStage`); ``h'`` (same
 convention) is what the next chained draft consumes.
 
-qwen4exp MTP (`HCMTP`, MODEL.md A§1.7): the cell combines the trunk's final 4-stream residual ``R_i`` (before the
+qwen4exp MTP (`HCMTP`): the cell combines the trunk's final 4-stream residual ``R_i`` (before the
 final mixer; ``out["mtp_hidden"]``) with the token at i+1:
   ``e = fc_embedding(RMSNorm(emb(tok)) * w_e)``; ``h = fc_hidden(RMSNorm_over_all_hc*D(R) * w_h)`` applied per stream;
   ``R' = h + e`` (e broadcast over the streams); one QSA-type decoder layer (hyper-connections, gated attention with
@@ -42,42 +42,45 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from strata_jax.config import shape_dims
 from strata_jax.errors import StrataError
 from strata_jax.layers.gdn import qcall
-from strata_jax.layers.hyper import GatedResidual, hc_write
+from strata_jax.layers.hyper import hc_write, hyper_read
 from strata_jax.layers.linear import Embedding, QLinear, load_f32
 from strata_jax.layers.mlp import make_ffn
-from strata_jax.layers.moe import MoE
 from strata_jax.layers.norms import RMSNorm, rms_norm
 from strata_jax.layers.qsa import GatedAttention
 from strata_jax.state import Rows
 
 
 def _attention(g, cfg, p, device):
-    return GatedAttention(g, p, n_head=cfg.n_head, n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim,
+    d = shape_dims(g, cfg)
+    return GatedAttention(g, p, dim=d.n_embd, n_head=d.n_head, n_head_kv=d.n_head_kv, head_dim=d.head_dim,
                           rope_dim=cfg.rope_dim, rope_theta=cfg.rope_theta, rms_eps=cfg.rms_eps, indexer=None,
                           device=device)
 
 
 def _head(g, cfg, p, device, reuse):
+    d = shape_dims(g, cfg)
     if g.has(p + "nextn.shared_head_head.weight"):
-        return QLinear.from_gguf(g, p + "nextn.shared_head_head.weight", device)
+        return QLinear.from_gguf(g, p + "nextn.shared_head_head.weight", device, shape=(d.vocab_size, d.n_embd))
     if g.has("output.weight"):
         if "output.weight" in reuse:  # the trunk's head, already on this device: the same buffer, no copy
             h = reuse["output.weight"]
             return QLinear(nnx.Param(h.w[...]), h.qtype, h.n_out, h.n_in)
-        return QLinear.from_gguf(g, "output.weight", device)
-    return _embed(g, p, device, reuse, own=False).as_linear()
+        return QLinear.from_gguf(g, "output.weight", device, shape=(d.vocab_size, d.n_embd))
+    return _embed(g, cfg, p, device, reuse, own=False).as_linear()
 
 
-def _embed(g, p, device, reuse, own: bool = True):
+def _embed(g, cfg, p, device, reuse, own: bool = True):
+    d = shape_dims(g, cfg)
     name = p + "nextn.embed_tokens.weight"
     if own and g.has(name):
-        return Embedding.from_gguf(g, name, device)
+        return Embedding.from_gguf(g, name, device, shape=(d.vocab_size, d.n_embd))
     if "token_embd.weight" in reuse:
         e = reuse["token_embd.weight"]
         return Embedding(e.w[...], e.qtype, e.vocab, e.dim)
-    return Embedding.from_gguf(g, "token_embd.weight", device)
+    return Embedding.from_gguf(g, "token_embd.weight", device, shape=(d.vocab_size, d.n_embd))
 
 
 class _Base(nnx.Module):
@@ -103,16 +106,18 @@ class NextNMTP(_Base):
         p = f"blk.{n}."
         if not g.has(p + "nextn.eh_proj.weight"):
             raise StrataError(f"{g.path}: no MTP block (tensor {p}nextn.eh_proj.weight missing)")
-        self.eh_proj = QLinear.from_gguf(g, p + "nextn.eh_proj.weight", device)
-        self.enorm = RMSNorm(load_f32(g, p + "nextn.enorm.weight", device), cfg.rms_eps)
-        self.hnorm = RMSNorm(load_f32(g, p + "nextn.hnorm.weight", device), cfg.rms_eps)
+        D = shape_dims(g, cfg).n_embd
+        self.eh_proj = QLinear.from_gguf(g, p + "nextn.eh_proj.weight", device, shape=(D, 2 * D))
+        self.enorm = RMSNorm(load_f32(g, p + "nextn.enorm.weight", device, shape=(D,)), cfg.rms_eps)
+        self.hnorm = RMSNorm(load_f32(g, p + "nextn.hnorm.weight", device, shape=(D,)), cfg.rms_eps)
         shn = p + "nextn.shared_head_norm.weight"
-        self.head_norm = RMSNorm(load_f32(g, shn if g.has(shn) else "output_norm.weight", device), cfg.rms_eps)
-        self.embed = _embed(g, p, device, reuse)
+        self.head_norm = RMSNorm(load_f32(g, shn if g.has(shn) else "output_norm.weight", device, shape=(D,)),
+                                 cfg.rms_eps)
+        self.embed = _embed(g, cfg, p, device, reuse)
         self.head = _head(g, cfg, p, device, reuse)
-        self.attn_norm = RMSNorm(load_f32(g, p + "attn_norm.weight", device), cfg.rms_eps)
+        self.attn_norm = RMSNorm(load_f32(g, p + "attn_norm.weight", device, shape=(D,)), cfg.rms_eps)
         self.attn = _attention(g, cfg, p, device)
-        self.ffn_norm = RMSNorm(load_f32(g, p + "post_attention_norm.weight", device), cfg.rms_eps)
+        self.ffn_norm = RMSNorm(load_f32(g, p + "post_attention_norm.weight", device, shape=(D,)), cfg.rms_eps)
         self.ffn = make_ffn(g, p, cfg, device)
 
     def draft(self, state, h_rows, tokens, rows: Rows, mode: str = "window"):
@@ -143,17 +148,19 @@ class HCMTP(_Base):
         if not g.has(p + "nextn.fc_hidden.weight"):
             raise StrataError(f"{g.path}: no qwen4exp MTP layer (tensor {p}nextn.fc_hidden.weight missing)")
         self.hc, self.eps = cfg.hc, cfg.rms_eps
-        self.enorm = nnx.Param(load_f32(g, p + "nextn.enorm.weight", device).reshape(-1))
-        self.hnorm = nnx.Param(load_f32(g, p + "nextn.hnorm.weight", device).reshape(-1))
-        self.fc_e = QLinear.from_gguf(g, p + "nextn.fc_embedding.weight", device)
-        self.fc_h = QLinear.from_gguf(g, p + "nextn.fc_hidden.weight", device)
-        self.embed = _embed(g, p, device, reuse)
+        d = shape_dims(g, cfg)
+        D = d.n_embd
+        self.enorm = nnx.Param(load_f32(g, p + "nextn.enorm.weight", device, shape=(D,)))
+        self.hnorm = nnx.Param(load_f32(g, p + "nextn.hnorm.weight", device, shape=(d.hc * D,)))
+        self.fc_e = QLinear.from_gguf(g, p + "nextn.fc_embedding.weight", device, shape=(D, D))
+        self.fc_h = QLinear.from_gguf(g, p + "nextn.fc_hidden.weight", device, shape=(D, D))
+        self.embed = _embed(g, cfg, p, device, reuse)
         self.head = _head(g, cfg, p, device, reuse)
-        self.hc_attn = GatedResidual(g, p + "hc_attn_", hc=cfg.hc, eps=cfg.rms_eps, device=device)
-        self.hc_ffn = GatedResidual(g, p + "hc_ffn_", hc=cfg.hc, eps=cfg.rms_eps, device=device)
+        self.hc_attn = hyper_read(g, cfg, p + "hc_attn_", device)
+        self.hc_ffn = hyper_read(g, cfg, p + "hc_ffn_", device)
         self.attn = _attention(g, cfg, p, device)
-        self.moe = MoE(g, p, n_used=cfg.n_expert_used, renorm=True, device=device)
-        self.out_hc = GatedResidual(g, "output_hc_", hc=cfg.hc, eps=cfg.rms_eps, inject=False, device=device)
+        self.moe = make_ffn(g, p, cfg, device)
+        self.out_hc = hyper_read(g, cfg, "output_hc_", device, inject=False)
 
     def draft(self, state, h_rows, tokens, rows: Rows, mode: str = "window"):
         """h_rows float32 [B, T, hc, D] (the trunk's final residual streams, or a previous draft's new_h); tokens

@@ -1,13 +1,14 @@
 """qwen4exp per-layer n-gram embedding (PLE): host-side row ids and the gated block.
 
 Sources: HF transformers 5.24 ``modeling_qwen4_exp.Qwen4ExpTextNGramEmbedding`` (hashing, EOS cut) and
-``Qwen4ExpTextPLELayer`` (the block), spec MODEL.md A§1.6, SERVING.md §3.2 (PLE history at commit).
+``Qwen4ExpTextPLELayer`` (the block); the PLE history advances at commit.
 
 Row ids (host, numpy; `ple_row_ids`): for token t0 with predecessors t1, t2 (missing ones, and those at or before
 the most recent EOS among the predecessors, replaced by the EOS id), heads 0..hpn-1 use
 ``bigram = t0*m0 XOR t1*m1`` and heads hpn..2*hpn-1 ``trigram = bigram XOR t2*m2``; row = ``mix mod vocab_h +
 offset_h``. HF computes this in **signed int64** with wrap-around and ``torch.remainder`` (floor modulo, result in
-[0, vocab_h)); numpy int64 reproduces it exactly. (MODEL.md writes uint64; the reference's signed form wins.)
+[0, vocab_h)); numpy int64 reproduces it exactly (an unsigned uint64 form would differ; the reference's signed form
+wins).
 
 The table (``per_layer_token_embd.weight`` [rows, dim]) is never put on the device by this module: the caller
 gathers the rows for a window on the host (memory map) and passes ``emb`` float32 [B, T, n_heads*dim] in.
@@ -169,18 +170,23 @@ def dequant_rows(raw: jax.Array, qtype, dim: int) -> jax.Array:
 
 
 class PLEBlock(nnx.Module):
-    """The gated PLE update of the residual streams (see module docstring)."""
+    """The gated PLE update of the residual streams (see module docstring).
 
-    def __init__(self, g, prefix: str, *, hc: int, dim: int, conv_kernel: int, dilation: int, eps: float,
+    Args: g; prefix ``"blk.L."``; hc; dim: D; emb: E, the width of a token's gathered table rows (heads x table
+    columns); conv_kernel: K; dilation; eps. Tensors (expected shapes): ``ple_key`` [hc*D, E], ``ple_value`` [D, E],
+    ``ple_norm_{key,query,conv}`` [hc*D], ``ple_conv1d`` [hc*D, K]."""
+
+    def __init__(self, g, prefix: str, *, hc: int, dim: int, emb: int, conv_kernel: int, dilation: int, eps: float,
                  device=None):
         p = prefix
-        self.hc, self.D, self.K, self.dil, self.eps = hc, dim, conv_kernel, dilation, eps
-        self.wkey = QLinear.from_gguf(g, p + "ple_key.weight", device)
-        self.wvalue = QLinear.from_gguf(g, p + "ple_value.weight", device)
-        self.norm_key = nnx.Param(load_f32(g, p + "ple_norm_key.weight", device).reshape(-1))
-        self.norm_query = nnx.Param(load_f32(g, p + "ple_norm_query.weight", device).reshape(-1))
-        self.norm_conv = nnx.Param(load_f32(g, p + "ple_norm_conv.weight", device).reshape(-1))
-        self.conv_w = nnx.Param(load_f32(g, p + "ple_conv1d.weight", device).reshape(hc * dim, conv_kernel))
+        self.hc, self.D, self.K, self.dil, self.eps = int(hc), int(dim), int(conv_kernel), int(dilation), eps
+        C = hc * dim
+        self.wkey = QLinear.from_gguf(g, p + "ple_key.weight", device, shape=(C, emb))
+        self.wvalue = QLinear.from_gguf(g, p + "ple_value.weight", device, shape=(dim, emb))
+        self.norm_key = nnx.Param(load_f32(g, p + "ple_norm_key.weight", device, shape=(C,)))
+        self.norm_query = nnx.Param(load_f32(g, p + "ple_norm_query.weight", device, shape=(C,)))
+        self.norm_conv = nnx.Param(load_f32(g, p + "ple_norm_conv.weight", device, shape=(C,)))
+        self.conv_w = nnx.Param(load_f32(g, p + "ple_conv1d.weight", device, shape=(C, conv_kernel)))
 
     @property
     def hist_len(self) -> int:

@@ -1,7 +1,7 @@
 """Gated full attention of the hybrid families (every ``full_attention_interval``-th layer).
 
 Sources: HF transformers 5.24 ``Qwen3NextAttention`` / ``Qwen3_5MoeAttention`` (q_proj emits per head ``[q | gate]``,
-q/k per-head RMSNorm, partial NeoX RoPE, output times ``sigmoid(gate)`` before o_proj), spec MODEL.md B§1.3, A§1.4.
+q/k per-head RMSNorm, partial NeoX RoPE, output times ``sigmoid(gate)`` before o_proj).
 
 Per token ``x`` [D]: ``qg = W_q x`` reshaped [H, 2*hd] -> q = first hd, gate = last hd (contiguous halves);
 ``k = W_k x``, ``v = W_v x`` [Hkv, hd]; q, k RMS-normed per head (GGUF weights carry the +1); RoPE (NeoX, first
@@ -13,7 +13,7 @@ K/V cells are written in both window and prefill modes (`strata_jax.state.write_
 each row's listed cells on the kernel path, one row at a time in plain jnp on the reference path), so a row's result
 does not depend on the other rows.
 
-qwen4exp's QSA adds a block indexer (`QSAIndexer`, HF ``Qwen4ExpTextQSAIndexer``, MODEL.md A§1.4) that restricts each
+qwen4exp's QSA adds a block indexer (`QSAIndexer`, HF ``Qwen4ExpTextQSAIndexer``) that restricts each
 query to the top ``budget / ratio`` complete blocks of ``ratio`` cells plus its unfinished tail:
   * raw indexer key per cell ``k_raw = W_ik x`` [dI] (no norm, no RoPE), stored in a third per-slot cell cache
     [n_slots, max_context + 1, dI], written in window and prefill modes exactly like K/V (a rejected row's cell is
@@ -53,21 +53,21 @@ from strata_jax.state import Rows, write_cells
 class QSAIndexer(nnx.Module):
     """The QSA block indexer (see module docstring).
 
-    Args: g; prefix ``"blk.N."`` (tensors ``indexer.{q_proj,k_proj,q_norm,k_norm}.weight``); n_heads; head_dim;
-    ratio (cells per block, GGUF ``attention.compress_ratios[N]``); budget (cells, GGUF ``attention.indexer.top_k``);
-    rope_dim / rope_theta (as the attention's); rms_eps.
+    Args: g; prefix ``"blk.N."`` (tensors ``indexer.{q_proj,k_proj,q_norm,k_norm}.weight``: [nI*dI, D], [dI, D],
+    [dI], [dI]); dim: D; n_heads: nI; head_dim: dI; ratio (cells per block, GGUF ``attention.compress_ratios[N]``);
+    budget (cells, GGUF ``attention.indexer.top_k``); rope_dim / rope_theta (as the attention's); rms_eps.
     """
 
-    def __init__(self, g, prefix: str, *, n_heads: int, head_dim: int, ratio: int, budget: int, rope_dim: int,
-                 rope_theta: float, rms_eps: float, device=None):
+    def __init__(self, g, prefix: str, *, dim: int, n_heads: int, head_dim: int, ratio: int, budget: int,
+                 rope_dim: int, rope_theta: float, rms_eps: float, device=None):
         p = prefix + "indexer."
-        self.nh, self.hd, self.ratio = n_heads, head_dim, int(ratio)
+        self.nh, self.hd, self.ratio = int(n_heads), int(head_dim), int(ratio)
         self.n_top = max(1, int(budget) // self.ratio)
         self.rope_dim, self.theta = rope_dim, rope_theta
-        self.wq = QLinear.from_gguf(g, p + "q_proj.weight", device)
-        self.wk = QLinear.from_gguf(g, p + "k_proj.weight", device)
-        self.q_norm = RMSNorm(load_f32(g, p + "q_norm.weight", device), rms_eps)
-        self.k_norm = RMSNorm(load_f32(g, p + "k_norm.weight", device), rms_eps)
+        self.wq = QLinear.from_gguf(g, p + "q_proj.weight", device, shape=(n_heads * head_dim, dim))
+        self.wk = QLinear.from_gguf(g, p + "k_proj.weight", device, shape=(head_dim, dim))
+        self.q_norm = RMSNorm(load_f32(g, p + "q_norm.weight", device, shape=(head_dim,)), rms_eps)
+        self.k_norm = RMSNorm(load_f32(g, p + "k_norm.weight", device, shape=(head_dim,)), rms_eps)
 
     def project(self, x, pos, exact: bool):
         """x [B, T, D], pos int32 [B, T] -> (query [B, T, nI, dI] normed + rotated, raw key [B, T, dI])."""
@@ -111,21 +111,25 @@ class QSAIndexer(nnx.Module):
 
 class GatedAttention(nnx.Module):
     """See module docstring. State per layer: (k_cache, v_cache) [n_slots, max_context + 1, Hkv, hd], plus the raw
-    indexer-key cache [n_slots, max_context + 1, dI] as a third entry when the layer has an indexer."""
+    indexer-key cache [n_slots, max_context + 1, dI] as a third entry when the layer has an indexer.
 
-    def __init__(self, g, prefix: str, *, n_head: int, n_head_kv: int, head_dim: int, rope_dim: int,
+    Tensors (``blk.N.``, expected at ``dim`` = D and the head counts / width, ints or `strata_jax.config.Dim` s):
+    ``attn_q`` [H*2*hd, D], ``attn_k`` / ``attn_v`` [Hkv*hd, D], ``attn_output`` [D, H*hd], ``attn_{q,k}_norm``
+    [hd]; the indexer's (`QSAIndexer`) when ``indexer`` is given."""
+
+    def __init__(self, g, prefix: str, *, dim: int, n_head: int, n_head_kv: int, head_dim: int, rope_dim: int,
                  rope_theta: float, rms_eps: float, indexer: dict | None = None, device=None):
         p = prefix
-        self.H, self.Hkv, self.hd = n_head, n_head_kv, head_dim
+        self.H, self.Hkv, self.hd = int(n_head), int(n_head_kv), int(head_dim)
         self.rope_dim, self.theta = rope_dim, rope_theta
-        self.indexer = (QSAIndexer(g, p, rope_dim=rope_dim, rope_theta=rope_theta, rms_eps=rms_eps, device=device,
-                                   **indexer) if indexer else None)
-        self.wq = QLinear.from_gguf(g, p + "attn_q.weight", device)
-        self.wk = QLinear.from_gguf(g, p + "attn_k.weight", device)
-        self.wv = QLinear.from_gguf(g, p + "attn_v.weight", device)
-        self.wo = QLinear.from_gguf(g, p + "attn_output.weight", device)
-        self.q_norm = RMSNorm(load_f32(g, p + "attn_q_norm.weight", device), rms_eps)
-        self.k_norm = RMSNorm(load_f32(g, p + "attn_k_norm.weight", device), rms_eps)
+        self.indexer = (QSAIndexer(g, p, dim=dim, rope_dim=rope_dim, rope_theta=rope_theta, rms_eps=rms_eps,
+                                   device=device, **indexer) if indexer else None)
+        self.wq = QLinear.from_gguf(g, p + "attn_q.weight", device, shape=(2 * n_head * head_dim, dim))
+        self.wk = QLinear.from_gguf(g, p + "attn_k.weight", device, shape=(n_head_kv * head_dim, dim))
+        self.wv = QLinear.from_gguf(g, p + "attn_v.weight", device, shape=(n_head_kv * head_dim, dim))
+        self.wo = QLinear.from_gguf(g, p + "attn_output.weight", device, shape=(dim, n_head * head_dim))
+        self.q_norm = RMSNorm(load_f32(g, p + "attn_q_norm.weight", device, shape=(head_dim,)), rms_eps)
+        self.k_norm = RMSNorm(load_f32(g, p + "attn_k_norm.weight", device, shape=(head_dim,)), rms_eps)
 
     def __call__(self, x, kv, rows: Rows, mode: str, max_context: int):
         """x float32 [B, T, D]; kv (k_cache, v_cache[, indexer_cache]). Returns (out float32 [B, T, D], new kv)."""

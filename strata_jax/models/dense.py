@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from strata_jax.config import MAX_LAYERS, MAX_WIDTH, ModelConfig, base_fields
+from strata_jax.config import MAX_LAYERS, MAX_WIDTH, ModelConfig, base_fields, shape_dims
 from strata_jax.gguf.metadata import get_int
 from strata_jax.layers.attention import attend_prefill, attend_window
 from strata_jax.layers.linear import Embedding, QLinear, head_logits, load_f32
@@ -28,7 +28,7 @@ from strata_jax.layers.mlp import make_ffn
 from strata_jax.layers.norms import RMSNorm
 from strata_jax.layers.rope import apply_rope
 from strata_jax.layers.stack import group_runs
-from strata_jax.state import Rows, write_cells
+from strata_jax.state import Rows, kv_zeros, write_cells
 
 
 def dense_fields(g, *, n_ff_key: str | None = "feed_forward_length") -> dict[str, Any]:
@@ -54,21 +54,22 @@ class DenseBlock(nnx.Module):
     def __init__(self, g, cfg: ModelConfig, i: int, device=None):
         p = f"blk.{i}."
         self.cfg = cfg
+        d = shape_dims(g, cfg)  # the expected tensor shapes (llama.cpp's create_tensor dims)
+        D, q, kv = d.n_embd, d.n_head * d.head_dim, d.n_head_kv * d.head_dim
+        norm = lambda name, n=D: RMSNorm(load_f32(g, p + name, device, shape=(n,)), cfg.rms_eps)
         # an array, not a static flag, so that local and global layers stack into one scanned run
         self.is_local = nnx.Param(jnp.asarray(bool(cfg.layer_local[i]) if cfg.layer_local else False))
-        self.attn_norm = RMSNorm(load_f32(g, p + "attn_norm.weight", device), cfg.rms_eps)
-        self.wq = QLinear.from_gguf(g, p + "attn_q.weight", device, p + "attn_q.bias")
-        self.wk = QLinear.from_gguf(g, p + "attn_k.weight", device, p + "attn_k.bias")
-        self.wv = QLinear.from_gguf(g, p + "attn_v.weight", device, p + "attn_v.bias")
-        self.wo = QLinear.from_gguf(g, p + "attn_output.weight", device)
-        self.q_norm = RMSNorm(load_f32(g, p + "attn_q_norm.weight", device), cfg.rms_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(load_f32(g, p + "attn_k_norm.weight", device), cfg.rms_eps) if cfg.qk_norm else None
-        self.post_attn_norm = (RMSNorm(load_f32(g, p + "post_attention_norm.weight", device), cfg.rms_eps)
-                               if cfg.post_norms else None)
-        self.ffn_norm = RMSNorm(load_f32(g, p + "ffn_norm.weight", device), cfg.rms_eps)
+        self.attn_norm = norm("attn_norm.weight")
+        self.wq = QLinear.from_gguf(g, p + "attn_q.weight", device, p + "attn_q.bias", shape=(q, D))
+        self.wk = QLinear.from_gguf(g, p + "attn_k.weight", device, p + "attn_k.bias", shape=(kv, D))
+        self.wv = QLinear.from_gguf(g, p + "attn_v.weight", device, p + "attn_v.bias", shape=(kv, D))
+        self.wo = QLinear.from_gguf(g, p + "attn_output.weight", device, shape=(D, q))
+        self.q_norm = norm("attn_q_norm.weight", d.head_dim) if cfg.qk_norm else None
+        self.k_norm = norm("attn_k_norm.weight", d.head_dim) if cfg.qk_norm else None
+        self.post_attn_norm = norm("post_attention_norm.weight") if cfg.post_norms else None
+        self.ffn_norm = norm("ffn_norm.weight")
         self.ffn = make_ffn(g, p, cfg, device)
-        self.post_ffw_norm = (RMSNorm(load_f32(g, p + "post_ffw_norm.weight", device), cfg.rms_eps)
-                              if cfg.post_norms else None)
+        self.post_ffw_norm = norm("post_ffw_norm.weight") if cfg.post_norms else None
 
     def __call__(self, h, kv, layer, rows: Rows, mode: str, max_context: int):
         """h float32 [B, T, D]; kv = (k, v) caches [L_run, n_slots, max_context + 1, Hkv, Dh] of this layer's run,
@@ -120,22 +121,24 @@ class DenseStage(nnx.Module):
         self.cfg = cfg
         self.start, self.stop = start, stop
         self.first, self.last = start == 0, stop == cfg.n_layer
-        self.embed = (Embedding.from_gguf(g, "token_embd.weight", device, cfg.embed_scale)
+        d = shape_dims(g, cfg)
+        self.embed = (Embedding.from_gguf(g, "token_embd.weight", device, cfg.embed_scale,
+                                          shape=(d.vocab_size, d.n_embd))
                       if self.first or (self.last and cfg.tied_head) else None)
         self.runs = nnx.List(group_runs([DenseBlock(g, cfg, i, device) for i in range(start, stop)]))
         if self.last:
-            self.out_norm = RMSNorm(load_f32(g, "output_norm.weight", device), cfg.rms_eps)
+            self.out_norm = RMSNorm(load_f32(g, "output_norm.weight", device, shape=(d.n_embd,)), cfg.rms_eps)
             if cfg.tied_head:
                 self.head = self.embed.as_linear()
             else:
-                self.head = QLinear.from_gguf(g, "output.weight", device)
+                self.head = QLinear.from_gguf(g, "output.weight", device, shape=(d.vocab_size, d.n_embd))
 
     def init_state(self, n_slots: int, max_context: int, kv_dtype=jnp.float32, device=None):
         cfg = self.cfg
         shape = (n_slots, max_context + 1, cfg.n_head_kv, cfg.head_dim)
 
         def z(n):
-            return jax.device_put(jnp.zeros((n,) + shape, kv_dtype), device)
+            return jax.device_put(kv_zeros((n,) + shape, kv_dtype, device), device)
 
         return {"kv": [(z(r.n), z(r.n)) for r in self.runs]}
 

@@ -5,9 +5,9 @@ keys into a `HybridConfig` (with `hybrid_fields`, the reading they share) and st
 Sources: HF transformers 5.24 ``modeling_qwen3_5_moe.py``, ``modeling_qwen3_5.py``, ``modeling_qwen3_next.py``,
 ``modeling_qwen4_exp.py`` (numerics; HF wins where the spec disagrees), llama.cpp's converters
 ``conversion/{qwen,qwen4exp}.py`` and graphs ``src/models/{qwen35moe,qwen35,qwen3next}.cpp`` (GGUF names/keys),
-spec MODEL.md Part A (qwen4exp) and Part B.
+HF transformers' and llama.cpp's qwen4exp, qwen3next and qwen35moe code.
 
-qwen4exp (`HCBlock`, MODEL.md A§1.2): the residual is ``R`` float32 [B, T, hc, D] (the embedding tiled into the hc
+qwen4exp (`HCBlock`): the residual is ``R`` float32 [B, T, hc, D] (the embedding tiled into the hc
 streams); per layer ``[R += PLE(R, emb)]`` (PLE layers only), then ``mixed, inj = hc_attn(R)``, ``R += mixer(mixed) *
 inj``, ``mixed, inj = hc_ffn(R)``, ``R += MoE(mixed) * inj`` (`strata_jax.layers.hyper`); no attn/ffn norms.
 Mixers: GDN with a sigmoid output gate, or gated attention with the QSA indexer (`strata_jax.layers.qsa`). Head:
@@ -40,16 +40,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from strata_jax.config import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_WIDTH, ModelConfig, base_fields
+from strata_jax.config import (MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_WIDTH, Dim, ModelConfig, base_fields,
+                               shape_dims)
 from strata_jax.gguf.metadata import get_array, get_int, key_error
 from strata_jax.errors import StrataError, UnsupportedError
 from strata_jax.layers.gdn import GatedDeltaNet, conv_tail
-from strata_jax.layers.hyper import GatedResidual, hc_write
-from strata_jax.layers.linear import Embedding, QLinear, head_logits, load_f32
+from strata_jax.layers.hyper import hc_write, hyper_read
+from strata_jax.layers.linear import Embedding, QLinear, check_tensor, head_logits, load_f32
 from strata_jax.layers.mlp import make_ffn
-from strata_jax.layers.moe import MoE
 from strata_jax.layers.norms import RMSNorm
-from strata_jax.layers.ple import PLEBlock, PLETable, dequant_rows
+from strata_jax.layers.ple import TABLE as PLE_TABLE, PLEBlock, PLETable, dequant_rows
 from strata_jax.layers.qsa import GatedAttention
 from strata_jax.layers.stack import group_runs
 from strata_jax.state import Rows
@@ -100,7 +100,7 @@ class HybridConfig(ModelConfig):
 
 def hybrid_fields(g, *, moe: bool) -> dict:
     """The `HybridConfig` fields every hybrid family reads alike (llama.cpp's converters write them the same way,
-    MODEL.md B§2.1): `strata_jax.config.base_fields` (partial RoPE: ``head_dim / 4`` rotated dims without
+    llama.cpp's converter): `strata_jax.config.base_fields` (partial RoPE: ``head_dim / 4`` rotated dims without
     ``rope.dimension_count``), the trunk's layer count (``block_count`` minus ``nextn_predict_layers``, the MTP
     blocks appended after the trunk), which layers are recurrent (``attention.recurrent_layers``, else every
     ``full_attention_interval``-th layer is attention), the GDN geometry (``ssm.*``), and the FFN: the MoE keys
@@ -156,14 +156,16 @@ def hybrid_fields(g, *, moe: bool) -> dict:
 def make_mixer(g, cfg: HybridConfig, i: int, device=None):
     """Layer i's mixer: GDN or gated attention (with the QSA indexer where ``idx_ratio[i] > 0``)."""
     p = f"blk.{i}."
+    d = shape_dims(g, cfg)  # the tensors' expected shapes
     if cfg.layer_recurrent[i]:
-        return GatedDeltaNet(g, p, n_k_heads=cfg.ssm_k_heads, n_v_heads=cfg.ssm_v_heads, d_k=cfg.ssm_d_k,
-                             d_v=cfg.ssm_d_v, conv_kernel=cfg.ssm_conv, v_order=cfg.v_order, gate_act=cfg.gdn_gate,
+        return GatedDeltaNet(g, p, dim=d.n_embd, n_k_heads=d.ssm_k_heads, n_v_heads=d.ssm_v_heads, d_k=d.ssm_d_k,
+                             d_v=d.ssm_d_v, conv_kernel=d.ssm_conv, v_order=cfg.v_order, gate_act=cfg.gdn_gate,
                              rms_eps=cfg.rms_eps, device=device)
     ratio = cfg.idx_ratio[i] if i < len(cfg.idx_ratio) else 0
-    indexer = (dict(n_heads=cfg.idx_heads, head_dim=cfg.idx_head_dim, ratio=ratio, budget=cfg.idx_budget)
-               if ratio > 0 and g.has(p + "indexer.q_proj.weight") else None)
-    return GatedAttention(g, p, n_head=cfg.n_head, n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim,
+    # a layer with a compress ratio needs its indexer tensors (llama.cpp requires them on every attention layer)
+    indexer = (dict(n_heads=d.idx_heads, head_dim=d.idx_head_dim, ratio=ratio, budget=cfg.idx_budget)
+               if ratio > 0 else None)
+    return GatedAttention(g, p, dim=d.n_embd, n_head=d.n_head, n_head_kv=d.n_head_kv, head_dim=d.head_dim,
                           rope_dim=cfg.rope_dim, rope_theta=cfg.rope_theta, rms_eps=cfg.rms_eps, indexer=indexer,
                           device=device)
 
@@ -186,10 +188,11 @@ class HybridBlock(nnx.Module):
 
     def __init__(self, g, cfg: HybridConfig, i: int, device=None):
         p = f"blk.{i}."
+        D = shape_dims(g, cfg).n_embd
         self.recurrent = bool(cfg.layer_recurrent[i])
-        self.attn_norm = RMSNorm(load_f32(g, p + "attn_norm.weight", device), cfg.rms_eps)
+        self.attn_norm = RMSNorm(load_f32(g, p + "attn_norm.weight", device, shape=(D,)), cfg.rms_eps)
         self.mixer = make_mixer(g, cfg, i, device)
-        self.ffn_norm = RMSNorm(load_f32(g, p + "post_attention_norm.weight", device), cfg.rms_eps)
+        self.ffn_norm = RMSNorm(load_f32(g, p + "post_attention_norm.weight", device, shape=(D,)), cfg.rms_eps)
         self.ffn = make_ffn(g, p, cfg, device)
 
     def __call__(self, h, st, rows: Rows, mode: str, max_context: int, ple_emb=None):
@@ -219,12 +222,18 @@ class HCBlock(nnx.Module):
     def __init__(self, g, cfg: HybridConfig, i: int, device=None):
         p = f"blk.{i}."
         self.recurrent = bool(cfg.layer_recurrent[i])
-        self.hc_attn = GatedResidual(g, p + "hc_attn_", hc=cfg.hc, eps=cfg.rms_eps, device=device)
-        self.hc_ffn = GatedResidual(g, p + "hc_ffn_", hc=cfg.hc, eps=cfg.rms_eps, device=device)
+        self.hc_attn = hyper_read(g, cfg, p + "hc_attn_", device)
+        self.hc_ffn = hyper_read(g, cfg, p + "hc_ffn_", device)
         self.mixer = make_mixer(g, cfg, i, device)
-        self.moe = MoE(g, p, n_used=cfg.n_expert_used, renorm=True, device=device)
-        self.ple = (PLEBlock(g, p, hc=cfg.hc, dim=cfg.n_embd, conv_kernel=cfg.ple_conv, dilation=cfg.ple_ngram,
-                             eps=cfg.rms_eps, device=device) if i in cfg.ple_layers else None)
+        self.moe = make_ffn(g, p, cfg, device)
+        ple = None
+        if i in cfg.ple_layers:
+            d = shape_dims(g, cfg)
+            cols = check_tensor(g, PLE_TABLE, (None, None))[1]  # the table's rows are checked by the config
+            emb = (d.ple_ngram - 1) * d.ple_heads_per_ngram * Dim(cols, (f"{PLE_TABLE} columns={cols}",))
+            ple = PLEBlock(g, p, hc=d.hc, dim=d.n_embd, emb=emb, conv_kernel=d.ple_conv, dilation=cfg.ple_ngram,
+                           eps=cfg.rms_eps, device=device)
+        self.ple = ple
 
     def __call__(self, R, st, rows: Rows, mode: str, max_context: int, ple_emb=None):
         exact = mode == "window"
@@ -325,7 +334,8 @@ class HybridStage(nnx.Module):
         self.start, self.stop = start, stop
         self.first, self.last = start == 0, stop == cfg.n_layer
         self.hc = cfg.hc
-        self.embed = (Embedding.from_gguf(g, "token_embd.weight", device)
+        d = shape_dims(g, cfg)
+        self.embed = (Embedding.from_gguf(g, "token_embd.weight", device, shape=(d.vocab_size, d.n_embd))
                       if self.first or (self.last and cfg.tied_head) else None)
         block = HCBlock if cfg.hc else HybridBlock
         blocks = [block(g, cfg, i, device) for i in range(start, stop)]
@@ -340,15 +350,14 @@ class HybridStage(nnx.Module):
             self.blocks = nnx.List(blocks)
         self.has_ple = any(start <= i < stop for i in cfg.ple_layers)
         if self.has_ple:
-            info = g.info("per_layer_token_embd.weight")
-            self.ple_qtype, self.ple_dim = info.qtype, int(info.shape[-1])
+            self.ple_qtype, self.ple_dim = g.info(PLE_TABLE).qtype, int(g.info(PLE_TABLE).shape[-1])
         if self.last:
             if cfg.hc:
-                self.out_norm = GatedResidual(g, "output_hc_", hc=cfg.hc, eps=cfg.rms_eps, inject=False,
-                                              device=device)
+                self.out_norm = hyper_read(g, cfg, "output_hc_", device, inject=False)
             else:
-                self.out_norm = RMSNorm(load_f32(g, "output_norm.weight", device), cfg.rms_eps)
-            self.head = self.embed.as_linear() if cfg.tied_head else QLinear.from_gguf(g, "output.weight", device)
+                self.out_norm = RMSNorm(load_f32(g, "output_norm.weight", device, shape=(d.n_embd,)), cfg.rms_eps)
+            self.head = (self.embed.as_linear() if cfg.tied_head else
+                         QLinear.from_gguf(g, "output.weight", device, shape=(d.vocab_size, d.n_embd)))
 
     def final_norm(self, h, exact: bool = True):
         """The trunk's final norm: RMSNorm, or for qwen4exp the output hyper-connection read [.., hc, D] -> [.., D]."""

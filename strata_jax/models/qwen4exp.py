@@ -3,7 +3,7 @@ n-gram embedding, 512 experts top 10 + a shared expert), run by the hybrid stage
 its hyper-connection block; its MTP layer under this engine's tensor names (`strata_jax.layers.mtp.HCMTP`).
 
 Conventions (HF ``modeling_qwen4_exp.py``; llama.cpp's converter ``conversion/qwen4exp.py`` and
-``src/models/qwen4exp.cpp``; MODEL.md Part A) and the traps met with them (the full list:
+``src/models/qwen4exp.cpp``) and the traps met with them (the full list:
 experiments/parity/README_hybrid.md):
 - the GDN output gate is **sigmoid** (HF ``output_gate_type``; no GGUF key: the arch implies it); value heads tiled;
 - ``attention.indexer.top_k`` is the QSA budget in *cells* (blocks = top_k / compress ratio), and
@@ -26,7 +26,7 @@ from strata_jax.models.hybrid import HybridConfig, HybridStage, hybrid_fields
 
 
 def read_config(g) -> HybridConfig:
-    """The `HybridConfig` of an open qwen4exp GGUF (``qwen4exp.*`` keys, MODEL.md A§2.1).
+    """The `HybridConfig` of an open qwen4exp GGUF (``qwen4exp.*`` keys).
 
     Raises:
       StrataError: a required key (``hyper_connection.count``, ``attention.indexer.*``, ``ple.*`` of a file with a

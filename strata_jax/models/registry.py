@@ -70,6 +70,26 @@ def config_from_gguf(g):
     return family_of(g).read_config(g)
 
 
+def check_stages(g, cfg, ranges) -> None:
+    """Check every tensor the stages of ``ranges`` (``[(start, stop), ...]``) would load against the metadata, before
+    any is read or placed: each stage is built abstractly (`strata_jax.layers.linear.dry_run` under
+    `flax.nnx.eval_shape`), so its loaders run `strata_jax.layers.linear.check_tensor` and return shapes only. What a
+    loader engine calls before the real build, so that a bad file is refused with nothing half-loaded.
+
+    Raises:
+      StrataError: the first tensor that is missing or disagrees with the metadata (shape or block format), one
+        line naming the file, the tensor and the keys; UnsupportedError: a block format the engine cannot read.
+    """
+    from flax import nnx
+
+    from strata_jax.layers.linear import dry_run
+
+    stage = get_family(cfg.arch).stage
+    with dry_run():
+        for start, stop in ranges:
+            nnx.eval_shape(lambda a=start, b=stop: stage(g, cfg, a, b, None))
+
+
 def build_stage(g, cfg, start: int, stop: int, device=None):
     """The stage module for layers ``[start, stop)`` of ``cfg``'s family, weights placed on ``device``."""
     return get_family(cfg.arch).stage(g, cfg, start, stop, device)

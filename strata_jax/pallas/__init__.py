@@ -9,11 +9,15 @@ One folder per op; each has ``reference.py`` (plain jnp: the numerical spec, and
 * `strata_jax.pallas.quant_matmul`: ``qmatmul(x, w_raw, qtype, n_out, k_in)``, activations times a GGUF
   block-quantized weight (the kernel decodes blocks in registers and reads each weight byte once for 1..8 rows;
   ``row_groups=True``: more rows as 8-row groups in one launch; otherwise more rows take a 16-row GEMM).
+  ``STRATA_QMATMUL=planar`` selects the second kernel family, to be chosen between by measurement: weights
+  repacked at load into word-aligned planes (`quant_matmul.planar`, exact, every block format incl. the IQ ones),
+  a float32 GEMV (`quant_matmul.gemv`) and tensor-core kernels with a precision switch (`quant_matmul.gemm`:
+  prefill GEMM, grouped-expert GEMM, tensor-core GEMV).
 * `strata_jax.pallas.rows`: the per-row ops of the row path (``rms_norm`` incl. the L2 norm, ``row_sum``,
   ``softmax``, ``row_map`` of a narrow elementwise function), one program per row.
 * `strata_jax.pallas.grouped_experts`: ``moe_experts(x, topk_ids, topk_w, gate, up, down, qtypes)``, the routed
   SwiGLU experts; the kernel reads each expert of the window's union once (of each 8-row group's union for more
-  rows).
+  rows; with planar weights, prefill chunks are sorted by expert into one grouped GEMM per projection).
 * `strata_jax.pallas.qsa`: ``qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete)``, QSA indexer
   block selection and GQA softmax attention over the selected cells (verify rows and prefill; rows of several
   sequences in one call with ``seg`` / ``cell_base``); ``attend_cells``, the attention over an explicit cell list

@@ -14,6 +14,7 @@ qwen4exp's host-side PLE state (`strata_jax.pipeline.ple_host`, ``engine.ple``) 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -25,8 +26,8 @@ import numpy as np
 from strata_jax.config import ModelConfig
 from strata_jax.errors import StrataError
 from strata_jax.gguf import open_gguf
-from strata_jax.layers.linear import blocks_as_f32
-from strata_jax.models.registry import family_of
+from strata_jax.layers.linear import blocks_as_f32, load_progress
+from strata_jax.models.registry import check_stages, family_of
 from strata_jax.pipeline.memory import memory_bytes
 from strata_jax.pipeline.mtp_chain import MtpChain
 from strata_jax.pipeline.ple_host import PleHost
@@ -95,13 +96,12 @@ class Engine:
         ranges = parse_layer_split(layer_split, self.cfg.n_layer, len(devices))
         self.weights = _resolve_weights(weights, self.gguf, devices[:len(ranges)])
         self.stages: list[Stage] = []
-        bar = _load_bar(len(ranges), progress)
+        check_stages(self.gguf, self.cfg, ranges)  # every tensor against the metadata before any is placed
+        bar = _load_bar(self.gguf, self.cfg, len(ranges), self.weights, progress)
         for i, (a, b) in enumerate(ranges):
-            with blocks_as_f32(self.weights == "f32"):
+            with blocks_as_f32(self.weights == "f32"), (load_progress(bar.update) if bar else contextlib.nullcontext()):
                 module = self.family.stage(self.gguf, self.cfg, a, b, devices[i])
             self.stages.append(make_stage(module, i, devices[i]))
-            if bar:
-                bar.update(1)
         if bar:
             bar.close()
         self.kv_dtype = kv_dtype
@@ -276,11 +276,22 @@ def _resolve_weights(weights: str, g, devices) -> str:
     return "f32" if ram is not None and 4 * n_values <= F32_RAM_FRACTION * ram else "blocks"
 
 
-def _load_bar(n: int, progress: bool):
+def _load_bar(g, cfg, n_stages: int, weights: str, progress: bool):
+    """A progress bar (stderr, a terminal only) over the bytes of the tensors the stages read: every tensor but an
+    MTP layer's (blocks at or past ``n_layer``, loaded on demand)."""
     if not progress:
         return None
+    import re
     import sys
 
     from tqdm import tqdm
 
-    return tqdm(total=n, desc="loading stages", unit="stage", file=sys.stderr, leave=False, disable=None)
+    def trunk(name):
+        m = re.match(r"blk\.(\d+)\.", name)
+        return m is None or int(m.group(1)) < cfg.n_layer
+
+    total = sum(int(getattr(t, "nbytes", 0) or 0) for name, t in g.tensors.items() if trunk(name))
+    desc = f"loading {'and dequantizing ' if weights == 'f32' else ''}weights" + (
+        f" ({n_stages} stages)" if n_stages > 1 else "")
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr, leave=False,
+                disable=None)

@@ -1,6 +1,6 @@
-"""How batch slots are grouped on the stages: one pure function, `resolve_groups` (SERVING.md §4.2, §4.3, §4.5).
+"""How batch slots are grouped on the stages: one pure function, `resolve_groups`.
 
-Rules (from Strata's ``batch_groups::resolve``, seeds 001 and 003):
+Rules (from Strata's ``batch_groups::resolve``, with piped MTP as in its pull request #2985):
 
 * ``--batch 1`` is the solo path (proposals, if any, are the solo loop's).
 * ``--batch_groups auto`` gives one group per stage on a layer split, one group unsplit. When the slot count is not
@@ -9,8 +9,8 @@ Rules (from Strata's ``batch_groups::resolve``, seeds 001 and 003):
 * ``--batch_mtp`` (one proposal per slot, serial windows) without an explicit ``--batch_groups`` forces 1 group,
   and the message says why; an explicit G > 1 (or an explicit ``auto`` that resolves to G > 1) is honoured and turns
   ``--batch_mtp`` off, with a message.
-* ``--piped_mtp N`` (N >= 1 proposals per group window, kept on the device; seed 003) needs pipelined groups of one
-  slot each (as many slots as groups, G > 1). With ``--batch_groups`` not given, auto must give that (N slots = N
+* ``--piped_mtp N`` (N >= 1 proposals per group window, kept on the device; Strata PR #2985) needs pipelined groups
+  of one slot each (as many slots as groups, G > 1). With ``--batch_groups`` not given, auto must give that (N slots = N
   stages); otherwise piped MTP is left off with a line saying why, and the other flags resolve as if it were not
   given. N outside 1..7 (a window holds at most 8 rows) is refused.
 

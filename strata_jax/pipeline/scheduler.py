@@ -1,4 +1,4 @@
-"""Batch slots: requests, slots, admission, completion, cancellation, and the batch modes (SERVING.md §4).
+"""Batch slots: requests, slots, admission, completion, cancellation, and the batch modes.
 
 Each request decodes exactly the tokens it decodes alone (`strata_jax.pipeline.solo.generate`): a batch row's
 arithmetic is the single-row window's (tests/test_windows.py), sampling draws are keyed by (seed, position), and
@@ -40,7 +40,7 @@ the engine's state was lost with it, every active request ends and the slots are
 Proposals come from per-request `strata_jax.proposers.Proposer` objects (``proposer_factory``): prompt lookup works
 on every model; MTP when the model has it.
 
-Sources: SERVING.md §4.1-4.6; seeds 000-004 (Strata PRs #1253, #1636, #2985 and issue #2973).
+Sources: Strata PRs #1253, #1636, #2985 and issue #2973 (batch MTP, slot groups on a layer split).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ move a sequence forward through `Sequence`, so a batch row stops exactly where t
 * `Sequence.propose` asks the proposer for at most `Sequence.room` tokens (what the window cap, ``max_new_tokens``
   and the context leave) and cuts the proposal at the first token whose proposer probability is below
   ``spec_min_p``.
-* `Sequence.accept` emits a verify window's result: the accepted proposals (``n_keep - 1``, SERVING.md §3.1) and
+* `Sequence.accept` emits a verify window's result: the accepted proposals (``n_keep - 1``) and
   the bonus pick, cut where the stop rule ends the sequence; the proposer observes the kept tokens.
 """
 

@@ -2,7 +2,7 @@
 
 Plain decoding runs one-row windows with the commit fused in (one jitted call per stage per token). With a proposer
 (`strata_jax.proposers`), each window carries the last accepted token plus up to T-1 proposals; the picks decide
-``n_keep`` by exact match (SERVING.md §3.1) and the commit advances the state by the kept rows, so the output is
+``n_keep`` by exact match and the commit advances the state by the kept rows, so the output is
 token for token what plain decoding gives.
 """
 
@@ -114,13 +114,20 @@ class GenerationStats:
         return d
 
     def spec_summary(self) -> str:
-        """One line for the stats line: ``spec T=4 lookup: 12/30 accepted (40%), 1.9 tok/window, ...``."""
+        """One part of the stats line, in words: ``lookup proposals (window cap 4): 12 of 30 accepted (40%), 1.9 tok
+        per window, 31.0 ms per window, 5 ms proposing, stepped aside for 2 windows`` (stepping aside: the policy
+        ran plain steps where proposing did not pay); ``none offered`` when the proposer found nothing."""
         if not self.spec:
             return ""
-        return (f"spec T={self.spec} {self.proposer}: {self.accepted}/{self.proposed} accepted "
-                f"({100 * self.acceptance_rate:.0f}%), {self.tokens_per_window:.2f} tok/window, "
-                f"{self.window_ms:.1f} ms/window, propose {self.propose_seconds * 1e3:.0f} ms, "
-                f"stepped aside {self.stepped_aside}")
+        head = f"{self.proposer} proposals (window cap {self.spec}): "
+        aside = f", stepped aside for {self.stepped_aside} window{'' if self.stepped_aside == 1 else 's'}"
+        if not self.proposed:
+            return head + f"none offered ({self.propose_seconds * 1e3:.0f} ms looking)" + (
+                aside if self.stepped_aside else "")
+        ms = f", {self.window_ms:.1f} ms per window" if self.windows > self.compiled_windows else ""
+        return (head + f"{self.accepted} of {self.proposed} accepted ({100 * self.acceptance_rate:.0f}%), "
+                f"{self.tokens_per_window:.2f} tok per window{ms}, {self.propose_seconds * 1e3:.0f} ms proposing"
+                + (aside if self.stepped_aside else ""))
 
 
 @dataclasses.dataclass
@@ -203,7 +210,7 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
 
 def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sampling, eos_ids, stop, on_token, slot,
                    dump_logits, proposer, spec: int, spec_min_p: float, policy) -> Generation:
-    """The speculative solo loop (SERVING.md §3.1): each window is the last accepted token + up to ``spec - 1``
+    """The speculative solo loop: each window is the last accepted token + up to ``spec - 1``
     proposals at consecutive positions; the engine's exact-match ``n_keep`` decides the kept prefix, which is then
     cut at EOS / stop / max tokens / context end exactly where plain decoding would stop; recurrent state is
     committed by the kept rows; the bonus pick starts the next window.

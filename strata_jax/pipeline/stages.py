@@ -1,7 +1,7 @@
 """Stages of a layer split: which layers each device runs, their weights and state placed there, and the jitted
 calls that run one stage.
 
-``--layer_split K1,K2,...`` gives the first layer of each later stage (SERVING.md §3.4): ``12,24,36`` on 48 layers is
+``--layer_split K1,K2,...`` gives the first layer of each later stage: ``12,24,36`` on 48 layers is
 four stages of 12. The first stage owns the embedding, the last the final norm, the head and the sampler. Hidden rows
 are handed from stage to stage with `jax.device_put` (a small [B, T, D] array per window).
 """
@@ -75,7 +75,7 @@ def make_stage(module, index: int, device) -> Stage:
 
 
 def acceptance(tokens: jax.Array, picks: jax.Array, n_valid: jax.Array) -> jax.Array:
-    """Keep counts of a verify window by exact match (SERVING.md §3.1).
+    """Keep counts of a verify window by exact match: a proposal is kept while it equals the target's pick.
 
     Args:
       tokens: int32 [B, T] the window's input tokens (row 0 the last accepted token, then the proposals).
@@ -153,7 +153,7 @@ def build_commit_fn(stage: Stage):
 
 def build_mtp_fn(graphdef, mode: str, n_draft: int):
     """The jitted MTP proposer step of the last stage: catch up on a window's kept rows (or a prefill chunk's rows),
-    then chain ``n_draft`` greedy drafts (SERVING.md §3.3; llama.cpp ``draft-mtp``; Strata's MTP chain).
+    then chain ``n_draft`` greedy drafts (llama.cpp ``draft-mtp``; Strata's MTP chain).
 
     ``fn(params, state, h, next_tokens, rows, n_use) -> (drafts, probs, state)``:
       h: the last stage's ``out["mtp_hidden"]`` [B, T, D] (or [B, T, hc, D] for qwen4exp) float32;

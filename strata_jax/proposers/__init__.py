@@ -1,4 +1,4 @@
-"""Draft sources for speculative decoding on one sequence (SERVING.md §3.3).
+"""Draft sources for speculative decoding on one sequence.
 
 `Proposer` is the interface; `LookupProposer` (prompt lookup / suffix match), `DraftModelProposer` (a smaller GGUF
 with the same tokenizer), `MtpProposer` (the model's MTP layer) and `ScriptedProposer` (tests) implement it;

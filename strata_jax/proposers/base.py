@@ -1,8 +1,8 @@
-"""The proposer interface: where the drafts of a speculative window come from (SERVING.md §3.3).
+"""The proposer interface: where the drafts of a speculative window come from.
 
 A proposer sees the sequence's history (prompt + accepted output, the last entry being the token that will be row 0
 of the next window) and proposes up to ``max_n`` tokens that it guesses come next. The target verifies them by exact
-match (SERVING.md §3.1), so a proposer can only change the speed, never the output.
+match, so a proposer can only change the speed, never the output.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 Each round the draft engine first catches up on the tokens the target accepted since its last round, then chains
 greedy drafts. With ``min_p`` it stops at the first draft whose probability under the draft model is below it
-(``--spec_min_p``, SERVING.md §3.3). How the draft's state follows the verdicts depends on the draft model:
+(``--spec_min_p``). How the draft's state follows the verdicts depends on the draft model:
 
 * Dense drafts (K/V cells only): the longest common prefix of what the draft has read and the history is kept; the
-  cells past it are simply overwritten (SERVING.md §3.2). The new tail is read in one window (or as a prefill when it
+  cells past it are simply overwritten. The new tail is read in one window (or as a prefill when it
   is longer than a window, e.g. the prompt) and every draft is a one-row step.
 * Drafts with recurrent state (GDN state, conv and PLE histories: families with ``recurrent=True`` in
   `strata_jax.models.registry`, e.g. qwen35moe, qwen3next, qwen4exp): a draft read into that state cannot be taken

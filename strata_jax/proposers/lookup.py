@@ -1,6 +1,6 @@
 """Prompt lookup / suffix matching: propose what followed the longest earlier match of the history's suffix.
 
-Source: SERVING.md §3.3 (Strata's ``src/spec/suffix_drafter.cpp``): an n-gram (trigram) index over the history
+Source: Strata's ``src/spec/suffix_drafter.cpp``: an n-gram (trigram) index over the history
 (prompt + accepted output); the suffix's n-gram is looked up among its most recent earlier occurrences (16), each
 match is extended backwards (at most 32 tokens), and the tokens that followed the longest match (the most recent one
 on ties) are proposed, up to 5. Matches shorter than ``min_match`` (3) propose nothing. Costs microseconds per

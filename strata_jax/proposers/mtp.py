@@ -1,4 +1,4 @@
-"""MTP proposals: the model's own multi-token-prediction draft layer (SERVING.md §3.3; llama.cpp ``draft-mtp``).
+"""MTP proposals: the model's own multi-token-prediction draft layer (llama.cpp ``draft-mtp``).
 
 The drafting itself runs on the device, on the last stage, right after every window (`strata_jax.pipeline.mtp_chain`,
 `strata_jax.pipeline.stages.build_mtp_fn`): the MTP layer catches up on the window's kept rows (each row's trunk

@@ -1,4 +1,4 @@
-"""When to speculate: a proposer steps aside when its windows do not pay (SERVING.md §3.3, "draft policy").
+"""When to speculate: a proposer steps aside when its windows do not pay (Strata's draft policy).
 
 The policy measures, online, the committed tokens and the wall time of each round (proposal + window + commit),
 per mode (``spec``: a window with proposals; ``plain``: a one-row step) and per window size (valid rows). The value of

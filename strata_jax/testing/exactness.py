@@ -1,4 +1,4 @@
-"""The batch-slot exactness harness: every request's tokens equal its solo decode (SERVING.md §4.6).
+"""The batch-slot exactness harness: every request's tokens equal its solo decode.
 
 `workload` builds a staggered set of requests (admissions one round apart, one cancellation, more requests than
 slots once there are), `solo_tokens` decodes a request alone, and `check` runs the requests through

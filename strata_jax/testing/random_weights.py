@@ -2,11 +2,10 @@
 real weights are not reachable here (Qwen3.8-Flash-Next, Qwen3.6-35B-A3B, Qwen3-Next-80B-A3B).
 
 `VirtualGGUF` looks like an open `strata_jax.gguf.GGUFFile` to the loaders: the metadata keys and tensor names that
-llama.cpp's converter writes for the architecture (MODEL.md A§2.1, B§2.1-2.2; the same table as
-shared/tools/make_*_gguf.py), block formats from the geometry's ``quant`` map, and `tensor_bytes(name, device)`
-that draws the tensor's bytes with `jax.random` directly on that device, then writes small finite fp16 block scales
-(0.002) so every value is finite. Norm weights are ones; ``ssm_a`` is negative. Geometries live in
-``configs/geometries/<name>.json``.
+llama.cpp's converter writes for the architecture, block formats from the geometry's ``quant`` map, and
+`tensor_bytes(name, device)` that draws the tensor's bytes with `jax.random` directly on that device, then writes
+small finite fp16 block scales (0.002) so every value is finite. Norm weights are ones; ``ssm_a`` is negative.
+Geometries live in ``configs/geometries/<name>.json``.
 """
 
 from __future__ import annotations

@@ -25,3 +25,33 @@ def test_apply_after_backend_start_refuses():
     jax.devices()  # the backend is up
     with pytest.raises(StrataError):
         gpu_flags.apply(gpu_flags.xla_flags())
+
+
+def test_cli_sets_gpu_flags_before_jax_starts(tmp_path):
+    """strata-generate / strata-serve put the flags in XLA_FLAGS at start-up where JAX's CUDA plugin is installed
+    (simulated here), the autotuning cache beside the XLA cache; --nogpu_graphs turns command buffers off; a user's
+    own XLA_FLAGS entries are kept."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, os\n"
+        "from strata_jax.cli import flags as f\n"
+        "f._cuda_plugin_installed = lambda: True\n"
+        "f.FLAGS(['x'] + sys.argv[1:])\n"
+        "f.apply_gpu_flags()\n"
+        "print(os.environ['XLA_FLAGS'])\n")
+    env = dict(os.environ, XLA_FLAGS="--xla_gpu_autotune_level=4")
+
+    def flags_for(*args):
+        out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
+                             check=True).stdout.split()
+        return out
+
+    on = flags_for(f"--cache_dir={tmp_path}")
+    assert f"--xla_gpu_enable_command_buffer={gpu_flags.COMMAND_BUFFER_TYPES}" in on
+    assert f"--xla_gpu_per_fusion_autotune_cache_dir={tmp_path}/xla/autotune" in on
+    assert on[0] == "--xla_gpu_autotune_level=4"
+    off = flags_for("--nogpu_graphs")
+    assert "--xla_gpu_enable_command_buffer=" in off

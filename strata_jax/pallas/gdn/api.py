@@ -1,8 +1,8 @@
 """Public API of the gated delta rule ops: `gdn_window`, `gdn_commit`, `gdn_chunked`.
 
 Sources: "Gated Delta Networks: Improving Mamba2 with Delta Rule" (Yang, Kautz, Hatamizadeh, 2024); HF transformers
-``modeling_qwen3_next.torch_recurrent_gated_delta_rule`` / ``torch_chunk_gated_delta_rule``; spec MODEL.md §1.3
-(the GDN mixer), SERVING.md §3.1 (verify window, T <= 8) and §3.2 (commit replays the accepted rows).
+``modeling_qwen3_next.torch_recurrent_gated_delta_rule`` / ``torch_chunk_gated_delta_rule`` (the GDN
+mixer); a verify window has T <= 8 rows, and its commit replays the accepted rows.
 
 Conventions for all three ops (one state per (segment b, v-head h)):
   * ``S0`` [B, H, Dk, Dv] float32: the recurrent state before the first row; or, with ``slots`` int32 [B] (distinct
@@ -117,7 +117,7 @@ def _commit(S0, k, v, g, beta, n_keep, slots, *, path, poison):
 
 
 def gdn_commit(S0, k, v, g, beta, n_keep, *, slots=None, impl: str = "auto"):
-    """The state after each segment's first ``n_keep[b]`` rows of a window (SERVING.md §3.2 commit).
+    """The state after each segment's first ``n_keep[b]`` rows of a window (the commit).
 
     Args: S0 [B,H,Dk,Dv] f32 (or [N,H,Dk,Dv] with ``slots`` [B]); k [B,T,H,Dk]; v [B,T,H,Dv]; g, beta [B,T,H] f32;
       n_keep [B] int32 with 0 <= n_keep[b] <= T (values outside are clipped; n_keep = 0 keeps the segment's state).

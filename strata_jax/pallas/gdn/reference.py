@@ -2,7 +2,7 @@
 
 Source: "Gated Delta Networks: Improving Mamba2 with Delta Rule" (Yang, Kautz, Hatamizadeh, 2024), eq. (10);
 HF transformers ``modeling_qwen3_next.torch_recurrent_gated_delta_rule`` (the per-step form used here) and
-``torch_chunk_gated_delta_rule`` (the chunked form of `gdn_chunked`); spec MODEL.md §1.3, SERVING.md §3.1-3.2.
+``torch_chunk_gated_delta_rule`` (the chunked form of `gdn_chunked`).
 
 Per v-head, with f32 state ``S`` of shape [Dk, Dv] and one step's ``q, k`` [Dk], ``v`` [Dv], scalars ``g, beta``:
 
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-T_MAX = 8  # the verify window's largest T (SERVING.md §3.1)
+T_MAX = 8  # the verify window's largest T (the last token + up to 7 proposals)
 CHUNK = 64  # gdn_chunked's chunk length (HF torch_chunk_gated_delta_rule's default)
 
 

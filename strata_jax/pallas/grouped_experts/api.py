@@ -1,10 +1,10 @@
 """Public API: `moe_experts`, the routed experts of a MoE block (SwiGLU, GGUF-quantized stacked weights).
 
-Source: spec MODEL.md §1.5 (routed expert e: ``down_e(silu(gate_e x) * up_e x)``, output ``sum_k w_k expert_k(x)``);
+Source: the MoE block (routed expert e: ``down_e(silu(gate_e x) * up_e x)``, output ``sum_k w_k expert_k(x)``);
 HF transformers Qwen3-Next / Qwen3.5-MoE sparse MoE block; GGUF tensors ``ffn_{gate,up,down}_exps`` (ggml ne
 [H, n_ff, E] for gate/up and [n_ff, H, E] for down, i.e. numpy [E, n_ff, row] and [E, H, row]).
 
-``moe_experts(x, topk_ids, topk_w, gate, up, down, qtypes, *, impl="auto") -> float32 [M, H]``
+``moe_experts(x, topk_ids, topk_w, gate, up, down, qtypes, *, impl="auto", prefill=False) -> float32 [M, H]``
 
 * ``x`` [M, H] float32/bfloat16/float16: the mixed activations of M rows (window rows or tokens).
 * ``topk_ids`` [M, k] int32: each row's selected experts (distinct within a row, 0 <= id < E; the router's
@@ -14,6 +14,10 @@ HF transformers Qwen3-Next / Qwen3.5-MoE sparse MoE block; GGUF tensors ``ffn_{g
 * ``qtypes``: one `GGMLQuantizationType` for all three, or a (gate, up, down) triple.
 * Result: ``out[m] = sum_j topk_w[m, j] * down_e(silu(gate_e x_m) * up_e x_m)``, e = topk_ids[m, j], float32,
   summed in slot order j = 0..k-1. The shared expert and its sigmoid gate are not part of this op.
+* ``prefill``: the rows are a prefill chunk (not a verify window). Only planar weights use it: more than 8 rows
+  then take the grouped tensor-core GEMM (rows sorted by expert), whose bits differ from the GEMV's.
+* Planar weights (uint32, `strata_jax.pallas.quant_matmul.planar`; ``STRATA_QMATMUL=planar`` at load): the planar
+  kernels, ``STRATA_QMATMUL_GEMV`` / ``STRATA_QMATMUL_PRECISION`` as for `strata_jax.pallas.quant_matmul.qmatmul`.
 
 Paths: the reference computes each (row, expert) pair with the row-chunked qmatmul reference; the kernel
 (formats with a quant_matmul kernel: Q2_K and Q4_0 of the Qwen3.8-Flash-Next experts included) reads each expert of
@@ -38,6 +42,8 @@ from strata_jax.gguf import blocks
 from strata_jax.pallas import dispatch
 from strata_jax.pallas.grouped_experts import kernel as _k
 from strata_jax.pallas.grouped_experts import reference as _ref
+from strata_jax.pallas.quant_matmul import api as _qapi
+from strata_jax.pallas.quant_matmul import gemv as _gemv
 from strata_jax.pallas.quant_matmul import kernel as _qk
 from strata_jax.pallas.quant_matmul.api import check_args
 
@@ -64,27 +70,46 @@ def _check(x, topk_ids, topk_w, gate, up, down, qtypes):
     return qtypes
 
 
-def _why_not(x, topk_ids, gate, up, down, qtypes):
+def _planar(gate, up, down, qtypes) -> bool:
+    """Whether all three stacks go to the planar kernels (one family per call)."""
+    H, n_ff = down.shape[1], gate.shape[1]
+    flags = [_qapi.uses_planar_kernels(w, q, kk) for q, w, kk in zip(qtypes, (gate, up, down), (H, H, n_ff))]
+    if any(flags) and not all(flags):
+        raise UnsupportedError("grouped_experts.moe_experts: gate/up/down must all be planar or all GGUF bytes")
+    return all(flags)
+
+
+def _why_not(x, topk_ids, gate, up, down, qtypes, planar):
     M, H = x.shape
     E, n_ff = gate.shape[:2]
     for q, w, n, kk in ((qtypes[0], gate, n_ff, H), (qtypes[1], up, n_ff, H), (qtypes[2], down, H, n_ff)):
-        r = _qk.why_not(q, M, n, kk, x.dtype, w.dtype, n_mats=E, row_groups=True)
+        r = (_gemv.why_not(q, n, kk, w.dtype, n_mats=E) if planar
+             else _qk.why_not(q, M, n, kk, x.dtype, w.dtype, n_mats=E, row_groups=True))
         if r is not None:
             return r
     return None
 
 
-@functools.partial(jax.jit, static_argnames=("qtypes", "path", "poison"))
-def _moe(x, topk_ids, topk_w, gate, up, down, *, qtypes, path, poison):
+@functools.partial(jax.jit, static_argnames=("qtypes", "path", "poison", "planar", "prefill", "gemv", "prec"))
+def _moe(x, topk_ids, topk_w, gate, up, down, *, qtypes, path, poison, planar, prefill, gemv, prec):
     if path == "reference":
         return _ref.moe_experts(x, topk_ids, topk_w, gate, up, down, qtypes)
+    interpret = path == "interpret"
     with dispatch.poison_outputs(poison):
-        return _k.moe_experts_kernel(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=path == "interpret")
+        if planar:
+            f = [_qapi._as_float_weight(w.reshape(-1, w.shape[-1]), q, kk).reshape(w.shape[:2] + (-1,))
+                 for w, q, kk in zip((gate, up, down), qtypes, (x.shape[1], x.shape[1], gate.shape[1]))]
+            return _k.moe_experts_planar(x, topk_ids, topk_w, *f, qtypes, interpret=interpret, prefill=prefill,
+                                         gemv=gemv, precision=prec)
+        return _k.moe_experts_kernel(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=interpret)
 
 
-def moe_experts(x, topk_ids, topk_w, gate, up, down, qtypes, *, impl: str = "auto"):
+def moe_experts(x, topk_ids, topk_w, gate, up, down, qtypes, *, impl: str = "auto", prefill: bool = False):
     """float32 [M, H]: the weighted sum of each row's selected SwiGLU experts. See the module docstring."""
     qtypes = _check(x, topk_ids, topk_w, gate, up, down, qtypes)
+    planar = _planar(gate, up, down, qtypes)
     path = dispatch.resolve("grouped_experts.moe_experts", impl,
-                            lambda: _why_not(x, topk_ids, gate, up, down, qtypes))
-    return _moe(x, topk_ids, topk_w, gate, up, down, qtypes=qtypes, path=path, poison=dispatch.poisoning())
+                            lambda: _why_not(x, topk_ids, gate, up, down, qtypes, planar))
+    return _moe(x, topk_ids, topk_w, gate, up, down, qtypes=qtypes, path=path, poison=dispatch.poisoning(),
+                planar=planar, prefill=bool(prefill), gemv=_qapi.gemv_variant() if planar else "",
+                prec=_qapi.precision() if planar else "")

@@ -14,16 +14,30 @@ padded with copies of its last row, which add no expert), each group has its own
 slots run in the same three launches, each slot with its own group's rows (`grouped_qmatmul_kernel` with
 per-slot activations). Each expert of a group's union is read once per group; a row gets the same instructions as
 in an 8-row call.
+
+Planar weights (``STRATA_QMATMUL=planar``): the same union-slot scheme with the planar GEMV (`moe_experts_planar`;
+gate and up of one format in one launch that shares the activation loads), and prefill chunks of more than 8 rows sorted by expert into row tiles with one grouped tensor-core GEMM per
+projection (`moe_prefill`).
 """
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+import functools
 
 import jax
+import jax.numpy as jnp
 
 from strata_jax.pallas.grouped_experts.reference import swiglu, weighted_sum
 from strata_jax.pallas.quant_matmul.kernel import M_MAX, grouped_qmatmul_kernel
+
+
+def _gate_up(grouped, fused, x, gate, up, experts, qg, qu, n_ff, H, interpret):
+    """gate and up of the union's experts: in one launch when ``fused`` (a grouped GEMV that reads several stacks
+    at once: the planar one) and both are of one format and shape, else two."""
+    if fused and qg == qu and gate.shape == up.shape and gate.dtype == up.dtype:
+        return grouped(x, (gate, up), experts, qg, n_ff, H, interpret=interpret)
+    return (grouped(x, gate, experts, qg, n_ff, H, interpret=interpret),
+            grouped(x, up, experts, qu, n_ff, H, interpret=interpret))
 
 
 def union_slots(topk_ids):
@@ -34,22 +48,26 @@ def union_slots(topk_ids):
     return experts, slot.reshape(topk_ids.shape)
 
 
-def moe_experts_kernel(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool):
+def moe_experts_kernel(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool,
+                       grouped=grouped_qmatmul_kernel, fused_gate_up: bool = False):
+    """``grouped``: the grouped GEMV (`grouped_qmatmul_kernel` on GGUF bytes, or a planar one);
+    ``fused_gate_up``: it takes a tuple of stacks (`strata_jax.pallas.quant_matmul.gemv.grouped_gemv`), so gate
+    and up run in one launch."""
     M, H = x.shape
     if M > M_MAX:
-        return _row_groups(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=interpret)
+        return _row_groups(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=interpret, grouped=grouped,
+                           fused_gate_up=fused_gate_up)
     n_ff = gate.shape[1]
     qg, qu, qd = qtypes
     experts, slot = union_slots(topk_ids)
-    hg = grouped_qmatmul_kernel(x, gate, experts, qg, n_ff, H, interpret=interpret)   # [U, M, n_ff]
-    hu = grouped_qmatmul_kernel(x, up, experts, qu, n_ff, H, interpret=interpret)
+    hg, hu = _gate_up(grouped, fused_gate_up, x, gate, up, experts, qg, qu, n_ff, H, interpret)  # [U, M, n_ff]
     act = swiglu(hg, hu)
-    y = grouped_qmatmul_kernel(act, down, experts, qd, H, n_ff, interpret=interpret)  # [U, M, H]
+    y = grouped(act, down, experts, qd, H, n_ff, interpret=interpret)  # [U, M, H]
     rows = jnp.broadcast_to(jnp.arange(M, dtype=jnp.int32)[:, None], slot.shape)
     return weighted_sum(y[slot, rows], topk_w)                                          # y[slot[m,j], m]
 
 
-def _row_groups(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool):
+def _row_groups(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool, grouped, fused_gate_up):
     """M > 8 rows: groups of 8 rows, each with its own union, in one launch per matrix (module docstring)."""
     M, H = x.shape
     k = topk_ids.shape[1]
@@ -63,9 +81,91 @@ def _row_groups(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool)
     U = M_MAX * k                                                                        # slots per group
     experts = experts.reshape(G * U)
     xs = jnp.repeat(xg, U, axis=0)                                                       # [G*U, 8, H]
-    hg = grouped_qmatmul_kernel(xs, gate, experts, qg, n_ff, H, interpret=interpret)      # [G*U, 8, n_ff]
-    hu = grouped_qmatmul_kernel(xs, up, experts, qu, n_ff, H, interpret=interpret)
-    y = grouped_qmatmul_kernel(swiglu(hg, hu), down, experts, qd, H, n_ff, interpret=interpret)  # [G*U, 8, H]
+    hg, hu = _gate_up(grouped, fused_gate_up, xs, gate, up, experts, qg, qu, n_ff, H, interpret)  # [G*U, 8, n_ff]
+    y = grouped(swiglu(hg, hu), down, experts, qd, H, n_ff, interpret=interpret)  # [G*U, 8, H]
     gslot = (slot + (jnp.arange(G, dtype=jnp.int32) * U)[:, None, None]).reshape(G * M_MAX, k)[:M]
     rows = jnp.broadcast_to((jnp.arange(M, dtype=jnp.int32) % M_MAX)[:, None], (M, k))
     return weighted_sum(y[gslot, rows], topk_w)                                          # y[slot, row in group]
+
+
+# --- planar weights (STRATA_QMATMUL=planar; strata_jax.pallas.quant_matmul.planar) ---
+
+def _grouped_gemv_tc(x, w_stacked, slot_expert, qtype, n_out, k_in, *, interpret, precision):
+    """`gemv.grouped_gemv`'s contract on the tensor cores: slot u's rows (x or x[u], M <= 8) in one 16-row tile."""
+    from strata_jax.pallas.quant_matmul import gemm as G
+
+    cfg = G.GEMV_TC
+    U = slot_expert.shape[0]
+    M = x.shape[-2]
+    xs = x.reshape(-1, k_in)
+    base = (jnp.arange(U, dtype=jnp.int32) * M)[:, None] if x.ndim == 3 else jnp.zeros((U, 1), jnp.int32)
+    rows = base + jnp.minimum(jnp.arange(cfg.BM, dtype=jnp.int32), M - 1)[None]
+    y = G.tile_gemm(xs, w_stacked, slot_expert, rows, qtype, n_out, k_in, interpret=interpret,
+                    precision=precision, cfg=cfg)
+    return y[:, :M]
+
+
+def moe_experts_planar(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool, prefill: bool,
+                       gemv: str, precision: str):
+    """The routed experts on planar weights: windows (and prefill chunks of <= 8 rows) as `moe_experts_kernel`
+    with the planar GEMV (``gemv``: ``fma`` or ``tc``); prefill chunks of more rows as `moe_prefill`."""
+    from strata_jax.pallas.quant_matmul import gemv as V
+
+    if prefill and x.shape[0] > M_MAX:
+        return moe_prefill(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=interpret, precision=precision)
+    if gemv == "tc":
+        fn = functools.partial(_grouped_gemv_tc, precision=precision)
+    else:
+        fn = V.grouped_gemv
+    return moe_experts_kernel(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=interpret, grouped=fn,
+                              fused_gate_up=gemv != "tc")
+
+
+def expert_tiles(topk_ids, n_experts: int, BM: int):
+    """Sort a chunk's (row, slot) pairs by expert into row tiles of one expert each (no atomics: a stable sort and
+    integer counts, so the layout is a function of the ids alone).
+
+    Returns (tile_expert int32 [T] (-1: idle), tile_rows int32 [T, BM] (row of x; padding 0), pair_tile /
+    pair_pos int32 [M, k]: where each pair's result lands), with the static bound
+    T = (P + min(E, P) * (BM - 1)) // BM tiles for P = M * k pairs.
+    """
+    M, k = topk_ids.shape
+    P = M * k
+    flat = topk_ids.reshape(-1).astype(jnp.int32)
+    order = jnp.argsort(flat, stable=True)
+    sorted_e = flat[order]
+    counts = jnp.zeros((n_experts,), jnp.int32).at[flat].add(1)
+    seg_start = jnp.cumsum(counts) - counts
+    n_tiles_e = (counts + BM - 1) // BM
+    tile_start = jnp.cumsum(n_tiles_e) - n_tiles_e
+    T = (P + min(n_experts, P) * (BM - 1)) // BM
+    rank = jnp.arange(P, dtype=jnp.int32) - seg_start[sorted_e]
+    tile = tile_start[sorted_e] + rank // BM
+    pos = rank % BM
+    tile_expert = jnp.full((T,), -1, jnp.int32).at[tile].set(sorted_e)
+    tile_rows = jnp.zeros((T, BM), jnp.int32).at[tile, pos].set((order // k).astype(jnp.int32))
+    pair_tile = jnp.zeros((P,), jnp.int32).at[order].set(tile).reshape(M, k)
+    pair_pos = jnp.zeros((P,), jnp.int32).at[order].set(pos).reshape(M, k)
+    return tile_expert, tile_rows, pair_tile, pair_pos
+
+
+def moe_prefill(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool, precision: str):
+    """MoE prefill: the chunk's (row, expert) pairs grouped by expert (`expert_tiles`), one grouped tensor-core
+    GEMM per projection (`strata_jax.pallas.quant_matmul.gemm.tile_gemm`: each tile reads its expert's weights
+    once), SwiGLU between, then each row's k results summed in slot order. Row-independent: a pair's result does
+    not depend on the other pairs of its tile or chunk."""
+    from strata_jax.pallas.quant_matmul import gemm as G
+
+    M, H = x.shape
+    E, n_ff = gate.shape[:2]
+    qg, qu, qd = qtypes
+    cfg = G.MOE_PREFILL
+    tile_expert, tile_rows, pair_tile, pair_pos = expert_tiles(topk_ids, E, cfg.BM)
+    T = tile_expert.shape[0]
+    kw = dict(interpret=interpret, precision=precision, cfg=cfg)
+    hg = G.tile_gemm(x, gate, tile_expert, tile_rows, qg, n_ff, H, **kw)                # [T, BM, n_ff]
+    hu = G.tile_gemm(x, up, tile_expert, tile_rows, qu, n_ff, H, **kw)
+    act = swiglu(hg, hu).reshape(T * cfg.BM, n_ff)
+    rows2 = jnp.arange(T * cfg.BM, dtype=jnp.int32).reshape(T, cfg.BM)
+    y = G.tile_gemm(act, down, tile_expert, rows2, qd, H, n_ff, **kw)                   # [T, BM, H]
+    return weighted_sum(y[pair_tile, pair_pos], topk_w)

@@ -1,4 +1,4 @@
-"""Plain-jnp reference of the routed-expert SwiGLU block (MODEL.md §1.5), one (row, expert) pair at a time.
+"""Plain-jnp reference of the routed-expert SwiGLU block, one (row, expert) pair at a time.
 
 For each row m and each of its k selected experts e = topk_ids[m, j]:
     y_mj = down_e( silu(gate_e x_m) * up_e x_m )

@@ -1,6 +1,6 @@
 """Public API: QSA sparse attention (the 12 full-attention layers of qwen4exp) for verify rows and prefill.
 
-Source: spec MODEL.md §1.4; Strata ``include/strata/kernels/qsa.hpp`` (``qsa_attend``, top-k with ties to the
+Source: Strata ``include/strata/kernels/qsa.hpp`` (``qsa_attend``, top-k with ties to the
 lower index); mlx-vlm ``qwen4_exp/language.py`` (``Qwen4ExpQSAIndexer``, ``Qwen4ExpAttention``).
 
 ``qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks=512, block=4, scale=None,

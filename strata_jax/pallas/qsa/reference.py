@@ -1,5 +1,5 @@
 """Plain-jnp reference of QSA sparse attention: indexer block scores, block selection, attention over the
-selected cells (MODEL.md §1.4; Strata ``include/strata/kernels/qsa.hpp``; mlx-vlm ``Qwen4ExpQSAIndexer``).
+selected cells (Strata ``include/strata/kernels/qsa.hpp``; mlx-vlm ``Qwen4ExpQSAIndexer``).
 
 Row independence: every query row goes through the same compiled loop body (a loop over the rows whose trip count
 XLA cannot see, over at least two rows), so a row's scores, selection and output do not depend on T or on the

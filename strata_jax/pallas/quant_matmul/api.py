@@ -1,7 +1,7 @@
 """Public API: `qmatmul`, a matmul of activations by a GGUF block-quantized weight matrix.
 
 Source: GGUF block layouts from ggml (``ggml/src/ggml-common.h`` structs, ``dequantize_row_*`` in
-``ggml/src/ggml-quants.c``); spec MODEL.md §2.2 (which formats the shipped models use).
+``ggml/src/ggml-quants.c``); the formats the shipped GGUF models use.
 
 ``qmatmul(x, w_raw, qtype, n_out, k_in, *, impl="auto", row_groups=False) -> float32 [M, n_out]``
 
@@ -24,6 +24,18 @@ summation order); each is row-independent (row m of an M-row call == the row alo
 GEMV for M <= 8 and with row groups for any M, its GEMM among GEMM calls of any M, the reference for any M) and
 within ~1e-5 relative of a float64 product.
 
+Planar weights (``STRATA_QMATMUL=planar``, the variant the next device session measures against the kernel above):
+`prepare_weight` repacks a block-format matrix at load into the planar device layout
+(`strata_jax.pallas.quant_matmul.planar`: uint32 [n_out, row_words], exact) when the kernel path is in use, and
+``qmatmul`` then runs the planar kernels: for 1..8 rows (and row groups) the float32 GEMV
+(`strata_jax.pallas.quant_matmul.gemv`; ``STRATA_QMATMUL_GEMV=tc``: the tensor-core GEMV of `gemm`), for more rows
+the tensor-core GEMM (`strata_jax.pallas.quant_matmul.gemm`) at ``STRATA_QMATMUL_PRECISION`` (``bf16x3`` default,
+``bf16x2``, ``bf16``). F16 / BF16 / F32 weights take the same planar kernels under the variable. The weight's dtype
+says which kernel family serves it, so a weight loaded under one setting keeps working under another; on the
+reference path a planar weight is decoded by `planar.dequantize` (the same values as the GGUF bytes). Formats:
+every block format of `planar.FORMATS` (Q4_0 ... Q6_K and IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
+IQ4_NL, IQ4_XS).
+
 Errors: `strata_jax.errors.UnsupportedError` for shape mismatches, formats `strata_jax.gguf.blocks` cannot decode,
 or impl="kernel"/"interpret" where the kernel cannot serve (format without a kernel, K not a multiple of the
 sub-block, a weight of 2 GiB or more); `StrataError` from `blocks.dequantize` for a wrong byte width.
@@ -32,6 +44,7 @@ sub-block, a weight of 2 GiB or more); `StrataError` from `blocks.dequantize` fo
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -39,11 +52,60 @@ import jax.numpy as jnp
 from strata_jax.errors import UnsupportedError
 from strata_jax.gguf import blocks
 from strata_jax.pallas import dispatch
+from strata_jax.pallas.quant_matmul import gemm as _gemm
+from strata_jax.pallas.quant_matmul import gemv as _gemv
 from strata_jax.pallas.quant_matmul import kernel as _k
+from strata_jax.pallas.quant_matmul import planar as _planar
 from strata_jax.pallas.quant_matmul import reference as _ref
 from strata_jax.pallas.quant_matmul.formats import FLOAT_TYPES
 
 KERNEL_FORMATS = frozenset(_k.FORMATS) | frozenset(FLOAT_TYPES)
+PLANAR_FORMATS = frozenset(_planar.FORMATS) | frozenset(FLOAT_TYPES)
+VARIANTS = ("bytes", "planar")
+GEMV_VARIANTS = ("fma", "tc")
+
+
+def _env(name: str, default: str, allowed) -> str:
+    v = os.environ.get(name, default) or default
+    if v not in allowed:
+        raise UnsupportedError(f"{name}={v!r} is not one of {tuple(allowed)}")
+    return v
+
+
+def variant() -> str:
+    """``STRATA_QMATMUL``: ``bytes`` (default: the kernel on the GGUF bytes) or ``planar`` (weights repacked at
+    load, `prepare_weight`; the planar kernels). Read at load and when a call is traced."""
+    return _env("STRATA_QMATMUL", "bytes", VARIANTS)
+
+
+def gemv_variant() -> str:
+    """``STRATA_QMATMUL_GEMV``: the planar GEMV of 1..8 rows, ``fma`` (float32 on the CUDA cores, default) or
+    ``tc`` (tensor cores, rows padded to 16, at `precision`)."""
+    return _env("STRATA_QMATMUL_GEMV", "fma", GEMV_VARIANTS)
+
+
+def precision() -> str:
+    """``STRATA_QMATMUL_PRECISION``: the activations' bfloat16 pieces in the planar tensor-core kernels (`gemm`)."""
+    return _env("STRATA_QMATMUL_PRECISION", _gemm.DEFAULT_PRECISION, _gemm.PRECISIONS)
+
+
+def prepare_weight(w, qtype, n_cols: int):
+    """The device form of a loaded matrix [..., rows, row_bytes] (uint8 GGUF blocks, or floats): repacked to the
+    planar layout when ``STRATA_QMATMUL=planar``, the Pallas kernels are in use (`dispatch.kernels_in_use`) and
+    the format has a planar form; otherwise ``w`` unchanged. Called at load time (`strata_jax.layers.linear`)."""
+    qtype = blocks.check_supported(qtype)
+    if (variant() != "planar" or not dispatch.kernels_in_use() or qtype not in _planar.FORMATS
+            or getattr(w, "dtype", None) != jnp.uint8 or n_cols % _planar.GROUP):
+        return w
+    return _planar.repack(w, qtype=qtype, n_cols=n_cols)
+
+
+def uses_planar_kernels(w, qtype, k_in: int) -> bool:
+    """Whether calls on this weight go to the planar kernels (a planar matrix; or a float matrix under
+    ``STRATA_QMATMUL=planar`` with K a multiple of 32)."""
+    if _planar.is_planar(w, qtype):
+        return True
+    return qtype in FLOAT_TYPES and variant() == "planar" and k_in % _planar.GROUP == 0
 
 
 def _as_float_weight(w_raw, qtype, k_in):
@@ -61,7 +123,12 @@ def check_args(x, w_raw, qtype, n_out, k_in, op="quant_matmul.qmatmul"):
         raise UnsupportedError(f"{op}: x has shape {x.shape}, expected [M, {k_in}]")
     if w_raw.ndim != 2 or w_raw.shape[0] != n_out:
         raise UnsupportedError(f"{op}: weight has shape {w_raw.shape}, expected [{n_out}, row]")
-    if qtype in FLOAT_TYPES and w_raw.dtype != jnp.uint8:
+    if _planar.is_planar(w_raw, qtype):
+        rw = _planar.row_words(qtype, k_in)
+        if w_raw.shape[1] != rw:
+            raise UnsupportedError(f"{op}: planar {qtype.name} weight must be uint32 [{n_out}, {rw}], "
+                                   f"got {w_raw.shape}")
+    elif qtype in FLOAT_TYPES and w_raw.dtype != jnp.uint8:
         if w_raw.shape[1] != k_in:
             raise UnsupportedError(f"{op}: {qtype.name} weight has shape {w_raw.shape}, expected [{n_out}, {k_in}]")
     else:
@@ -70,6 +137,32 @@ def check_args(x, w_raw, qtype, n_out, k_in, op="quant_matmul.qmatmul"):
             raise UnsupportedError(f"{op}: {qtype.name} weight must be uint8 [{n_out}, {rb}], "
                                    f"got {w_raw.dtype} {w_raw.shape}")
     return qtype
+
+
+@functools.partial(jax.jit, static_argnames=("qtype", "n_out", "k_in", "path", "gemm", "poison", "gemv", "prec"))
+def _qmatmul_planar(x, w, *, qtype, n_out, k_in, path, gemm, poison, gemv, prec):
+    if path == "reference":
+        return _ref.matmul_rows(x, _ref.dequantize_weight(_as_float_weight(w, qtype, k_in), qtype, k_in))
+    interpret = path == "interpret"
+    w = _as_float_weight(w, qtype, k_in)
+    with dispatch.poison_outputs(poison):
+        if gemm:
+            return _gemm.gemm(x, w, qtype, n_out, k_in, interpret=interpret, precision=prec)
+        if gemv == "tc":
+            return _gemm_rows_tc(x, w, qtype, n_out, k_in, interpret=interpret, precision=prec)
+        return _gemv.gemv(x, w, qtype, n_out, k_in, interpret=interpret)
+
+
+def _gemm_rows_tc(x, w, qtype, n_out, k_in, *, interpret, precision):
+    """The tensor-core GEMV: 8-row groups, each in its own 16-row tile (a row gets the bits of the row alone)."""
+    M = x.shape[0]
+    G = -(-M // _gemv.M_MAX)
+    cfg = _gemm.GEMV_TC
+    base = jnp.arange(G, dtype=jnp.int32)[:, None] * _gemv.M_MAX
+    rows = jnp.minimum(base + jnp.minimum(jnp.arange(cfg.BM, dtype=jnp.int32), _gemv.M_MAX - 1)[None], M - 1)
+    y = _gemm.tile_gemm(x, w[None], jnp.zeros((G,), jnp.int32), rows, qtype, n_out, k_in, interpret=interpret,
+                        precision=precision, cfg=cfg)                                  # [G, 16, n_out]
+    return y[:, :_gemv.M_MAX].reshape(G * _gemv.M_MAX, n_out)[:M]
 
 
 @functools.partial(jax.jit, static_argnames=("qtype", "n_out", "k_in", "path", "gemm", "poison"))
@@ -84,6 +177,12 @@ def _qmatmul(x, w_raw, *, qtype, n_out, k_in, path, gemm, poison):
 def qmatmul(x, w_raw, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_groups: bool = False):
     """float32 [M, n_out] = x [M, k_in] @ dequantize(w_raw).T. See the module docstring for the full contract."""
     qtype = check_args(x, w_raw, qtype, n_out, k_in)
+    if uses_planar_kernels(w_raw, qtype, k_in):
+        path = dispatch.resolve("quant_matmul.qmatmul", impl,
+                                lambda: _gemv.why_not(qtype, n_out, k_in, w_raw.dtype))
+        return _qmatmul_planar(x, w_raw, qtype=qtype, n_out=n_out, k_in=k_in, path=path,
+                               gemm=x.shape[0] > _gemv.M_MAX and not row_groups, poison=dispatch.poisoning(),
+                               gemv=gemv_variant(), prec=precision())
     path = dispatch.resolve(
         "quant_matmul.qmatmul", impl,
         lambda: _k.why_not(qtype, x.shape[0], n_out, k_in, x.dtype, getattr(w_raw, "dtype", jnp.uint8),

@@ -23,7 +23,11 @@ ROW_CHUNK = 8
 
 
 def dequantize_weight(w_raw, qtype, k_in: int):
-    """float32 [n_out, k_in] from a GGUF matrix (uint8 [n_out, row_bytes], or F32/F16/BF16 [n_out, k_in])."""
+    """float32 [..., k_in] from a GGUF matrix (uint8 [..., row_bytes], or F32/F16/BF16 [..., k_in]) or a planar one
+    (uint32 [..., row_words], `strata_jax.pallas.quant_matmul.planar`: the same values)."""
+    from strata_jax.pallas.quant_matmul import planar
+    if planar.is_planar(w_raw, qtype):
+        return planar.dequantize(w_raw, qtype=blocks.check_supported(qtype), n_cols=k_in)
     return blocks.dequantize(w_raw, qtype, k_in)
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from strata_jax.proposers.base import Proposer
 
 MAX_PROPOSALS = 7  # a window holds the slot's token + at most 7 proposals
-DEFAULT_RATES = {"prose": 0.62, "code": 0.88, "edit": 0.97}  # the seeds' MTP acceptance per workload
+DEFAULT_RATES = {"prose": 0.62, "code": 0.88, "edit": 0.97}  # Strata issue #2973's MTP acceptance per workload
 
 
 @dataclasses.dataclass(frozen=True)

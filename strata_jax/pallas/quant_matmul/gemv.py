@@ -1,0 +1,268 @@
+"""Pallas GEMV for 1..8 activation rows on planar weights (`planar`) and F16 / BF16 / F32 weights: float32
+products on the CUDA cores, every weight word read once per call.
+
+Source: the block formats of ggml (``ggml-common.h``, via `strata_jax.pallas.quant_matmul.decode`); the design
+points from llama.cpp's MMVQ (``ggml/src/ggml-cuda/mmvq.cu``): wide loads of the codes, the sub-block scale applied
+once per sub-block sum rather than per value, all rows of the call sharing one read of each weight word. Unlike
+MMVQ the activations stay float32 (no 8-bit quantization), so results are float32-accurate (~1e-6 relative).
+
+Grid: (output tiles of ``BN`` rows, K splits, slots). A program decodes, per loop step, a ``[BN, G, *vshape]``
+tile (G groups of 32 values; `decode.VSHAPE`) and for each activation row m accumulates
+``sum_units dl * sum(code * x_m) + mn * sum(x_m)`` into a [BN, G] float32 accumulator; the K splits are summed in
+a fixed order afterwards. The loop's trip count is a compile-time constant.
+
+Row invariance: every tensor a row's arithmetic touches has a shape that does not depend on the number of rows,
+and the rows run one after another in the unrolled program, so row m's instructions are the same whatever M is
+(compiled: M is rounded up to 1, 2, 4 or 8 to bound the compiled variants; interpret mode: always 8, because XLA
+fuses the interpreted body differently for different M). Launch parameters depend only on (format, n_out, K).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from strata_jax.pallas import dispatch
+from strata_jax.pallas.quant_matmul import decode as D
+from strata_jax.pallas.quant_matmul import planar as P
+from strata_jax.pallas.quant_matmul.formats import FLOAT_TYPES
+
+M_MAX = 8
+FLOAT_VSHAPE = (4, 8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Launch parameters of the planar GEMV (a function of the weight only, never of M)."""
+    BN: int = 16                 # weight rows per program
+    G: int = 8                   # 32-value groups per loop step (reduced to divide K / 32)
+    target_programs: int = 2112  # split K until the grid has at least this many programs (16 per H200 SM)
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+DEFAULT = Config()
+
+
+def choose_config(qtype, n_out: int, k_in: int) -> Config:
+    """Launch parameters for a weight (first choice, to be tuned by experiments/bench_kernels.py on the H200)."""
+    del qtype, n_out, k_in
+    return DEFAULT
+
+
+def vshape(qtype) -> tuple:
+    return FLOAT_VSHAPE if qtype in FLOAT_TYPES else D.VSHAPE[qtype]
+
+
+def split_k(n_units: int, n_tiles: int, per_unit: int, target: int) -> dict:
+    """K splits: ``n_units`` loop steps over the row cut into ``split`` splits of ``cps`` steps each (a
+    compile-time trip count; a divisor near the target is preferred, otherwise the last split is ``masked``: its
+    steps past the end are read clamped and add nothing). ``per_unit``: programs per (tile, split), e.g. slots."""
+    split = max(1, min(n_units, -(-target // max(1, n_tiles * per_unit))))
+    cps0 = -(-n_units // split)
+    cps = next((c for c in range(cps0, min(2 * cps0, n_units) + 1) if n_units % c == 0), cps0)
+    split = -(-n_units // cps)
+    return dict(split=split, cps=cps, masked=split * cps != n_units)
+
+
+def tiling(qtype, n_out: int, k_in: int, cfg: Config, per_unit: int = 1) -> dict:
+    n_groups = k_in // P.GROUP
+    G = cfg.G
+    while G > 1 and n_groups % G:
+        G //= 2
+    n_chunks = n_groups // G
+    n_tiles = -(-n_out // cfg.BN)
+    return dict(G=G, n_chunks=n_chunks, n_tiles=n_tiles, **split_k(n_chunks, n_tiles, per_unit, cfg.target_programs))
+
+
+def why_not(qtype, n_out: int, k_in: int, w_dtype, n_mats: int = 1) -> str | None:
+    """None when the planar kernels (this GEMV and `gemm`) serve this weight, else the reason."""
+    if qtype in FLOAT_TYPES:
+        if k_in % P.GROUP:
+            return f"K={k_in} is not a multiple of {P.GROUP}"
+        n_words = n_out * k_in * jnp.dtype(FLOAT_TYPES[qtype]).itemsize // 4
+    elif qtype in P.FORMATS:
+        if jnp.dtype(w_dtype) != jnp.dtype(jnp.uint32):
+            return "the weight is not in the planar layout"
+        n_words = n_out * P.row_words(qtype, k_in)
+    else:
+        return f"format {getattr(qtype, 'name', qtype)} has no planar kernel"
+    if n_words * n_mats >= 2 ** 31:
+        return f"weight of {n_words * n_mats} words (int32 offsets)"
+    return None
+
+
+class RefSource(D.Source):
+    """`decode.Source` inside a kernel: gathers from the flat weight ref at the tile's rows.
+
+    ``a0`` / ``n_a``: restrict the first value axis to ``a0 .. a0 + n_a`` (one scale unit of a group, for the
+    tensor-core kernel)."""
+
+    def __init__(self, w_ref, rows, lay, grp, vs, tables, a0: int = 0, n_a: int | None = None):
+        super().__init__(grp, (n_a or vs[0],) + tuple(vs[1:]))
+        if a0:
+            self.ax[0] = self.ax[0] + a0
+        self.vshape = tuple(vs)       # strides come from the full group layout
+        self.w_ref = w_ref
+        self.rows = rows
+        self.lay = lay
+        self.tables = tables
+
+    def words(self, region, idx):
+        return self.w_ref[self.rows * self.lay.row_words + self.lay.offsets[region] + idx]
+
+    def table(self, name, idx):
+        return self.tables[name][idx]
+
+
+def decode_tile(qtype, w_ref, rows, grp, k_in, tables, a0=0, n_a=None):
+    """(float32 codes or weights [BN, G, *vshape], dl or None, mn or None) of a tile of a planar / float ref."""
+    vs = vshape(qtype)
+    if qtype in FLOAT_TYPES:
+        src = D.Source(grp, (n_a or vs[0],) + tuple(vs[1:]))
+        v = 0
+        for i, ax in enumerate(src.ax):
+            stride = 1
+            for n in vs[i + 1:]:
+                stride *= n
+            v = v + (ax + (a0 if i == 0 else 0)) * stride
+        return w_ref[rows * k_in + src.grp * P.GROUP + v].astype(jnp.float32), None, None
+    src = RefSource(w_ref, rows, P.layout(qtype, k_in), grp, vs, tables, a0, n_a)
+    c = D.DECODERS[qtype](src)
+    return D.code_f32(c), c.dl, c.mn
+
+
+def row_update(f, dl, mn, xm):
+    """One activation row's contribution of a tile: f [BN, G, *vs] codes, xm [G, *vs] -> float32 [BN, G]."""
+    p = f * xm[None]
+    nd = p.ndim
+    if dl is None:
+        return jnp.sum(p, axis=tuple(range(2, nd)))
+    red = tuple(a for a in range(2, nd) if dl.shape[a] == 1)
+    t = dl * jnp.sum(p, axis=red, keepdims=True)
+    if mn is not None:
+        t = t + mn * jnp.sum(xm[None], axis=red, keepdims=True)
+    return jnp.sum(t, axis=tuple(range(2, nd)))
+
+
+def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, masked, BN, x_per_slot,
+            table_names):
+    w_refs = refs[:n_mats]
+    x_ref = refs[n_mats]
+    tables = dict(zip(table_names, refs[n_mats + 1:n_mats + 1 + len(table_names)]))
+    o_refs = refs[n_mats + 1 + len(table_names):]
+    i = pl.program_id(0)
+    s = pl.program_id(1)
+    u = pl.program_id(2)
+    e = slot_ref[u]            # which stacked matrix this program reads (-1: an unused slot, skipped)
+    xu = u if x_per_slot else 0
+    nd = 2 + len(vshape(qtype))
+
+    @pl.when(e >= 0)
+    def _():
+        r = jnp.minimum(i * BN + lax.broadcasted_iota(jnp.int32, (BN,), 0), n_out - 1)
+        rows = (e * n_out + r).reshape((BN,) + (1,) * (nd - 1))
+
+        def body(j, accs):
+            c = s * cps + j
+            live = c < n_chunks
+            if masked:  # the ragged last split: read the last chunk again and add nothing
+                c = jnp.minimum(c, n_chunks - 1)
+            grp = c * G + lax.broadcasted_iota(jnp.int32, (G,), 0)
+            xs = [x_ref[xu, m, pl.ds(c * G, G)].astype(jnp.float32) for m in range(M)]    # [G, *vshape] each
+            out = []
+            for w_ref, acc in zip(w_refs, accs):
+                f, dl, mn = decode_tile(qtype, w_ref, rows, grp, k_in, tables)
+                for m in range(M):
+                    t = row_update(f, dl, mn, xs[m])
+                    out.append(acc[m] + (jnp.where(live, t, 0.0) if masked else t))
+            return tuple(tuple(out[a * M:(a + 1) * M]) for a in range(n_mats))
+
+        zero = tuple(jnp.zeros((BN, G), jnp.float32) for _ in range(M))
+        accs = lax.fori_loop(0, cps, body, tuple(zero for _ in range(n_mats)))
+        for o_ref, acc in zip(o_refs, accs):
+            for m in range(M):
+                o_ref[u, s, pl.ds(i * BN, BN), m] = jnp.sum(acc[m], axis=1)
+
+
+def _m_run(M: int, interpret: bool) -> int:
+    if interpret:
+        return M_MAX
+    return 1 << max(0, (M - 1).bit_length())
+
+
+def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, interpret: bool,
+                 cfg: Config | None = None):
+    """For each slot u: x (or x[u]) [M, K] times the matrix ``w_stacked[slot_expert[u]]`` [n_out, K]^T.
+
+    Args:
+      x: [M, K] (the same rows for every slot) or [U, M, K]; M <= 8; float32 / bfloat16 / float16.
+      w_stacked: [E, n_out, row_words] uint32 planar, or [E, n_out, K] float for F32 / F16 / BF16; or a tuple of
+        such stacks of one format and shape (e.g. the experts' gate and up), read by the same programs, which
+        share the activation loads and one launch.
+      slot_expert: int32 [U]: the matrix each slot reads, or -1 for an unused slot (its output is not written).
+    Returns: float32 [U, M, n_out] (a tuple of them for a tuple of stacks; each the bits of its own call). Each
+    matrix a slot names is read once; rows never mix. Not jitted.
+    """
+    fused = isinstance(w_stacked, (tuple, list))
+    stacks = tuple(w_stacked) if fused else (w_stacked,)
+    x_per_slot = x.ndim == 3
+    U_in = slot_expert.shape[0]
+    slot_expert = slot_expert.astype(jnp.int32)
+    if interpret and U_in < 2:
+        # Interpret mode inlines the grid loop into XLA, which folds a grid of one program into straight-line
+        # code that rounds differently from the same program inside the loop: an idle second slot keeps the loop.
+        slot_expert = jnp.concatenate([slot_expert, jnp.full((1,), -1, jnp.int32)])
+        if x_per_slot:
+            x = jnp.concatenate([x, x[:1]])
+    U = slot_expert.shape[0]
+    M_in = x.shape[-2]
+    M = _m_run(M_in, interpret)
+    if M_in < M:
+        pad = [(0, 0)] * x.ndim
+        pad[-2] = (0, M - M_in)
+        x = jnp.pad(x, pad)
+    cfg = cfg or choose_config(qtype, n_out, k_in)
+    t = tiling(qtype, n_out, k_in, cfg, per_unit=U_in)
+    vs = vshape(qtype)
+    names = D.TABLES.get(qtype, ())
+    tabs = [jnp.asarray(D.table(n)) for n in names]
+    U_x = x.shape[0] if x_per_slot else 1
+    xr = x.reshape(U_x, M, k_in // P.GROUP, *vs)
+    n_pad = t["n_tiles"] * cfg.BN
+    full = pl.no_block_spec
+    n_mats = len(stacks)
+    call = dispatch.pallas_call(
+        functools.partial(_kernel, n_mats=n_mats, qtype=qtype, M=M, n_out=n_out, k_in=k_in, G=t["G"],
+                          cps=t["cps"], n_chunks=t["n_chunks"], masked=t["masked"], BN=cfg.BN,
+                          x_per_slot=x_per_slot, table_names=names),
+        out_shape=[jax.ShapeDtypeStruct((U, t["split"], n_pad, M), jnp.float32)] * n_mats,
+        grid=(t["n_tiles"], t["split"], U), in_specs=[full] * (2 + n_mats + len(tabs)), out_specs=[full] * n_mats,
+        interpret=interpret, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        name=f"qmatmul_planar_{getattr(qtype, 'name', qtype)}" + (f"_x{n_mats}" if fused else ""))
+    parts = call(slot_expert, *(w.reshape(-1) for w in stacks), xr, *tabs)
+    outs = []
+    for part in parts:
+        out = part[:, 0]
+        for j in range(1, t["split"]):  # fixed order: row-independent
+            out = out + part[:, j]
+        outs.append(jnp.swapaxes(out[:U_in, :n_out, :M_in], 1, 2))
+    return tuple(outs) if fused else outs[0]
+
+
+def gemv(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, cfg: Config | None = None):
+    """x [M, K] times one weight [n_out, K]^T -> float32 [M, n_out]; M <= 8, or any M as 8-row groups in one
+    launch (the weight read once per group), each row with the instructions of the row alone. Not jitted."""
+    M = x.shape[0]
+    w1 = w[None]
+    if M <= M_MAX:
+        return grouped_gemv(x, w1, jnp.zeros((1,), jnp.int32), qtype, n_out, k_in, interpret=interpret, cfg=cfg)[0]
+    G = -(-M // M_MAX)
+    xg = jnp.pad(x, [(0, G * M_MAX - M), (0, 0)]).reshape(G, M_MAX, k_in)
+    y = grouped_gemv(xg, w1, jnp.zeros((G,), jnp.int32), qtype, n_out, k_in, interpret=interpret, cfg=cfg)
+    return y.reshape(G * M_MAX, n_out)[:M]

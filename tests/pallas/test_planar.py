@@ -1,0 +1,234 @@
+"""The planar device format and its kernels (``STRATA_QMATMUL=planar``): the repack against gguf-py's numpy
+decoder for every format, the kernels in interpret mode against float64 (every format through the shared decoders;
+the kernels on one format of each decoder family), row invariance (bitwise), poisoned outputs, the tensor-core
+precisions, grouped experts (windows and the sorted prefill GEMM), and the model's kernel-path program with planar
+weights (structure only: tracing)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gguf import quants as gq
+from gguf.constants import GGMLQuantizationType as Q
+
+from strata_jax.errors import UnsupportedError
+from strata_jax.pallas import dispatch
+from strata_jax.pallas.grouped_experts import moe_experts
+from strata_jax.pallas.quant_matmul import gemm, planar, prepare_weight, qmatmul
+
+from pallas_testlib import IMPLS, assert_bits_equal, random_weight
+
+KERNEL_IMPLS = [i for i in IMPLS if i != "reference"]
+BLOCK_TYPES = sorted(planar.FORMATS, key=lambda q: q.value)
+
+
+def oracle(raw, qtype):
+    """float64 weights by gguf-py's numpy decoder (IQ1_M: its delta-sign quirk undone, see strata_jax.gguf.blocks)."""
+    if qtype == Q.IQ1_M:
+        from strata_jax.gguf.blocks import dequantize
+        return np.asarray(dequantize(raw, qtype, raw.shape[-1] * 256 // 56), np.float64)
+    return gq.dequantize(np.asarray(raw), qtype).astype(np.float64)
+
+
+def f64_check(y, x, w64, rtol, what):
+    x = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+    want, scale = x @ w64.T, np.abs(x) @ np.abs(w64).T
+    y = np.asarray(y, np.float64)
+    assert np.all(np.isfinite(y)), f"{what}: non-finite output (unwritten / poisoned element?)"
+    rel = np.max(np.abs(y - want) / scale)
+    assert rel <= rtol, f"{what}: max error / (|x|@|w|) = {rel:.3g} > {rtol}"
+    return rel
+
+
+def test_repack_decodes_to_gguf_values(rng):
+    """repack + planar.dequantize == gguf-py's numpy dequantize bit for bit, every block format, fresh blocks."""
+    K = 256
+    raws = {q: random_weight(rng, q, 3, K) for q in BLOCK_TYPES}
+
+    @jax.jit
+    def all_formats(raws):
+        return {q: planar.dequantize(planar.repack(r, qtype=q, n_cols=K), qtype=q, n_cols=K) for q, r in raws.items()}
+
+    got = all_formats({q: jnp.asarray(r) for q, r in raws.items()})
+    for q in BLOCK_TYPES:
+        want = oracle(raws[q], q).astype(np.float32)
+        assert_bits_equal(np.asarray(got[q]), want, q.name)
+        p = planar.repack(jnp.asarray(raws[q]), qtype=q, n_cols=K)
+        assert p.dtype == jnp.uint32 and p.shape == (3, planar.row_words(q, K))
+        assert planar.row_words(q, K) * 4 <= raws[q].shape[1] + 16 * len(planar.FORMATS[q].regions)
+
+
+# one format per decoder family: 32-value blocks with a min and two planes, 16-value K-quant scales on (2, 16)
+# tiles, 4 + 2 bit planes, the 4-bit table lookup with 6-bit scales, grid + separate high bits + sign bytes, the
+# IQ1 delta codes, and a float weight
+FAMILIES = [Q.Q5_1, Q.Q3_K, Q.Q6_K, Q.IQ4_XS, Q.IQ2_S, Q.IQ1_M, Q.BF16]
+
+
+def _weight(rng, qtype, n_out, k_in, lead=()):
+    raw = random_weight(rng, qtype, n_out, k_in, lead)
+    if qtype in (Q.F32, Q.F16, Q.BF16):
+        return jnp.asarray(raw), np.asarray(raw, np.float64)
+    w64 = oracle(raw.reshape(-1, raw.shape[-1]), qtype).reshape(*lead, n_out, k_in)
+    return planar.repack(jnp.asarray(raw), qtype=qtype, n_cols=k_in), w64
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+@pytest.mark.parametrize("qtype", FAMILIES, ids=lambda q: q.name)
+def test_gemv_accuracy(impl, qtype, rng, monkeypatch):
+    """The planar GEMV (3 rows; 20 output rows: a partial tile) within 1e-5 of float64, outputs poisoned first."""
+    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    n_out, k_in = 20, 512
+    w, w64 = _weight(rng, qtype, n_out, k_in)
+    x = rng.standard_normal((3, k_in)).astype(np.float32)
+    with dispatch.poison_outputs():
+        y = qmatmul(jnp.asarray(x), w, qtype, n_out, k_in, impl=impl)
+    assert y.shape == (3, n_out) and y.dtype == jnp.float32
+    f64_check(y, x, w64, 1e-5, f"{impl} {qtype.name}")
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+@pytest.mark.parametrize("gemv", ["fma", "tc"])
+def test_gemv_rows_independent(impl, gemv, rng, monkeypatch):
+    """Row m of an M-row call == the row alone, bit for bit, whatever the other rows hold (M = 3, 8, and 12 with
+    row groups); both GEMV variants."""
+    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    monkeypatch.setenv("STRATA_QMATMUL_GEMV", gemv)
+    qtype, n_out, k_in = Q.Q4_K, 24, 512
+    w, w64 = _weight(rng, qtype, n_out, k_in)
+    X = jnp.asarray(rng.standard_normal((12, k_in)).astype(np.float32))
+    alone = np.stack([np.asarray(qmatmul(X[i:i + 1], w, qtype, n_out, k_in, impl=impl))[0] for i in (0, 2, 7, 11)])
+    Y = qmatmul(X, w, qtype, n_out, k_in, impl=impl, row_groups=True)
+    assert_bits_equal(np.asarray(Y)[[0, 2, 7, 11]], alone, f"{gemv}: M=12 (row groups) vs rows alone")
+    f64_check(Y, X, w64, 1e-5, f"{gemv} accuracy")
+    X2 = X.at[1:].set(X[1:] * 100 + 1)
+    assert_bits_equal(qmatmul(X2[:3], w, qtype, n_out, k_in, impl=impl)[0], alone[0], "row 0, other neighbours")
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_gemm_precisions_and_rows(impl, rng, monkeypatch):
+    """The tensor-core GEMM (M > 8): each precision's accuracy against float64 (bf16: activations rounded once,
+    ~1e-3; bf16x2 ~1e-6; bf16x3 float32-like), and a row's bits independent of the chunk's row count, the row's
+    position and the other rows."""
+    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    qtype, n_out, k_in = Q.Q6_K, 40, 256
+    w, w64 = _weight(rng, qtype, n_out, k_in)
+    X = jnp.asarray(rng.standard_normal((40, k_in)).astype(np.float32))
+    bounds = {"bf16": 4e-3, "bf16x2": 1e-5, "bf16x3": 1e-6}
+    for prec, tol in bounds.items():
+        monkeypatch.setenv("STRATA_QMATMUL_PRECISION", prec)
+        with dispatch.poison_outputs():
+            y = qmatmul(X, w, qtype, n_out, k_in, impl=impl)
+        rel = f64_check(y, X, w64, tol, f"{impl} GEMM {prec}")
+        if prec == "bf16":
+            assert rel > 1e-5, f"bf16 ({rel:.2g}) is no less accurate than bf16x3: the precision switch is ignored"
+    perm = jnp.asarray(rng.permutation(40)[:17])
+    assert_bits_equal(qmatmul(X[perm], w, qtype, n_out, k_in, impl=impl), np.asarray(y)[np.asarray(perm)],
+                      "17 permuted rows vs 40")
+    monkeypatch.setenv("STRATA_QMATMUL_PRECISION", "bf17")
+    with pytest.raises(UnsupportedError):
+        qmatmul(X, w, qtype, n_out, k_in, impl=impl)
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_grouped_experts_planar(impl, rng, monkeypatch):
+    """Routed experts on planar Q2_K / IQ4_NL stacks: the window path (union slots, 8-row groups) and the prefill
+    path (pairs sorted by expert, grouped tensor-core GEMM) against the reference; rows bitwise independent of the
+    call's other rows in both (a 9-row prefill chunk == those rows of the 12-row chunk)."""
+    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    E, H, F, k, M = 6, 256, 64, 2, 12
+    qts = (Q.Q2_K, Q.Q2_K, Q.IQ4_NL)
+    (g, g64), (u, u64), (d, d64) = (_weight(rng, q, n, kk, (E,)) for q, n, kk in ((qts[0], F, H), (qts[1], F, H),
+                                                                                   (qts[2], H, F)))
+    x = rng.standard_normal((M, H)).astype(np.float32)
+    ids = np.stack([rng.choice(E, k, replace=False) for _ in range(M)]).astype(np.int32)
+    tw = rng.uniform(0.1, 1, (M, k)).astype(np.float32)
+    want = np.zeros((M, H))
+    for m in range(M):  # float64 SwiGLU experts
+        for j in range(k):
+            e = ids[m, j]
+            a, b = g64[e] @ x[m], u64[e] @ x[m]
+            want[m] += tw[m, j] * (d64[e] @ (a / (1 + np.exp(-a)) * b))
+    args = (jnp.asarray(ids), jnp.asarray(tw), g, u, d, qts)
+    for prefill in (False, True):
+        with dispatch.poison_outputs():
+            y = np.asarray(moe_experts(jnp.asarray(x), *args[:2], *args[2:], impl=impl, prefill=prefill))
+        assert np.max(np.abs(y - want)) <= 1e-5 * np.max(np.abs(want)), f"prefill={prefill}"
+        y9 = moe_experts(jnp.asarray(x[2:11]), args[0][2:11], args[1][2:11], *args[2:], impl=impl, prefill=prefill)
+        assert_bits_equal(y9, y[2:11], f"prefill={prefill}: 9 rows vs 12")
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_ragged_k_splits(impl, rng):
+    """K split into parts that do not divide the loop steps (the last split reads clamped steps and adds nothing):
+    the planar GEMV (7 chunks in 3 splits) and the tensor-core kernel (7 groups in 3 splits) stay within 1e-5 of
+    float64, outputs poisoned first."""
+    from strata_jax.pallas.quant_matmul import gemv
+    interpret = impl == "interpret"
+    for k_in, qtype in ((7 * 256, Q.Q4_K), (7 * 32, Q.Q8_0)):
+        w, w64 = _weight(rng, qtype, 16, k_in)
+        x = rng.standard_normal((3, k_in)).astype(np.float32)
+        cfg_v = gemv.Config(target_programs=3)
+        cfg_t = gemm.Config(BN=16, BM=16, target_programs=3)
+        if k_in == 7 * 256:
+            assert gemv.tiling(qtype, 16, k_in, cfg_v)["masked"]
+        else:
+            assert gemm.split_k(7, 1, 1, 3)["masked"]
+        with dispatch.poison_outputs():
+            y_v = gemv.gemv(jnp.asarray(x), w, qtype, 16, k_in, interpret=interpret, cfg=cfg_v)
+            y_t = gemm.gemm(jnp.asarray(x), w, qtype, 16, k_in, interpret=interpret, cfg=cfg_t)
+        f64_check(y_v, x, w64, 1e-5, f"GEMV {qtype.name} K={k_in}")
+        f64_check(y_t, x, w64, 1e-5, f"tensor cores {qtype.name} K={k_in}")
+
+
+def test_prepare_weight_rule(rng, monkeypatch):
+    """prepare_weight repacks only under STRATA_QMATMUL=planar with the kernels in use; qmatmul's reference path
+    gives a planar weight the values of its GGUF bytes; unknown variants raise."""
+    raw = jnp.asarray(random_weight(rng, Q.Q4_K, 8, 256))
+    x = jnp.asarray(rng.standard_normal((2, 256)).astype(np.float32))
+    monkeypatch.setenv("STRATA_PALLAS_IMPL", "interpret")
+    monkeypatch.delenv("STRATA_QMATMUL", raising=False)
+    assert prepare_weight(raw, Q.Q4_K, 256) is raw
+    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    p = prepare_weight(raw, Q.Q4_K, 256)
+    assert p.dtype == jnp.uint32
+    assert_bits_equal(qmatmul(x, p, Q.Q4_K, 8, 256, impl="reference"), qmatmul(x, raw, Q.Q4_K, 8, 256,
+                                                                               impl="reference"), "reference")
+    monkeypatch.setenv("STRATA_PALLAS_IMPL", "reference")
+    assert prepare_weight(raw, Q.Q4_K, 256) is raw
+    monkeypatch.setenv("STRATA_QMATMUL", "packed")
+    with pytest.raises(UnsupportedError):
+        prepare_weight(raw, Q.Q4_K, 256)
+
+
+def test_embedding_rows_planar(rng, monkeypatch):
+    """A planar embedding table (what a tied head holds) gathers and decodes rows to the GGUF bytes' values."""
+    from strata_jax.layers.linear import Embedding
+    raw = jnp.asarray(random_weight(rng, Q.Q6_K, 10, 256))
+    ids = jnp.asarray([[3, 9, 0]], jnp.int32)
+    want = Embedding(raw, Q.Q6_K, 10, 256)(ids)
+    got = Embedding(planar.repack(raw, qtype=Q.Q6_K, n_cols=256), Q.Q6_K, 10, 256)(ids)
+    assert_bits_equal(got, want, "embedding rows")
+
+
+def test_tile_gemm_errors(rng):
+    w = planar.repack(jnp.asarray(random_weight(rng, Q.Q8_0, 16, 64)), qtype=Q.Q8_0, n_cols=64)
+    x = jnp.ones((4, 64), jnp.float32)
+    with pytest.raises(UnsupportedError):
+        gemm.tile_gemm(x, w[None], jnp.zeros((1,), jnp.int32), jnp.zeros((1, 8), jnp.int32), Q.Q8_0, 16, 64,
+                       interpret=True)
+
+
+def test_model_program_structure_planar(monkeypatch):
+    """The fixture's prefill / step / window programs on the kernel path with planar weights (traced as on a GPU):
+    planar kernels present, no XLA loop, no barrier, no copied weight operand (tests/pallas/test_program_structure.py
+    checks the default path)."""
+    from test_program_structure import _programs
+    from strata_jax.pallas import structure
+
+    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    for kind, T, fn, args in _programs("kernel", monkeypatch):
+        rep = structure.jaxpr_report(fn.trace(*args).jaxpr, [len(jax.tree.leaves(a)) for a in args])
+        names = set(rep.kernels)
+        assert any(n.startswith("qmatmul_planar_Q8_0") or n.startswith("qmatmul_tc_Q8_0") for n in names), names
+        assert not rep.xla_while and not rep.xla_scan and rep.barriers == 0, (kind, rep.summary())
+        assert not rep.sliced_operands, (kind, rep.sliced_operands)

@@ -1,0 +1,160 @@
+"""What the commands print around the text: notes never inside a line of streamed text, the labelled batch lines,
+compile lines for slow compiles, the load progress in bytes, the draft tokenizer check from the headers, and batch
+slots sized to the requests. No model is compiled here."""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from strata_jax.cli.console import Console, LabelledLines
+from strata_jax.errors import StrataError
+
+HYBRID = Path(__file__).parent / "fixtures" / "hybrid"
+
+
+def _console(tmp_path, shared: bool):
+    out = open(tmp_path / "out.txt", "w+")
+    err = out if shared else open(tmp_path / "err.txt", "w+")
+    return Console(out=out, err=err), out, err
+
+
+def _read(f) -> str:
+    f.flush()
+    f.seek(0)
+    return f.read()
+
+
+def test_note_starts_on_its_own_line_when_streams_are_shared(tmp_path):
+    con, out, _ = _console(tmp_path, shared=True)
+    con.text("The capital")
+    con.note("warning: something")
+    con.text(" of France")
+    con.text("\n")
+    con.note("[stats]")
+    assert _read(out) == "The capital\nwarning: something\n of France\n[stats]\n"
+
+
+def test_text_untouched_when_streams_differ(tmp_path):
+    con, out, err = _console(tmp_path, shared=False)
+    con.text("The capital")
+    con.note("warning: something")
+    con.text(" of France\n")
+    assert _read(out) == "The capital of France\n" and _read(err) == "warning: something\n"
+
+
+def test_compile_line_completed_or_kept_out_of_text(tmp_path):
+    con, out, _ = _console(tmp_path, shared=True)
+    notify = con.compile_notifier(n_stages=2)
+    notify((0, "prefill", 1, 128, "last"), None)
+    notify((0, "prefill", 1, 128, "last"), 3.21)
+    con.text("Paris")
+    notify((1, "step", 1, 1, "all"), None)  # a line of text is open on the same stream: not shown
+    notify((1, "step", 1, 1, "all"), 1.5)
+    con.text(".\n")
+    notify((0, "window", 1, 4, "all"), None)
+    con.note("interrupting note")
+    notify((0, "window", 1, 4, "all"), 2.0)
+    assert _read(out).splitlines() == [
+        "compiling prefill chunk (128 rows), stage 1 of 2 ... 3.2 s", "Paris.",
+        "compiling verify window (1 x 4 rows), stage 1 of 2 ...", "interrupting note",
+        "compiled verify window (1 x 4 rows), stage 1 of 2 in 2.0 s"]
+
+
+def test_labelled_lines_format(tmp_path):
+    con, out, _ = _console(tmp_path, shared=False)
+    lines = LabelledLines(con, width=20)
+    lines.feed("a", "first line\nsec")
+    lines.feed(7, "x")
+    lines.feed("a", "ond\n")
+    lines.feed(7, "y" * 30)                          # no space: cut at the width
+    lines.feed("b", "words that run past the width")  # cut after a space
+    lines.finish(7)
+    lines.finish("b", " end")
+    lines.finish("empty")
+    lines.finish("a")                                # its text ended with a newline: nothing left
+    assert _read(out).splitlines() == [
+        "[a] first line", "[a] second", "[7] " + "x" + "y" * 19, "[b] words that run past ", "[7]+ " + "y" * 11,
+        "[b]+ the width end", "[empty]"]
+
+
+def test_compile_cache_announces_slow_first_calls():
+    from strata_jax.pipeline.windows import CompileCache
+
+    seen = []
+    cache = CompileCache(4, notify=lambda key, s: seen.append((key, s)), notice_after=0.05)
+
+    def slow(x):
+        time.sleep(0.4)
+        return x
+
+    assert cache.get(("slow",), lambda: slow)(3) == 3
+    assert cache.get(("fast",), lambda: (lambda x: x))(4) == 4
+    assert cache.get(("slow",), lambda: slow)(5) == 5  # compiled: no first call any more
+    assert [k for k, _ in seen] == [("slow",), ("slow",)] and seen[0][1] is None and seen[1][1] >= 0.4
+    assert cache.compiles == 2
+
+
+def test_load_progress_counts_every_trunk_tensor():
+    """While loading, the stages report the bytes of every tensor once (the load bar's total: all tensors but an
+    MTP layer's, which this file has not)."""
+    from strata_jax.layers.linear import load_progress
+    from strata_jax.pipeline.engine import Engine
+
+    got = []
+    with load_progress(got.append):
+        eng = Engine(str(HYBRID / "qwen3next_q8_0.gguf"), max_context=16, weights="blocks")
+    assert not any(k.startswith(f"blk.{eng.cfg.n_layer}.") for k in eng.gguf.tensors)  # no MTP layer here
+    assert sum(got) == sum(t.nbytes for t in eng.gguf.tensors.values()) and len(got) == len(eng.gguf.tensors)
+
+
+@pytest.mark.slow
+def test_draft_tokenizer_checked_from_headers(model_path):
+    from strata_jax.cli.flags import check_draft_tokenizer
+
+    smol = model_path("smollm2-135m")
+    check_draft_tokenizer(smol, smol)
+    with pytest.raises(StrataError, match="different tokenizer"):
+        check_draft_tokenizer(smol, model_path("gemma3-270m"))
+
+
+def test_draft_tokenizer_checked_before_weights(tmp_path):
+    """A target whose weights cannot load (an unsupported block format) and a draft: the tokenizer check speaks
+    first, so nothing was loaded."""
+    import subprocess
+    import sys
+
+    from gguf import GGMLQuantizationType as Q
+    from test_cli_errors import _tiny_gguf  # tests/ is on the path (pytest's rootdir-relative import)
+
+    p = tmp_path / "q81.gguf"
+    _tiny_gguf(p, embd_type=Q.Q8_1)
+    proc = subprocess.run([sys.executable, "-m", "strata_jax.cli.generate", "--model", str(p), "--prompt_ids", "1",
+                           "--draft", "model", "--draft_model", str(HYBRID / "qwen3next_q8_0.gguf")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: --draft_model") and "cannot compare tokenizers" in line, line
+    assert "block format" not in proc.stderr
+
+
+@pytest.mark.parametrize("batch, n_req, groups, stages, want", [
+    (64, 2, "auto", 1, 2), (4, 4, "auto", 1, 4), (4, 9, "auto", 1, 4), (8, 3, "4", 2, 4), (8, 1, "auto", 2, 2),
+    (6, 1, "auto", 1, 2)])
+def test_slots_sized_to_the_requests(batch, n_req, groups, stages, want):
+    from absl import flags
+
+    from strata_jax.cli import flags as shared
+
+    F = flags.FLAGS
+    if not F.is_parsed():
+        F(["test"])
+    saved = (F.batch, F.batch_groups, F["batch_groups"].present)
+    try:
+        F.batch, F.batch_groups = batch, groups
+        F["batch_groups"].present = int(groups != "auto")
+        n, note = shared.slots_for(n_req, stages)
+        assert n == want and (("instead of --batch" in note) == (want < batch)), (n, note)
+    finally:
+        F.batch, F.batch_groups, F["batch_groups"].present = saved
