@@ -236,7 +236,7 @@ def test_full_queue_gets_429(served):
         loop.max_queue = 0
         try:
             with pytest.raises(openai.RateLimitError) as e:
-                served.client.completions.create(model="m", prompt="hi", max_tokens=2)
+                served.client.completions.create(model="smollm2-135m", prompt="hi", max_tokens=2)
         finally:
             loop.max_queue = 16
         assert e.value.response.headers["retry-after"] == "1"
@@ -244,6 +244,45 @@ def test_full_queue_gets_429(served):
         tails = ["".join(it) for it in lines]
     for t in tails:
         assert t.endswith("data: [DONE]") and '"finish_reason":"length"' in t.replace(" ", "")
+
+
+@pytest.mark.slow
+def test_request_in_prefill_holds_its_slot(served, monkeypatch):
+    """A request whose prefill is running counts as running (/health) and holds its slot: with --max_queue 0 and
+    two slots, one request in prefill and one waiting for the other slot, a third gets 429 at once; the two are
+    answered once the prefill ends."""
+    eng, loop = served.engine, served.loop
+    marker = [9, 9, 9, 9, 9]
+    in_prefill, release = threading.Event(), threading.Event()
+    orig = eng.prefill
+
+    def prefill(slot, ids, sampling, **kw):
+        if list(ids) == marker:
+            in_prefill.set()
+            assert release.wait(120)
+        return orig(slot, ids, sampling, **kw)
+
+    monkeypatch.setattr(eng, "prefill", prefill)
+    loop.max_queue = 0
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:
+        try:
+            a = ex.submit(_ask, served.client, "completion", marker, DEFAULT, False, max_tokens=2)
+            assert in_prefill.wait(120)
+            h = httpx.get(served.url + "/health").json()
+            assert (h["running"], h["queued"]) == (1, 0), h
+            b = ex.submit(_ask, served.client, "completion", "Hi", DEFAULT, False, max_tokens=2)
+            t0 = time.time()
+            while loop.queue_depth < 1:  # b waits for the loop's thread, busy in a's prefill
+                assert time.time() - t0 < 60 and not b.done(), "the second request was not queued"
+                time.sleep(0.01)
+            with pytest.raises(openai.RateLimitError) as e:
+                served.client.completions.create(model="smollm2-135m", prompt="hi", max_tokens=2)
+            assert e.value.body["code"] == "rate_limit_exceeded"
+            release.set()
+            assert a.result()[2] == "length" and b.result()[2] == "length"
+        finally:  # before the pool waits for a
+            release.set()
+            loop.max_queue = 16
 
 
 @pytest.mark.slow
@@ -283,6 +322,8 @@ BAD = [
     ("chat", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0]"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "temperature": float("nan")}, "temperature"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "temperature": -0.5}, "temperature"),
+    ("completion", {"prompt": "a", "temperature": 2.5}, "temperature"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "top_p": 2}, "top_p"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "top_k": 5000}, "top_k"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "min_p": -0.1}, "min_p"),
@@ -320,6 +361,38 @@ def test_bad_request_is_400_naming_the_field(served, kind, body, param):
     assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"], err
     if param:
         assert repr(param.split(".")[0].split("[")[0])[1:-1] in err["message"], err
+
+
+@pytest.mark.slow
+def test_model_field_unknown_404_missing_or_served_accepted(served):
+    """'model' is the id /v1/models lists or left out; another gets 404 model_not_found naming the served id."""
+    (listed,) = [m.id for m in served.client.models.list().data]
+    for kind in ("chat", "completion"):
+        with pytest.raises(openai.NotFoundError) as e:
+            if kind == "chat":
+                served.client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "Hi"}],
+                                                      max_tokens=1)
+            else:
+                served.client.completions.create(model="gpt-4", prompt="Hi", max_tokens=1)
+        err = e.value.body
+        assert err["code"] == "model_not_found" and err["type"] == "invalid_request_error", err
+        assert "'gpt-4'" in err["message"] and repr(listed) in err["message"], err
+    for body in ({"prompt": "Hi", "max_tokens": 1}, {"prompt": "Hi", "max_tokens": 1, "model": listed}):
+        r = httpx.post(served.url + "/v1/completions", json=body, timeout=300)
+        assert r.status_code == 200 and r.json()["model"] == listed, r.text
+
+
+@pytest.mark.slow
+def test_routing_errors_have_the_openai_shape(served):
+    for method, path, status, code in [("GET", "/v1/chat/completions", 405, "method_not_allowed"),
+                                       ("GET", "/v1/nope", 404, "not_found"), ("POST", "/v1/models", 405,
+                                                                               "method_not_allowed")]:
+        r = httpx.request(method, served.url + path, timeout=60)
+        assert r.status_code == status, (path, r.text)
+        err = r.json()["error"]
+        assert set(r.json()) == {"error"} and err["code"] == code and err["type"] == "invalid_request_error", err
+        assert path in err["message"], err
+    assert httpx.request("GET", served.url + "/v1/completions").headers["allow"] == "POST"
 
 
 @pytest.mark.slow
