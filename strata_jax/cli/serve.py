@@ -1,7 +1,8 @@
 """strata-serve: an OpenAI-compatible HTTP server over the batch slots.
 
 Examples:
-  strata-serve --model qwen2.5-coder-0.5b --batch 4                 (listens on http://127.0.0.1:8000)
+  strata-serve                                   (the default model, one slot: listens on http://127.0.0.1:8000)
+  strata-serve --model qwen2.5-coder-0.5b --batch 4                 (4 requests decode together)
   curl -s localhost:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16}'
   strata-serve --model ./model.gguf --layer_split 24 --batch 4 --piped_mtp 3 --host 0.0.0.0 --api_key "$KEY"
 
