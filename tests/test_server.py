@@ -521,3 +521,30 @@ def test_serve_help_lists_its_flags_and_the_shared_ones():
     assert "strata_jax.cli.serve:" in out and "strata_jax.cli.flags:" in out and "__main__:" not in out
     for flag in ("--host", "--port", "--api_key", "--max_queue", "--model", "--batch", "--piped_mtp", "--spec"):
         assert f"\n  {flag}:" in out or f"\n  --[no]{flag[2:]}:" in out, flag
+
+
+@pytest.mark.slow
+def test_warmup_compiles_what_a_lone_request_runs(served, monkeypatch):
+    """strata-serve's warm-up (the default scheduler: no --draft) leaves nothing to compile for a request alone or
+    for --batch requests at once: on a fresh compile cache, the warm-up's functions are every function they run."""
+    from strata_jax.cli.serve import _warmup
+    from strata_jax.pipeline.groups import resolve_groups
+    from strata_jax.pipeline.loop import EngineLoop
+    from strata_jax.pipeline.scheduler import BatchScheduler, Request
+    from strata_jax.pipeline.windows import CompileCache
+
+    eng, tok = served.engine, served.tok
+    monkeypatch.setattr(eng, "cache", CompileCache(eng.cache.capacity))
+    loop = EngineLoop(BatchScheduler(eng, resolve_groups(2, 1))).start()
+    try:
+        _warmup(loop, eng, tok)
+        warm = set(eng.cache._fns)
+        assert any(k[1] == "step" and k[2] == 1 for k in warm) and any(k[1] == "step" and k[2] == 2 for k in warm)
+        ids = _prompt_ids(tok, "chat", "Name a color.")
+        loop.submit(Request(ids, 4, DEFAULT)).wait(300)
+        s = [loop.submit(Request(ids, 4, DEFAULT)) for _ in range(2)]
+        for x in s:
+            x.wait(300)
+        assert set(eng.cache._fns) == warm, set(eng.cache._fns) - warm
+    finally:
+        assert loop.close(timeout=60)
