@@ -533,7 +533,11 @@ def test_warmup_compiles_what_a_lone_request_runs(served, monkeypatch):
     from strata_jax.pipeline.scheduler import BatchScheduler, Request
     from strata_jax.pipeline.windows import CompileCache
 
+    from strata_jax.pipeline.windows import describe_key
+
     eng, tok = served.engine, served.tok
+    for key in eng.cache._fns:  # whatever the tests before have compiled: every key in words
+        assert not describe_key(key).startswith("("), key
     monkeypatch.setattr(eng, "cache", CompileCache(eng.cache.capacity))
     loop = EngineLoop(BatchScheduler(eng, resolve_groups(2, 1))).start()
     try:
@@ -546,5 +550,8 @@ def test_warmup_compiles_what_a_lone_request_runs(served, monkeypatch):
         for x in s:
             x.wait(300)
         assert set(eng.cache._fns) == warm, set(eng.cache._fns) - warm
+        assert {k[1] for k in warm} >= {"prefill", "step", "reset"}
+        for key in warm:
+            assert not describe_key(key).startswith("("), key
     finally:
         assert loop.close(timeout=60)

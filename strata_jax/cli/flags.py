@@ -240,7 +240,7 @@ def load_engine():
     engine = Engine(path, max_context=FLAGS.max_context, layer_split=FLAGS.layer_split,
                     kv_dtype=jnp.bfloat16 if FLAGS.kv_dtype == "bfloat16" else jnp.float32,
                     compile_cache_size=FLAGS.compile_cache_size, progress=True, weights=FLAGS.weights)
-    engine.cache.notify = CONSOLE.compile_notifier(len(engine.stages))
+    engine.cache.notify = CONSOLE.compile_notifier(len(engine.stages), xla=XLA_CACHE)
     if len(engine.stages) > 1:
         for line in memory_lines(engine):
             CONSOLE.note(line)
@@ -280,20 +280,19 @@ def check_draft_tokenizer(target_path, draft_path) -> None:
 
 def watch_compiles(engine, label: str = "") -> None:
     """Announce ``engine``'s slow compiles on stderr (a draft model's engine: ``label = "draft model: "``)."""
-    engine.cache.notify = CONSOLE.compile_notifier(len(engine.stages), label)
+    engine.cache.notify = CONSOLE.compile_notifier(len(engine.stages), label, xla=XLA_CACHE)
 
 
 def compile_summary(caches) -> str:
-    """``compiled 3 functions in 5.2 s; XLA cache: 2 read, 1 written`` for the `CompileCache` objects ``caches``
-    (the target's, a draft model's)."""
+    """``built 3 functions in 5.2 s; XLA cache: 2 read, 1 compiled and written`` (with the persistent cache: a
+    function's programs are read back or compiled) or ``compiled 3 functions in 5.2 s; no XLA cache`` for the
+    `CompileCache` objects ``caches`` (the target's, a draft model's)."""
     n = sum(c.compiles for c in caches)
     sec = sum(c.compile_seconds for c in caches)
-    text = f"compiled {n} function{'' if n == 1 else 's'} in {sec:.1f} s"
+    fns = f"{n} function{'' if n == 1 else 's'} in {sec:.1f} s"
     if XLA_CACHE is not None:
-        text += f"; {XLA_CACHE.summary()}"
-    else:
-        text += "; no XLA cache"
-    return text
+        return f"built {fns}; {XLA_CACHE.summary()}"
+    return f"compiled {fns}; no XLA cache"
 
 
 def proposer_factory_for(engine, draft: str, n_props: int = 1, draft_model: str | None = None, cache_dir=None):
