@@ -45,13 +45,14 @@ def test_text_untouched_when_streams_differ(tmp_path):
 
 
 def test_compile_line_completed_or_kept_out_of_text(tmp_path):
-    import types
+    from strata_jax.pipeline.windows import XlaCacheStats
 
     con, out, _ = _console(tmp_path, shared=True)
-    xla = types.SimpleNamespace(hits=0, written=0)
+    xla = XlaCacheStats(str(tmp_path))
     notify = con.compile_notifier(n_stages=2, xla=xla)
     notify((0, "prefill", 1, 128, "last", 1), None)
-    xla.written += 1  # compiled
+    xla._on_event("/jax/compilation_cache/cache_hits")  # one program read, one compiled: not "read"
+    xla._on_event("/jax/compilation_cache/cache_misses")
     notify((0, "prefill", 1, 128, "last", 1), 3.21)
     con.text("Paris")
     notify((1, "step", 1, 1, "all", 1), None)  # a line of text is open on the same stream: not shown
@@ -59,7 +60,8 @@ def test_compile_line_completed_or_kept_out_of_text(tmp_path):
     con.text(".\n")
     notify((0, "window", 1, 4, "all", 1), None)
     con.note("interrupting note")
-    xla.hits += 2  # read back, nothing compiled
+    xla._on_event("/jax/compilation_cache/cache_hits")  # read back, nothing compiled during this call (2.0 s):
+    xla.written_at = time.perf_counter() - 10.0          # the prefill's write came before it
     notify((0, "window", 1, 4, "all", 1), 2.0)
     assert _read(out).splitlines() == [
         "compiling prefill chunk (128 rows), stage 1 of 2 ... 3.2 s", "Paris.",

@@ -143,20 +143,28 @@ class XlaCacheStats:
 
     Attributes:
       path: the cache folder; requests: compiles that consulted it; hits: programs read from it; written: programs
-      compiled and stored (the others, below the size / time thresholds, were compiled and not kept).
+      compiled and stored (the others, below the size / time thresholds, were compiled and not kept); hit_at,
+      written_at: `time.perf_counter` of the latest read and write (-inf before the first).
     """
 
     def __init__(self, path: str):
         self.path = path
         self.requests = self.hits = self.written = 0
+        self.hit_at = self.written_at = float("-inf")
 
     def _on_event(self, event: str, **kwargs) -> None:
         if event == "/jax/compilation_cache/compile_requests_use_cache":
             self.requests += 1
         elif event == "/jax/compilation_cache/cache_hits":
             self.hits += 1
+            self.hit_at = time.perf_counter()
         elif event == "/jax/compilation_cache/cache_misses":
             self.written += 1
+            self.written_at = time.perf_counter()
+
+    def only_read_since(self, t0: float) -> bool:
+        """Programs were read since ``t0`` (a `time.perf_counter` value) and none was compiled and written."""
+        return self.hit_at >= t0 and self.written_at < t0
 
     def summary(self) -> str:
         """``XLA cache: 3 read, 1 compiled and written`` (programs; a window function may hold several)."""
