@@ -79,7 +79,7 @@ class Metrics:
         self.loop = loop
         r = self.registry
         Gauge("strata_queue_depth", "Requests waiting for a slot", registry=r).set_function(lambda: loop.queue_depth)
-        Gauge("strata_slots_busy", "Slots decoding a request", registry=r).set_function(lambda: loop.running)
+        Gauge("strata_slots_busy", "Slots holding a request (in prefill or decoding)", registry=r).set_function(lambda: loop.running)
         Gauge("strata_slots", "Batch slots (--batch)", registry=r).set(loop.n_slots)
 
     def watch_compiles(self, caches, xla=None) -> None:
