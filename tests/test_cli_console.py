@@ -45,21 +45,52 @@ def test_text_untouched_when_streams_differ(tmp_path):
 
 
 def test_compile_line_completed_or_kept_out_of_text(tmp_path):
+    from strata_jax.pipeline.windows import XlaCacheStats
+
     con, out, _ = _console(tmp_path, shared=True)
-    notify = con.compile_notifier(n_stages=2)
-    notify((0, "prefill", 1, 128, "last"), None)
-    notify((0, "prefill", 1, 128, "last"), 3.21)
+    xla = XlaCacheStats(str(tmp_path))
+    notify = con.compile_notifier(n_stages=2, xla=xla)
+    notify((0, "prefill", 1, 128, "last", 1), None)
+    xla._on_event("/jax/compilation_cache/cache_hits")  # one program read, one compiled: not "read"
+    xla._on_event("/jax/compilation_cache/cache_misses")
+    notify((0, "prefill", 1, 128, "last", 1), 3.21)
     con.text("Paris")
-    notify((1, "step", 1, 1, "all"), None)  # a line of text is open on the same stream: not shown
-    notify((1, "step", 1, 1, "all"), 1.5)
+    notify((1, "step", 1, 1, "all", 1), None)  # a line of text is open on the same stream: not shown
+    notify((1, "step", 1, 1, "all", 1), 1.5)
     con.text(".\n")
-    notify((0, "window", 1, 4, "all"), None)
+    notify((0, "window", 1, 4, "all", 1), None)
     con.note("interrupting note")
-    notify((0, "window", 1, 4, "all"), 2.0)
+    xla._on_event("/jax/compilation_cache/cache_hits")  # read back, nothing compiled during this call (2.0 s):
+    xla.written_at = time.perf_counter() - 10.0          # the prefill's write came before it
+    notify((0, "window", 1, 4, "all", 1), 2.0)
     assert _read(out).splitlines() == [
         "compiling prefill chunk (128 rows), stage 1 of 2 ... 3.2 s", "Paris.",
         "compiling verify window (1 x 4 rows), stage 1 of 2 ...", "interrupting note",
-        "compiled verify window (1 x 4 rows), stage 1 of 2 in 2.0 s"]
+        "compiled verify window (1 x 4 rows), stage 1 of 2 in 2.0 s (read from the XLA cache)"]
+
+
+def test_describe_key_words_every_key_kind():
+    """The keys as `Engine.run_stage` / `commit_stage` / `reset_slot` and the MTP chain build them (the shapes the
+    shared engine's cache holds are checked in tests/test_server.py)."""
+    from strata_jax.pipeline.windows import describe_key
+
+    cases = {
+        (0, "prefill", 1, 128, "last", 1): "prefill chunk (128 rows)",
+        (0, "prefill", 1, 128, "all", 4): "prefill chunk (128 rows, all logits)",
+        (0, "step", 1, 1, "all", 4): "decode step (1 of 4 slots)",
+        (0, "step", 4, 1, "all", 4): "decode step (4 slots)",
+        (0, "step", 1, 1, "all", 1): "decode step (1 slot)",
+        (0, "window", 1, 4, "all", 1): "verify window (1 x 4 rows)",
+        (0, "window", 2, 5, "all", 2): "verify window (2 x 5 rows, 2 slots)",
+        (0, "commit", ((1, 4, 64),), 2): "window commit (2 slots)",
+        (0, "reset", 1): "slot reset (1 slot)",
+        ("mtp", "window", 1, 4, 3, 1): "MTP draft chain (3 drafts, 1 x 4 rows)",
+        ("mtp", "prefill", 1, 128, 1, 2): "MTP draft chain (1 draft, 1 x 128 rows, prompt)",
+    }
+    for key, words in cases.items():
+        assert describe_key(key) == words, key
+    assert describe_key((1, "step", 2, 1, "all", 2), n_stages=3) == "decode step (2 slots), stage 2 of 3"
+    assert describe_key(("something", "else")) == "('something', 'else')"
 
 
 def test_labelled_lines_format(tmp_path):

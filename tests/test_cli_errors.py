@@ -126,6 +126,10 @@ def _jsonl(tmp_path, *lines, name="reqs.jsonl"):
     (["--prompt", "hi", "--top_k", "5000"], ["--top_k 5000", "0..1024"]),
     (["--prompt", "hi", "--spec", "6"], ["--spec 6 needs --draft"]),
     (["--prompt", "hi", "--temperature", "nan"], ["--temperature nan", "finite"]),
+    (["--prompt", "hi", "--max_new_tokens", "abc"], ["--max_new_tokens abc: not an integer"]),
+    (["--prompt", "hi", "--max_new_tokens=1.5"], ["--max_new_tokens 1.5: not an integer"]),
+    (["--prompt", "hi", "--temperature", "hot"], ["--temperature hot: not a number"]),
+    (["--prompt", "hi", "--batch", "0"], ["--batch 0: 0 is not a positive integer"]),
 ])
 def test_flag_errors_before_load(args, needles):
     assert_clean_error(run_cli("--model", NO_MODEL, *args), *needles)
@@ -228,3 +232,20 @@ def test_xla_cache_dir_unusable(tmp_path):
     f.write_text("x")
     assert_clean_error(run_cli("--model", NO_MODEL, "--prompt", "hi", "--xla_cache_dir", str(f / "sub")),
                        "--xla_cache_dir", "compilation cache")
+
+
+def test_xla_cache_under_an_unusable_cache_dir_names_cache_dir(tmp_path):
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    proc = run_cli("--model", NO_MODEL, "--prompt", "hi", "--cache_dir", str(f))
+    assert_clean_error(proc, f"--cache_dir {f}: cannot use {f / 'xla'}", "compilation cache", "--xla_cache_dir ''")
+
+
+def test_verbose_adds_the_traceback_and_still_exits_2(tmp_path):
+    p = tmp_path / "notes.gguf"
+    p.write_text("this is not a model\n" * 10)
+    proc = run_cli("--model", str(p), "--prompt", "hi", "--verbose")
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    err = proc.stderr.strip().splitlines()
+    assert "Traceback (most recent call last):" in proc.stderr and "StrataError" in proc.stderr, proc.stderr
+    assert err[-1].startswith("error: ") and "not a GGUF file" in err[-1], err[-1]

@@ -55,7 +55,7 @@ def test_chat_answer_end_to_end(model_path, tmp_path):
         assert proc.stdout.strip() == "The capital of France is Paris."
         stats = proc.stderr.strip().splitlines()[-1]
         assert "tok/s" in stats and "stop: eos" in stats
-        got = re.search(r"XLA cache: (\d+) read, (\d+) written", stats)
+        got = re.search(r"XLA cache: (\d+) read, (\d+) compiled and written", stats)
         assert got, stats
         read, written = int(got.group(1)), int(got.group(2))
         if run == 0:
@@ -63,4 +63,6 @@ def test_chat_answer_end_to_end(model_path, tmp_path):
             assert entries and read == 0 and written >= 2, (entries, stats)  # the prefill chunk and the step
         else:
             assert read >= 2 and written == 0, stats
+            compiling = [ln for ln in proc.stderr.splitlines() if ln.startswith(("compiling ", "compiled "))]
+            assert all(ln.endswith("(read from the XLA cache)") for ln in compiling), compiling
     assert set(os.listdir(cache)) == entries  # the second run compiled nothing new

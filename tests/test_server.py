@@ -236,7 +236,7 @@ def test_full_queue_gets_429(served):
         loop.max_queue = 0
         try:
             with pytest.raises(openai.RateLimitError) as e:
-                served.client.completions.create(model="m", prompt="hi", max_tokens=2)
+                served.client.completions.create(model="smollm2-135m", prompt="hi", max_tokens=2)
         finally:
             loop.max_queue = 16
         assert e.value.response.headers["retry-after"] == "1"
@@ -244,6 +244,45 @@ def test_full_queue_gets_429(served):
         tails = ["".join(it) for it in lines]
     for t in tails:
         assert t.endswith("data: [DONE]") and '"finish_reason":"length"' in t.replace(" ", "")
+
+
+@pytest.mark.slow
+def test_request_in_prefill_holds_its_slot(served, monkeypatch):
+    """A request whose prefill is running counts as running (/health) and holds its slot: with --max_queue 0 and
+    two slots, one request in prefill and one waiting for the other slot, a third gets 429 at once; the two are
+    answered once the prefill ends."""
+    eng, loop = served.engine, served.loop
+    marker = [9, 9, 9, 9, 9]
+    in_prefill, release = threading.Event(), threading.Event()
+    orig = eng.prefill
+
+    def prefill(slot, ids, sampling, **kw):
+        if list(ids) == marker:
+            in_prefill.set()
+            assert release.wait(120)
+        return orig(slot, ids, sampling, **kw)
+
+    monkeypatch.setattr(eng, "prefill", prefill)
+    loop.max_queue = 0
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:
+        try:
+            a = ex.submit(_ask, served.client, "completion", marker, DEFAULT, False, max_tokens=2)
+            assert in_prefill.wait(120)
+            h = httpx.get(served.url + "/health").json()
+            assert (h["running"], h["queued"]) == (1, 0), h
+            b = ex.submit(_ask, served.client, "completion", "Hi", DEFAULT, False, max_tokens=2)
+            t0 = time.time()
+            while loop.queue_depth < 1:  # b waits for the loop's thread, busy in a's prefill
+                assert time.time() - t0 < 60 and not b.done(), "the second request was not queued"
+                time.sleep(0.01)
+            with pytest.raises(openai.RateLimitError) as e:
+                served.client.completions.create(model="smollm2-135m", prompt="hi", max_tokens=2)
+            assert e.value.body["code"] == "rate_limit_exceeded"
+            release.set()
+            assert a.result()[2] == "length" and b.result()[2] == "length"
+        finally:  # before the pool waits for a
+            release.set()
+            loop.max_queue = 16
 
 
 @pytest.mark.slow
@@ -283,6 +322,8 @@ BAD = [
     ("chat", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0]"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "temperature": float("nan")}, "temperature"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "temperature": -0.5}, "temperature"),
+    ("completion", {"prompt": "a", "temperature": 2.5}, "temperature"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "top_p": 2}, "top_p"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "top_k": 5000}, "top_k"),
     ("chat", {"messages": [{"role": "user", "content": "x"}], "min_p": -0.1}, "min_p"),
@@ -320,6 +361,38 @@ def test_bad_request_is_400_naming_the_field(served, kind, body, param):
     assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"], err
     if param:
         assert repr(param.split(".")[0].split("[")[0])[1:-1] in err["message"], err
+
+
+@pytest.mark.slow
+def test_model_field_unknown_404_missing_or_served_accepted(served):
+    """'model' is the id /v1/models lists or left out; another gets 404 model_not_found naming the served id."""
+    (listed,) = [m.id for m in served.client.models.list().data]
+    for kind in ("chat", "completion"):
+        with pytest.raises(openai.NotFoundError) as e:
+            if kind == "chat":
+                served.client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "Hi"}],
+                                                      max_tokens=1)
+            else:
+                served.client.completions.create(model="gpt-4", prompt="Hi", max_tokens=1)
+        err = e.value.body
+        assert err["code"] == "model_not_found" and err["type"] == "invalid_request_error", err
+        assert "'gpt-4'" in err["message"] and repr(listed) in err["message"], err
+    for body in ({"prompt": "Hi", "max_tokens": 1}, {"prompt": "Hi", "max_tokens": 1, "model": listed}):
+        r = httpx.post(served.url + "/v1/completions", json=body, timeout=300)
+        assert r.status_code == 200 and r.json()["model"] == listed, r.text
+
+
+@pytest.mark.slow
+def test_routing_errors_have_the_openai_shape(served):
+    for method, path, status, code in [("GET", "/v1/chat/completions", 405, "method_not_allowed"),
+                                       ("GET", "/v1/nope", 404, "not_found"), ("POST", "/v1/models", 405,
+                                                                               "method_not_allowed")]:
+        r = httpx.request(method, served.url + path, timeout=60)
+        assert r.status_code == status, (path, r.text)
+        err = r.json()["error"]
+        assert set(r.json()) == {"error"} and err["code"] == code and err["type"] == "invalid_request_error", err
+        assert path in err["message"], err
+    assert httpx.request("GET", served.url + "/v1/completions").headers["allow"] == "POST"
 
 
 @pytest.mark.slow
@@ -396,7 +469,7 @@ def test_sigterm_drains_and_exits(model_path, tmp_path):
                     while True:  # the listening socket closes at once; the stream goes on
                         try:
                             httpx.get(f"http://{url}/health", timeout=5)
-                        except httpx.ConnectError:
+                        except (httpx.ConnectError, httpx.RemoteProtocolError):  # refused, or closed unanswered
                             break
                         assert time.time() - t1 < 30, "still accepting connections after SIGTERM"
                         time.sleep(0.2)
@@ -448,3 +521,37 @@ def test_serve_help_lists_its_flags_and_the_shared_ones():
     assert "strata_jax.cli.serve:" in out and "strata_jax.cli.flags:" in out and "__main__:" not in out
     for flag in ("--host", "--port", "--api_key", "--max_queue", "--model", "--batch", "--piped_mtp", "--spec"):
         assert f"\n  {flag}:" in out or f"\n  --[no]{flag[2:]}:" in out, flag
+
+
+@pytest.mark.slow
+def test_warmup_compiles_what_a_lone_request_runs(served, monkeypatch):
+    """strata-serve's warm-up (the default scheduler: no --draft) leaves nothing to compile for a request alone or
+    for --batch requests at once: on a fresh compile cache, the warm-up's functions are every function they run."""
+    from strata_jax.cli.serve import _warmup
+    from strata_jax.pipeline.groups import resolve_groups
+    from strata_jax.pipeline.loop import EngineLoop
+    from strata_jax.pipeline.scheduler import BatchScheduler, Request
+    from strata_jax.pipeline.windows import CompileCache
+
+    from strata_jax.pipeline.windows import describe_key
+
+    eng, tok = served.engine, served.tok
+    for key in eng.cache._fns:  # whatever the tests before have compiled: every key in words
+        assert not describe_key(key).startswith("("), key
+    monkeypatch.setattr(eng, "cache", CompileCache(eng.cache.capacity))
+    loop = EngineLoop(BatchScheduler(eng, resolve_groups(2, 1))).start()
+    try:
+        _warmup(loop, eng, tok)
+        warm = set(eng.cache._fns)
+        assert any(k[1] == "step" and k[2] == 1 for k in warm) and any(k[1] == "step" and k[2] == 2 for k in warm)
+        ids = _prompt_ids(tok, "chat", "Name a color.")
+        loop.submit(Request(ids, 4, DEFAULT)).wait(300)
+        s = [loop.submit(Request(ids, 4, DEFAULT)) for _ in range(2)]
+        for x in s:
+            x.wait(300)
+        assert set(eng.cache._fns) == warm, set(eng.cache._fns) - warm
+        assert {k[1] for k in warm} >= {"prefill", "step", "reset"}
+        for key in warm:
+            assert not describe_key(key).startswith("("), key
+    finally:
+        assert loop.close(timeout=60)

@@ -116,19 +116,25 @@ class Console:
             else:
                 self.note(alone)
 
-    def compile_notifier(self, n_stages: int = 1, label: str = ""):
+    def compile_notifier(self, n_stages: int = 1, label: str = "", xla=None):
         """A `strata_jax.pipeline.windows.CompileCache` ``notify`` callback: ``compiling decode step (1 slot) ...
-        12.3 s`` on stderr for a compile that takes more than the cache's ``notice_after`` seconds. Not shown while
-        a line of text is open on the same terminal (a compile after the first token of a stream: the stats line
-        counts it), so the streamed text stays in one piece."""
+        12.3 s`` on stderr for a compile that takes more than the cache's ``notice_after`` seconds; with ``xla``
+        (the process's `XlaCacheStats`), a first call during which programs were read from the persistent cache and
+        none written ends ``... 1.2 s (read from the XLA cache)``. Not shown while a line of text is open on the same terminal (a
+        compile after the first token of a stream: the stats line counts it), so the streamed text stays in one
+        piece."""
         from strata_jax.pipeline.windows import describe_key
+
+        import time
 
         def notify(key, seconds):
             what = label + describe_key(key, n_stages)
             if seconds is None:
                 self.begin_note(("compile", key), f"compiling {what} ...", quiet_in_text=True)
-            else:
-                self.end_note(("compile", key), f" {seconds:.1f} s", f"compiled {what} in {seconds:.1f} s")
+                return
+            read = xla is not None and xla.only_read_since(time.perf_counter() - seconds)  # since the call began
+            how = " (read from the XLA cache)" if read else ""
+            self.end_note(("compile", key), f" {seconds:.1f} s{how}", f"compiled {what} in {seconds:.1f} s{how}")
 
         return notify
 

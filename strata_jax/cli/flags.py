@@ -143,8 +143,15 @@ def check_shared_flags(*, batch: bool) -> None:
             if not os.access(xla, os.W_OK):
                 raise PermissionError(13, "not writable")
         except OSError as e:
-            fail(f"--xla_cache_dir {xla}: cannot use it as the compilation cache ({e.strerror}); give another "
-                 f"folder, or '' to turn the cache off")
+            if FLAGS.xla_cache_dir is not None:
+                fail(f"--xla_cache_dir {xla}: cannot use it as the compilation cache ({e.strerror}); give another "
+                     f"folder, or '' to turn the cache off")
+            # the folder came from the cache folder: name what the user set
+            src = (f"--cache_dir {FLAGS.cache_dir}" if FLAGS.cache_dir else
+                   f"$STRATA_JAX_CACHE {os.environ['STRATA_JAX_CACHE']}" if os.environ.get("STRATA_JAX_CACHE") else
+                   "the cache folder")
+            fail(f"{src}: cannot use {xla} as the compilation cache ({e.strerror}); give another --cache_dir, or "
+                 f"--xla_cache_dir '' to turn the cache off")
     if FLAGS.draft_model is not None and FLAGS.draft != "model":
         fail("--draft_model needs --draft model")
     if FLAGS.draft == "model":
@@ -240,7 +247,7 @@ def load_engine():
     engine = Engine(path, max_context=FLAGS.max_context, layer_split=FLAGS.layer_split,
                     kv_dtype=jnp.bfloat16 if FLAGS.kv_dtype == "bfloat16" else jnp.float32,
                     compile_cache_size=FLAGS.compile_cache_size, progress=True, weights=FLAGS.weights)
-    engine.cache.notify = CONSOLE.compile_notifier(len(engine.stages))
+    engine.cache.notify = CONSOLE.compile_notifier(len(engine.stages), xla=XLA_CACHE)
     if len(engine.stages) > 1:
         for line in memory_lines(engine):
             CONSOLE.note(line)
@@ -280,20 +287,19 @@ def check_draft_tokenizer(target_path, draft_path) -> None:
 
 def watch_compiles(engine, label: str = "") -> None:
     """Announce ``engine``'s slow compiles on stderr (a draft model's engine: ``label = "draft model: "``)."""
-    engine.cache.notify = CONSOLE.compile_notifier(len(engine.stages), label)
+    engine.cache.notify = CONSOLE.compile_notifier(len(engine.stages), label, xla=XLA_CACHE)
 
 
 def compile_summary(caches) -> str:
-    """``compiled 3 functions in 5.2 s; XLA cache: 2 read, 1 written`` for the `CompileCache` objects ``caches``
-    (the target's, a draft model's)."""
+    """``built 3 functions in 5.2 s; XLA cache: 2 read, 1 compiled and written`` (with the persistent cache: a
+    function's programs are read back or compiled) or ``compiled 3 functions in 5.2 s; no XLA cache`` for the
+    `CompileCache` objects ``caches`` (the target's, a draft model's)."""
     n = sum(c.compiles for c in caches)
     sec = sum(c.compile_seconds for c in caches)
-    text = f"compiled {n} function{'' if n == 1 else 's'} in {sec:.1f} s"
+    fns = f"{n} function{'' if n == 1 else 's'} in {sec:.1f} s"
     if XLA_CACHE is not None:
-        text += f"; {XLA_CACHE.summary()}"
-    else:
-        text += "; no XLA cache"
-    return text
+        return f"built {fns}; {XLA_CACHE.summary()}"
+    return f"compiled {fns}; no XLA cache"
 
 
 def proposer_factory_for(engine, draft: str, n_props: int = 1, draft_model: str | None = None, cache_dir=None):
@@ -399,6 +405,24 @@ def exit_broken_pipe() -> None:
     sys.exit(141)  # 128 + SIGPIPE, as a program killed by the broken pipe
 
 
+def flag_error_text(e: Exception) -> str:
+    """absl's parse error in the commands' words: ``--max_new_tokens abc: not an integer`` (absl says ``flag
+    --max_new_tokens=abc: invalid literal for int() with base 10: 'abc'``), ``--batch 0: 0 is not a positive
+    integer``; other errors as absl words them."""
+    import re
+
+    m = re.match(r"flag --(\w+)=(.*?): (.*)$", str(e), re.S)
+    if m is None:
+        return str(e)
+    name, value, why = m.groups()
+    kind = FLAGS[name].flag_type() if name in FLAGS else None
+    if kind == "int" and why.startswith("invalid literal for int()"):
+        why = "not an integer"
+    elif kind == "float" and why.startswith("could not convert string to float"):
+        why = "not a number"
+    return f"--{name} {value}: {why}"
+
+
 def run_command(main, module_name: str, doc: str) -> None:
     """Run a command's ``main(argv) -> status`` under absl: bad flags and `StrataError` print one ``error:`` line
     and exit with status 2 (``--verbose`` shows the traceback), ``--help`` lists the command's flags and these,
@@ -429,7 +453,7 @@ def run_command(main, module_name: str, doc: str) -> None:
         try:
             return FLAGS(argv)
         except flags.Error as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {flag_error_text(e)}", file=sys.stderr)
             sys.exit(2)
 
     def guarded(argv):
@@ -438,7 +462,9 @@ def run_command(main, module_name: str, doc: str) -> None:
             sys.exit(main(argv))
         except StrataError as e:
             if FLAGS.verbose:
-                raise
+                import traceback
+
+                CONSOLE.note(traceback.format_exc().rstrip())
             CONSOLE.note(f"error: {e}")  # on a line of its own, after any text already streamed
             sys.exit(2)
         except BrokenPipeError:

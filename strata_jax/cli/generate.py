@@ -166,8 +166,9 @@ def solo_stats_line(engine, st, caches) -> str:
     if n_dec > 0:
         rate = f"decode {st.decode_tok_s:.1f} tok/s over {n_dec} tok"
         if st.compiled_windows:
-            rate += (f", leaving out {st.compiled_windows} of {st.windows} {kind} (they compiled)"
-                     if st.compiled_windows > 1 else f", leaving out 1 of {st.windows} {kind} (it compiled)")
+            rate += (f", leaving out {st.compiled_windows} of {st.windows} {kind} (first calls of their shape)"
+                     if st.compiled_windows > 1 else f", leaving out 1 of {st.windows} {kind} (the first call of its "
+                     f"shape)")
         else:
             rate += f" in {st.windows} {kind}"
         parts.append(rate)

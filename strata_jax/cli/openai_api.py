@@ -6,8 +6,8 @@ an OpenAI-style body ``{"error": {"message", "type", "param", "code"}}`` naming 
 
 * Honoured: ``messages`` (chat; roles system / developer / user / assistant, text content or text parts, rendered
   with the model's chat template as ``strata-generate --chat`` renders it), ``prompt`` (completions: text as is, or
-  token ids), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``,
-  ``seed``, ``stop`` (a string or a list), ``stream``, ``stream_options.include_usage``; ``return_token_ids``
+  token ids), ``max_tokens`` / ``max_completion_tokens``, ``temperature`` (0..2, OpenAI's range), ``top_p``,
+  ``top_k``, ``min_p``, ``seed``, ``stop`` (a string or a list), ``stream``, ``stream_options.include_usage``; ``return_token_ids``
   (an extension, as vLLM's) adds the generated ids to each choice. Missing sampling fields take the server's flag
   values (``--temperature`` ...), so a request without them decodes as ``strata-generate`` does; each value follows
   the command line's rule (`strata_jax.cli.requests.check_request_values`).
@@ -15,8 +15,9 @@ an OpenAI-style body ``{"error": {"message", "type", "param", "code"}}`` naming 
   ``top_logprobs``, ``tools`` / ``tool_choice`` / ``functions`` / ``function_call``, non-zero
   ``frequency_penalty`` / ``presence_penalty``, ``repetition_penalty`` != 1, ``logit_bias``, a non-text
   ``response_format``, ``best_of`` > 1, ``echo``, ``suffix``, several prompts.
-* Known and without effect here: ``model`` (one model is served), ``user``, ``metadata``, ``store``,
-  ``parallel_tool_calls``, ``service_tier``, ``reasoning_effort``, ``stream_options`` without ``stream``.
+* ``model``: left out, or the id ``/v1/models`` lists (the server answers another with 404 ``model_not_found``).
+* Known and without effect here: ``user``, ``metadata``, ``store``, ``parallel_tool_calls``, ``service_tier``,
+  ``reasoning_effort``, ``stream_options`` without ``stream``.
 * Unknown fields are ignored (real clients send extras) and listed in ``ParsedRequest.ignored`` for one log line.
 
 Stop strings: generation stops at the token that completes a stop string, as on the command line (the token ids are
@@ -49,7 +50,7 @@ class ApiError(Exception):
     """An HTTP error with an OpenAI-style body.
 
     Args:
-      status: HTTP status (400, 401, 429, 500, 503).
+      status: HTTP status (400, 401, 404, 405, 429, 500, 503).
       message: what is wrong, naming the field.
       param: the request field at fault (None when none is).
       type_: ``invalid_request_error`` (4xx) or ``server_error`` (5xx).
@@ -294,6 +295,8 @@ def parse_request(body, kind: str, *, tokenizer, max_context: int, vocab_size: i
     if mt is not None:
         values["max_new_tokens"] = mt
     _check(values, names)
+    if "temperature" in values and not 0.0 <= values["temperature"] <= 2.0:  # OpenAI's range; the CLI takes any
+        raise bad("temperature", f"'temperature' {values['temperature']}: must lie in [0, 2] (0 is greedy)")
     d = defaults.sampling
     sampling = SamplingParams(float(values.get("temperature", d.temperature)), int(values.get("top_k", d.top_k)),
                               float(values.get("top_p", d.top_p)), float(values.get("min_p", d.min_p)),

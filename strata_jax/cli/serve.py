@@ -1,7 +1,8 @@
 """strata-serve: an OpenAI-compatible HTTP server over the batch slots.
 
 Examples:
-  strata-serve --model qwen2.5-coder-0.5b --batch 4                 (listens on http://127.0.0.1:8000)
+  strata-serve                                   (the default model, one slot: listens on http://127.0.0.1:8000)
+  strata-serve --model qwen2.5-coder-0.5b --batch 4                 (4 requests decode together)
   curl -s localhost:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16}'
   strata-serve --model ./model.gguf --layer_split 24 --batch 4 --piped_mtp 3 --host 0.0.0.0 --api_key "$KEY"
 
@@ -35,8 +36,8 @@ flags.DEFINE_integer("max_queue", 64, "Most requests waiting for a free slot; on
                      lower_bound=0)
 flags.DEFINE_string("model_name", None, "The model id /v1/models lists and answers name (default: the --model "
                     "name, without .gguf).")
-flags.DEFINE_bool("warmup", True, "Before listening, decode --batch short requests at once so the first requests "
-                  "do not wait for the prefill and window compiles.")
+flags.DEFINE_bool("warmup", True, "Before listening, decode one short request alone, then --batch at once, so the "
+                  "first requests do not wait for the prefill and window compiles.")
 
 
 def _draining_server_class():
@@ -89,15 +90,17 @@ def _bind() -> socket.socket:
 
 
 def _warmup(loop, engine, tokenizer) -> None:
-    """``--batch`` short requests at once: the prefill, solo and batch window shapes compile before the first
-    client's request."""
+    """One short request alone (the prefill and the solo path's decode shapes: a lone request's), then, with
+    ``--batch`` > 1, ``--batch`` at once (the batch window shapes), before the first client's request."""
     from strata_jax.pipeline.scheduler import Request
     from strata_jax.sampling import SamplingParams
 
     ids = list(tokenizer.encode("Hello"))[: max(1, engine.max_context - 4)] or [0]
-    streams = [loop.submit(Request(ids, 3, SamplingParams(0.0), rid=f"warmup-{i}")) for i in range(engine.n_slots)]
-    for s in streams:
-        s.wait()
+    rounds = [1] + ([engine.n_slots] if engine.n_slots > 1 else [])
+    for r, n in enumerate(rounds):
+        streams = [loop.submit(Request(ids, 3, SamplingParams(0.0), rid=f"warmup-{r}-{i}")) for i in range(n)]
+        for s in streams:
+            s.wait()
 
 
 def main(argv) -> int:
@@ -143,7 +146,8 @@ def main(argv) -> int:
     metrics.watch_compiles(caches, shared.XLA_CACHE)
     loop = EngineLoop(sch, max_queue=FLAGS.max_queue, on_step=metrics.on_step).start()
     if FLAGS.warmup:
-        shared.CONSOLE.note(f"warming up: {engine.n_slots} request(s) of 3 tokens ...")
+        shared.CONSOLE.note(f"warming up: 1 request{f', then {engine.n_slots} at once,' if engine.n_slots > 1 else ''}"
+                            f" of 3 tokens ...")
         t0 = time.perf_counter()
         _warmup(loop, engine, tok)
         shared.CONSOLE.note(f"warmed up in {time.perf_counter() - t0:.1f} s: {shared.compile_summary(caches)}")

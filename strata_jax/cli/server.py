@@ -9,7 +9,9 @@ otherwise).
 
 A request is tokenized and checked here, then submitted to the loop (a full queue: 429 with ``Retry-After``). The
 answer waits for the first event of its stream: a request that failed before its first token gets its error status
-(400 / 500) instead of a stream. A client that goes away (during the stream or while waiting) cancels its request,
+(400 / 500) instead of a stream. Every error body, routing errors (404, 405) included, has the OpenAI shape
+``{"error": {"message", "type", "param", "code"}}``; a request naming a model other than the served one gets 404
+``model_not_found``. A client that goes away (during the stream or while waiting) cancels its request,
 so its slot is free at the next window boundary.
 """
 
@@ -25,6 +27,7 @@ import uuid
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from strata_jax.cli import openai_api as oa
 from strata_jax.pipeline.loop import EngineLoop, LoopClosed, QueueFull, StreamEvent
@@ -76,7 +79,7 @@ class Metrics:
         self.loop = loop
         r = self.registry
         Gauge("strata_queue_depth", "Requests waiting for a slot", registry=r).set_function(lambda: loop.queue_depth)
-        Gauge("strata_slots_busy", "Slots decoding a request", registry=r).set_function(lambda: loop.running)
+        Gauge("strata_slots_busy", "Slots holding a request (in prefill or decoding)", registry=r).set_function(lambda: loop.running)
         Gauge("strata_slots", "Batch slots (--batch)", registry=r).set(loop.n_slots)
 
     def watch_compiles(self, caches, xla=None) -> None:
@@ -133,7 +136,7 @@ def create_app(loop: EngineLoop, tokenizer, *, model_id: str, max_context: int, 
     Args:
       loop: a started `EngineLoop` (its scheduler's ``on_window`` / the loop's ``on_step`` may feed ``metrics``).
       tokenizer: the model's tokenizer (prompts, chat template, text).
-      model_id: the id ``/v1/models`` lists and the answers name.
+      model_id: the id ``/v1/models`` lists and the answers name; a request naming another model gets 404.
       max_context, vocab_size: the engine's limits (prompt checks).
       defaults: values of fields a request leaves out.
       eos_ids: ids that end a generation.
@@ -147,6 +150,7 @@ def create_app(loop: EngineLoop, tokenizer, *, model_id: str, max_context: int, 
     metrics.watch(loop)
     logged_unknown: set = set()
     started = int(time.time())
+    model_ids = (model_id,)  # what /v1/models lists: the only 'model' a request may name
 
     @asynccontextmanager
     async def lifespan(app):
@@ -174,6 +178,13 @@ def create_app(loop: EngineLoop, tokenizer, *, model_id: str, max_context: int, 
     async def api_error(request, e: oa.ApiError):
         return error(e)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, e: StarletteHTTPException):
+        # routing errors (404 unknown path, 405 wrong method) in the OpenAI shape, not FastAPI's {"detail": ...}
+        detail = str(e.detail)
+        return error(oa.ApiError(e.status_code, f"{detail}: {request.method} {request.url.path}",
+                                 code=detail.lower().replace(" ", "_"), headers=dict(e.headers or {})))
+
     @app.exception_handler(Exception)
     async def internal(request, e: Exception):
         log.exception("unhandled error in %s", request.url.path)
@@ -195,8 +206,9 @@ def create_app(loop: EngineLoop, tokenizer, *, model_id: str, max_context: int, 
     @app.get("/v1/models")
     async def models(request: HttpRequest):
         check_key(request)
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": started,
-                                            "owned_by": "strata_jax", "max_model_len": max_context}]}
+        return {"object": "list", "data": [{"id": m, "object": "model", "created": started,
+                                            "owned_by": "strata_jax", "max_model_len": max_context}
+                                           for m in model_ids]}
 
     async def complete(request: HttpRequest, kind: str):
         endpoint = "chat" if kind == oa.CHAT else "completions"
@@ -214,6 +226,10 @@ def create_app(loop: EngineLoop, tokenizer, *, model_id: str, max_context: int, 
         except oa.ApiError:
             metrics.requests.labels(endpoint, "rejected").inc()
             raise
+        if p.model is not None and p.model not in model_ids:
+            metrics.requests.labels(endpoint, "rejected").inc()
+            raise oa.ApiError(404, f"The model {p.model!r} does not exist: this server serves {model_id!r} (leave "
+                              f"'model' out, or send that id)", param="model", code="model_not_found")
         new = [k for k in p.ignored if (kind, k) not in logged_unknown]
         if new:
             logged_unknown.update((kind, k) for k in new)

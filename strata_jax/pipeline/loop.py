@@ -135,8 +135,8 @@ class EngineLoop:
 
     @property
     def running(self) -> int:
-        """Requests decoding in a slot."""
-        return len(self.sch.active)
+        """Requests holding a slot: in prefill (read on the loop's thread) or decoding."""
+        return min(self.n_slots, len(self.sch.active) + len(self.sch.admitting))
 
     @property
     def queue_depth(self) -> int:
@@ -171,7 +171,7 @@ class EngineLoop:
                                  f"the engine loop has stopped ({self.error!r})" if self.error is not None else
                                  "the engine loop is not started")
             if self.max_queue is not None:
-                free = self.n_slots - len(self.sch.active)
+                free = max(0, self.n_slots - self.running)
                 if self.queue_depth >= free + self.max_queue:
                     raise QueueFull(f"{self.queue_depth} requests are waiting for a slot (--max_queue "
                                     f"{self.max_queue}); retry later", self.retry_after)

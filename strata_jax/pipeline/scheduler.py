@@ -250,6 +250,7 @@ class BatchScheduler:
         self.round = 0
         self.queue: list[tuple[Request, RequestResult]] = []
         self.active: dict[int, _Active] = {}     # slot -> _Active
+        self.admitting: dict[int, Any] = {}      # slot -> rid: taken off the queue, prefill not done yet
         self.results: dict[Any, RequestResult] = {}
         self.order: list = []
         self._cancel: set = set()
@@ -355,6 +356,7 @@ class BatchScheduler:
                                              stop=req.stop, on_token=req.on_token, spec_min_p=self.spec_min_p,
                                              tokens=res.tokens))
         self.active[slot] = a
+        self.admitting.pop(slot, None)
         res.first_token_s = self._now()
         self.stats["admissions"] += 1
         try:
@@ -398,8 +400,12 @@ class BatchScheduler:
             slot = self._free_slot()
             if slot is None:
                 return
+            self.admitting[slot] = q.rid  # before leaving the queue: another thread never sees it nowhere
             self.queue.remove((q, r))
-            self.insert(q, r, slot)
+            try:
+                self.insert(q, r, slot)
+            finally:
+                self.admitting.pop(slot, None)
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def run(self, requests=()) -> list[RequestResult]:

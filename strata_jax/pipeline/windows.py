@@ -97,21 +97,43 @@ class CompileCache:
 
 
 def describe_key(key, n_stages: int = 1) -> str:
-    """What a `CompileCache` key compiles, in words: ``decode step (1 slot)``, ``verify window (1 x 4 rows)``,
-    ``prefill chunk (128 rows)``, ``MTP draft chain (3 drafts, 1 x 4 rows)``, with ``, stage 2 of 3`` on a split."""
-    if isinstance(key, tuple) and len(key) == 5 and key[0] == "mtp":
-        _, mode, B, T, n = key
-        return f"MTP draft chain ({n} draft{'s' if n != 1 else ''}, {B} x {T} rows{', prompt' if mode == 'prefill' else ''})"
-    if isinstance(key, tuple) and len(key) == 5 and isinstance(key[0], int):
-        stage, kind, B, T, _ = key
+    """What a `CompileCache` key compiles, in words, for the keys `strata_jax.pipeline.engine.Engine` and
+    `strata_jax.pipeline.mtp_chain` build:
+
+    * ``(stage, "prefill" | "step" | "window", B, T, "last" | "all", n_slots)``: ``prefill chunk (128 rows)``
+      (``, all logits`` for ``all``), ``decode step (1 of 4 slots)``, ``verify window (1 x 4 rows, 2 slots)``;
+    * ``(stage, "commit", leaf shapes, n_slots)``: ``window commit (2 slots)``;
+    * ``(stage, "reset", n_slots)``: ``slot reset (2 slots)``;
+    * ``("mtp", "prefill" | "window", B, T, n_draft, n_slots)``: ``MTP draft chain (3 drafts, 1 x 4 rows)``;
+
+    with ``, stage 2 of 3`` on a split. Any other key: its ``str``."""
+    def slots(n, used=None):
+        if used is None or used == n:
+            return f"{n} slot{'s' if n != 1 else ''}"
+        return f"{used} of {n} slots"
+
+    if isinstance(key, tuple) and len(key) == 6 and key[0] == "mtp":
+        _, mode, B, T, n, n_slots = key
+        return (f"MTP draft chain ({n} draft{'s' if n != 1 else ''}, {B} x {T} rows"
+                f"{', prompt' if mode == 'prefill' else ''})")
+    if not (isinstance(key, tuple) and len(key) >= 3 and isinstance(key[0], int) and isinstance(key[1], str)):
+        return str(key)
+    stage, kind = key[0], key[1]
+    if kind in ("prefill", "step", "window") and len(key) == 6:
+        _, _, B, T, logits, n_slots = key
         if kind == "prefill":
-            what = f"prefill chunk ({T} rows{'' if B == 1 else f' x {B}'})"
+            what = f"prefill chunk ({T} rows{'' if B == 1 else f' x {B}'}{', all logits' if logits == 'all' else ''})"
         elif kind == "step":
-            what = f"decode step ({B} slot{'s' if B != 1 else ''})"
+            what = f"decode step ({slots(n_slots, B)})"
         else:
-            what = f"verify window ({B} x {T} rows)"
-        return what + (f", stage {stage + 1} of {n_stages}" if n_stages > 1 else "")
-    return str(key)
+            what = f"verify window ({B} x {T} rows{'' if n_slots == 1 else f', {slots(n_slots)}'})"
+    elif kind == "commit" and len(key) == 4:
+        what = f"window commit ({slots(key[3])})"
+    elif kind == "reset" and len(key) == 3:
+        what = f"slot reset ({slots(key[2])})"
+    else:
+        return str(key)
+    return what + (f", stage {stage + 1} of {n_stages}" if n_stages > 1 else "")
 
 
 class XlaCacheStats:
@@ -121,24 +143,32 @@ class XlaCacheStats:
 
     Attributes:
       path: the cache folder; requests: compiles that consulted it; hits: programs read from it; written: programs
-      compiled and stored (the others, below the size / time thresholds, were compiled and not kept).
+      compiled and stored (the others, below the size / time thresholds, were compiled and not kept); hit_at,
+      written_at: `time.perf_counter` of the latest read and write (-inf before the first).
     """
 
     def __init__(self, path: str):
         self.path = path
         self.requests = self.hits = self.written = 0
+        self.hit_at = self.written_at = float("-inf")
 
     def _on_event(self, event: str, **kwargs) -> None:
         if event == "/jax/compilation_cache/compile_requests_use_cache":
             self.requests += 1
         elif event == "/jax/compilation_cache/cache_hits":
             self.hits += 1
+            self.hit_at = time.perf_counter()
         elif event == "/jax/compilation_cache/cache_misses":
             self.written += 1
+            self.written_at = time.perf_counter()
+
+    def only_read_since(self, t0: float) -> bool:
+        """Programs were read since ``t0`` (a `time.perf_counter` value) and none was compiled and written."""
+        return self.hit_at >= t0 and self.written_at < t0
 
     def summary(self) -> str:
-        """``XLA cache: 3 read, 1 written`` (programs; a window function may hold several)."""
-        return f"XLA cache: {self.hits} read, {self.written} written"
+        """``XLA cache: 3 read, 1 compiled and written`` (programs; a window function may hold several)."""
+        return f"XLA cache: {self.hits} read, {self.written} compiled and written"
 
 
 _XLA_STATS: XlaCacheStats | None = None
