@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q  # noqa: E402
+from gguf.constants import GGMLQuantizationType as Q  # noqa: E402
 
 
 def timeit(fn, args, iters: int, warmup: int = 2, reps: int = 3) -> float:
@@ -385,7 +385,7 @@ def bench_prefill(b: Bench, small: bool, rng):
 def bench_moe_variants(b: Bench, small: bool, rng):
     """Grouped experts on GGUF bytes vs planar: windows (1 / 4 / 8 rows) and a 128-row prefill chunk."""
     from strata_jax.pallas.grouped_experts import kernel as GK
-    from strata_jax.pallas.quant_matmul import gemm as G, gemv as V
+    from strata_jax.pallas.quant_matmul import gemv as V
     E, H, F, k = (8, 256, 64, 2) if small else (512, 2560, 640, 10)
     qts = (Q.Q2_K, Q.Q2_K, Q.Q4_0)
     ws = [_weights(rng, q, nn, kk, (E,)) for q, nn, kk in ((qts[0], F, H), (qts[1], F, H), (qts[2], H, F))]

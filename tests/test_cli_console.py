@@ -2,7 +2,6 @@
 compile lines for slow compiles, the load progress in bytes, the draft tokenizer check from the headers, and batch
 slots sized to the requests. No model is compiled here."""
 
-import os
 import time
 from pathlib import Path
 

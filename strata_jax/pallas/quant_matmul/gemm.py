@@ -40,7 +40,6 @@ from strata_jax.errors import UnsupportedError
 from strata_jax.pallas import dispatch
 from strata_jax.pallas.quant_matmul import decode as D
 from strata_jax.pallas.quant_matmul import planar as P
-from strata_jax.pallas.quant_matmul.formats import FLOAT_TYPES
 from strata_jax.pallas.quant_matmul.gemv import decode_tile, split_k, vshape
 
 PRECISIONS = {"bf16": 1, "bf16x2": 2, "bf16x3": 3}   # bfloat16 pieces of the activations
