@@ -64,6 +64,7 @@ def time_prefill_and_decode(eng, prompt_tokens: int, decode_tokens: int) -> dict
     t0 = time.perf_counter()
     eng.prefill(0, prompt, sp)
     r["prefill_first_s"] = time.perf_counter() - t0
+    print(f"prefill of {prompt_tokens} tokens, first call: {r['prefill_first_s']:.1f} s", flush=True)
     t0 = time.perf_counter()
     first, _ = eng.prefill(0, prompt, sp)
     r["prefill_s"] = time.perf_counter() - t0
@@ -73,6 +74,7 @@ def time_prefill_and_decode(eng, prompt_tokens: int, decode_tokens: int) -> dict
     t0 = time.perf_counter()
     eng.window(np.asarray(tok), Rows.make([0], [pos], [1]), samp, kind="step")
     r["step_first_s"] = time.perf_counter() - t0
+    print(f"decode step, first call: {r['step_first_s']:.1f} s", flush=True)
     out = None
     t0 = time.perf_counter()
     for i in range(decode_tokens):
@@ -149,7 +151,9 @@ def main() -> None:
     else:
         path = str(resolve_model(args.model))
     ceil, ceil_what = ceiling_bytes_per_s()
+    t0 = time.perf_counter()
     eng = Engine(path, max_context=args.max_context)
+    print(f"loaded {path} in {time.perf_counter() - t0:.1f} s", flush=True)
     t = time_prefill_and_decode(eng, args.prompt_tokens, args.decode_tokens)
     t_prefill, t_decode = t["prefill_s"], t["decode_s_per_token"]
     wb = weight_bytes_per_token(eng)

@@ -25,8 +25,11 @@ BASE=${BASE:-c6351ea}  # the commit the 2026-12-01 H200 figures were measured at
 BUDGET=${BUDGET:-570}
 T0=$(date +%s)
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+PARTS=${PARTS:-all}  # e.g. PARTS="random_gguf decode_new generate": only those parts (default: all, in order)
+want() { [ "$PARTS" = all ] || [[ " $PARTS " == *" $1 "* ]]; }
 part() {  # part NAME SECONDS CMD...: run CMD with a timeout, logged to $OUT/NAME.log, if the budget allows
   local name=$1 secs=$2; shift 2
+  want "$name" || return 0
   local l; l=$(left)
   if [ "$l" -lt 20 ]; then echo "=== $name skipped ($l s left)"; return; fi
   [ "$secs" -gt "$l" ] && secs=$l
@@ -46,6 +49,8 @@ case "$MODE" in
     du -sh .carry; git check-ignore -q .carry && echo ".carry is git-ignored (carry it by name)";;
   run|dry)
     mkdir -p "$OUT"
+    exec > >(tee "$OUT/session.log") 2>&1  # the whole table comes back even when the reply's tail is cut
+    export JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache  # parts share compiled programs
     export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 XLA_PYTHON_CLIENT_PREALLOCATE=false
     if ! python3 -c "import gguf" 2>/dev/null; then
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/whl/*.whl || exit 1
@@ -58,7 +63,7 @@ case "$MODE" in
       FLAGS=$(python3 -c "from strata_jax.pallas import gpu_flags as g; print(' '.join(g.xla_flags(True)))")
       part env 30 python3 -c "import jax, flax; print(jax.__version__, flax.__version__, jax.devices())"
       part flags 30 env XLA_FLAGS="$FLAGS" python3 -c "import jax; print('XLA flags accepted:', jax.devices())"
-      bash .carry/anchor/anchor.sh build > "$OUT/anchor_build.log" 2>&1
+      want anchor && bash .carry/anchor/anchor.sh build > "$OUT/anchor_build.log" 2>&1
       part random_gguf 60 python3 -m strata_jax.testing.random_gguf fill experiments/data/qwen2.5-coder-1.5b.header.xz $MODEL
       part pallas 150 env STRATA_TEST_GPU=1 python3 -m pytest -q tests/pallas -k "not hlo_loops and not interpret"
       part kernels 230 python3 experiments/bench_kernels.py --only head,moe_variants,prefill,formats,sweep_planar \
@@ -72,12 +77,15 @@ case "$MODE" in
       part kernels 120 python3 experiments/bench_kernels.py --small --lower cuda \
         --only head,moe_variants,prefill,formats,sweep_planar --out "$OUT/kernels.json"
     fi
-    part decode_new 90 $NEW python3 experiments/bench_decode.py --model $MODEL --prompt_tokens 64 \
+    part decode_new ${DECODE_S:-200} $NEW python3 experiments/bench_decode.py --model $MODEL --prompt_tokens 64 \
       --decode_tokens 32 --out "$OUT/decode_new.json"
     if [ "$MODE" = run ]; then
       part decode_planar 80 $NEW STRATA_QMATMUL=planar python3 experiments/bench_decode.py --model $MODEL \
         --prompt_tokens 64 --decode_tokens 32 --out "$OUT/decode_planar.json"
     fi
+    IDS=$(python3 -c "print(','.join(str(1 + 37 * i % 500) for i in range(64)))")
+    part generate ${GENERATE_S:-150} $NEW STRATA_QMATMUL=${GEN_QMATMUL:-bytes} python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" \
+      --max_new_tokens 128 --stats_json "$OUT/generate.json"
     part profile_new 100 $NEW python3 experiments/profile_step.py --model $MODEL $PROF --out "$OUT/profile_new.json"
     if [ "$MODE" = run ]; then
       part anchor 100 bash .carry/anchor/anchor.sh bench $MODEL
@@ -107,6 +115,11 @@ for label, name in (("new, GGUF-bytes kernels", "decode_new.json"), ("new, STRAT
     if d:
         print(f"bench_decode ({label}, command buffers on): decode {d['decode_tok_s']:.1f} tok/s, prefill "
               f"{d['prefill_tok_s']:.1f} tok/s, {d['fraction_of_ceiling']:.3f} of the ceiling")
+g = load("generate.json")
+if g:
+    print(f"strata-generate (user path, 1 stream): decode {g.get('decode_tok_s') or 0:.1f} tok/s, prefill "
+          f"{g.get('prefill_tok_s') or 0:.1f} tok/s, load {g.get('load_seconds') or 0:.1f} s, "
+          f"{g.get('compiles')} compiles in {g.get('compile_seconds') or 0:.1f} s")
 k = load("kernels.json")
 if k and k.get("summary"):
     print(f"kernels (fraction of the {k.get('ceiling_GBps') or 0:.0f} GB/s ceiling; {len(k.get('skipped', []))} cases "
