@@ -76,7 +76,12 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, low
             return res
 
         _tl.lower_jaxpr_to_triton_module = lower_and_count
-    v = VirtualGGUF(load_geometry(geometry), n_layer=n_layer, mtp=kind.startswith("mtp"))
+    if geometry.endswith(".gguf"):  # a real file: its header's shapes and formats (weights read lazily)
+        from strata_jax.gguf.reader import open_gguf
+
+        v = open_gguf(geometry)
+    else:
+        v = VirtualGGUF(load_geometry(geometry), n_layer=n_layer, mtp=kind.startswith("mtp"))
     cfg = config_from_gguf(v)
     samp = RowSampling.make([SamplingParams(0.0)])
     mode = "prefill" if kind.endswith("prefill") else "window"
@@ -141,7 +146,8 @@ def _lower(fn, platform, *args):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--geometry", default="qwen3.8-flash-next", help="configs/geometries/<name>.json")
+    ap.add_argument("--geometry", default="qwen3.8-flash-next", help="configs/geometries/<name>.json, or a "
+                    ".gguf file (its shapes and formats; --n_layer of its layers)")
     ap.add_argument("--n_layer", type=int, default=4, help="trunk layers (one period of qwen4exp is 4)")
     ap.add_argument("--kinds", default="prefill,step,window4", help="comma list (see the module docstring)")
     ap.add_argument("--ops", default="none,all", help="comma list of kernel selections (see the module docstring)")

@@ -17,7 +17,11 @@
 # tensor-core GEMV, prefill GEMM precisions, grouped experts, launch configs -- in 210 s), decode (experiments/bench_decode.py on the
 # new path with the default kernels and with STRATA_QMATMUL=planar, command buffers on), profile_new
 # (experiments/profile_step.py, command buffers off), anchor (llama-bench tg128 / pp512), profile_old (the old
-# path's step profile, c6351ea: last, as its figures are on record from 2026-12-01), table.
+# path's step profile, c6351ea: last, as its figures are on record from 2026-12-01), table. Also: probe
+# (compile_probe.py on the 1.5B file per op selection), compile_repeat, decode_stacked (STRATA_STACK_LAYERS=1),
+# generate (strata-generate, the user path). Every part in one call does not fit 570 s while the programs take
+# ~70 s each to compile (2026-12-02): pick with PARTS="random_gguf probe ..." (time limits: DECODE_S, GENERATE_S,
+# PROBE_S, REPEAT_S; BUDGET for the whole call).
 set -uo pipefail
 MODE=${1:-}
 OUT=${OUT:-/tmp/out}
@@ -77,6 +81,15 @@ case "$MODE" in
       part kernels 120 python3 experiments/bench_kernels.py --small --lower cuda \
         --only head,moe_variants,prefill,formats,sweep_planar --out "$OUT/kernels.json"
     fi
+    if [ "$MODE" = run ]; then
+      # which op makes the 1.5B programs compile for ~70 s (2026-12-02: neither the layer count nor autotuning)
+      part probe ${PROBE_S:-300} python3 experiments/compile_probe.py --geometry $MODEL --n_layer ${PROBE_LAYERS:-1} \
+        --kinds prefill,step --ops none,all,quant_matmul,rows,qsa --jobs 4 --timeout 140 --out "$OUT/probe.json"
+      part compile_repeat ${REPEAT_S:-120} python3 experiments/compile_repeat.py --out "$OUT/compile_repeat.json"
+      part decode_stacked ${DECODE_S:-200} $NEW STRATA_STACK_LAYERS=1 STRATA_QMATMUL=${GEN_QMATMUL:-bytes} \
+        python3 experiments/bench_decode.py --model $MODEL --prompt_tokens 64 --decode_tokens 32 \
+        --out "$OUT/decode_stacked.json"
+    fi
     part decode_new ${DECODE_S:-200} $NEW python3 experiments/bench_decode.py --model $MODEL --prompt_tokens 64 \
       --decode_tokens 32 --out "$OUT/decode_new.json"
     if [ "$MODE" = run ]; then
@@ -110,7 +123,8 @@ for label, name in (("old (base package)", "profile_old.json"), ("new (kernels, 
     print(f"{label:28s} {r['wall_ms']:8.2f} {1e3 / r['wall_ms']:7.1f} {r['busy_fraction'] or 0:5.2f} "
           f"{r['trace']['launches']:8.0f} {c.get('D2H', {}).get('count', 0):9.1f} "
           f"{d2d['count']:6.1f} {d2d['bytes'] / 1e6:7.2f} MB")
-for label, name in (("new, GGUF-bytes kernels", "decode_new.json"), ("new, STRATA_QMATMUL=planar", "decode_planar.json")):
+for label, name in (("new, GGUF-bytes kernels", "decode_new.json"), ("new, STRATA_QMATMUL=planar", "decode_planar.json"),
+                    ("new, layers stacked (STRATA_STACK_LAYERS=1)", "decode_stacked.json")):
     d = load(name)
     if d:
         print(f"bench_decode ({label}, command buffers on): decode {d['decode_tok_s']:.1f} tok/s, prefill "

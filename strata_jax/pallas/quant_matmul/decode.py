@@ -123,8 +123,14 @@ def _f(x):
 
 
 def _ksign(sidx):
-    """ggml's ksigns_iq2xs table: 7 stored sign bits plus an 8th making the count of negative signs even."""
-    return sidx | ((lax.population_count(sidx) & 1) << 7)
+    """ggml's ksigns_iq2xs table: 7 stored sign bits plus an 8th making the count of negative signs even.
+
+    The parity is an xor fold, not `lax.population_count`: Pallas' Triton lowering has no ``math.ctpop`` (the
+    H200 run of 2026-12-02 failed to legalize it for IQ2_XXS / IQ2_XS / IQ3_XXS)."""
+    p = sidx ^ (sidx >> 4)
+    p = p ^ (p >> 2)
+    p = p ^ (p >> 1)
+    return sidx | ((p & 1) << 7)
 
 
 def code_f32(c: Codes):
