@@ -18,7 +18,8 @@
 # new path with the default kernels and with STRATA_QMATMUL=planar, command buffers on), profile_new
 # (experiments/profile_step.py, command buffers off), anchor (llama-bench tg128 / pp512), profile_old (the old
 # path's step profile, c6351ea: last, as its figures are on record from 2026-12-01), table. Also: probe
-# (compile_probe.py on the 1.5B file per op selection), compile_repeat, decode_stacked (STRATA_STACK_LAYERS=1),
+# (compile_probe.py on the 1.5B file per op selection), shapes (each matrix of the file compiled alone),
+# compile_repeat, decode_stacked (STRATA_STACK_LAYERS=1),
 # generate (strata-generate, the user path). Every part in one call does not fit 570 s while the programs take
 # ~70 s each to compile (2026-12-02): pick with PARTS="random_gguf probe ..." (time limits: DECODE_S, GENERATE_S,
 # PROBE_S, REPEAT_S; BUDGET for the whole call).
@@ -85,6 +86,8 @@ case "$MODE" in
       # which op makes the 1.5B programs compile for ~70 s (2026-12-02: neither the layer count nor autotuning)
       part probe ${PROBE_S:-300} python3 experiments/compile_probe.py --geometry $MODEL --n_layer ${PROBE_LAYERS:-1} \
         --kinds prefill,step --ops none,all,quant_matmul,rows,qsa --jobs 4 --timeout 140 --out "$OUT/probe.json"
+      part shapes ${SHAPES_S:-120} python3 experiments/compile_repeat.py --gguf $MODEL --families bytes,planar \
+        --out "$OUT/shapes.json"
       part compile_repeat ${REPEAT_S:-120} python3 experiments/compile_repeat.py --out "$OUT/compile_repeat.json"
       part decode_stacked ${DECODE_S:-200} $NEW STRATA_STACK_LAYERS=1 STRATA_QMATMUL=${GEN_QMATMUL:-bytes} \
         python3 experiments/bench_decode.py --model $MODEL --prompt_tokens 64 --decode_tokens 32 \
