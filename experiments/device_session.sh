@@ -70,7 +70,7 @@ case "$MODE" in
       part flags 30 env XLA_FLAGS="$FLAGS" python3 -c "import jax; print('XLA flags accepted:', jax.devices())"
       want anchor && bash .carry/anchor/anchor.sh build > "$OUT/anchor_build.log" 2>&1
       part random_gguf 60 python3 -m strata_jax.testing.random_gguf fill experiments/data/qwen2.5-coder-1.5b.header.xz $MODEL
-      part pallas 150 env STRATA_TEST_GPU=1 python3 -m pytest -q tests/pallas -k "not hlo_loops and not interpret"
+      part pallas ${PALLAS_S:-150} env STRATA_TEST_GPU=1 python3 -m pytest -v -rf tests/pallas -k "not hlo_loops and not interpret"
       part kernels 230 python3 experiments/bench_kernels.py --only head,moe_variants,prefill,formats,sweep_planar \
         --budget_s 210 --out "$OUT/kernels.json"
     else
