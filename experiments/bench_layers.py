@@ -36,7 +36,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
 SMALL = {"hidden": 256, "rope_dim": 16, "vocab": 2048, "heads": 4, "kv_heads": 2, "head_dim": 64, "ssm_k_heads": 2, "ssm_v_heads": 8,
          "ssm_d_k": 32, "ssm_d_v": 32, "experts": 16, "experts_used": 4, "expert_ff": 64, "shared_ff": 64,

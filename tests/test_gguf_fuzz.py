@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 import time
 import tracemalloc
 

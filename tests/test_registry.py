@@ -1,6 +1,5 @@
 """The model registry: known names, the sha256 check, and no partial file left behind on failure."""
 
-import json
 
 import pytest
 

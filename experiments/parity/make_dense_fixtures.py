@@ -17,9 +17,7 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 

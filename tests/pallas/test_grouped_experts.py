@@ -1,6 +1,5 @@
 """moe_experts: reference and kernel (interpret mode) against float64, row independence, union of experts."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -1,7 +1,6 @@
 """QSA: selection against a numpy implementation of the rule (ties to the lower index), attention against float64,
 row independence, reference and kernel (interpret mode)."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
