@@ -24,6 +24,9 @@ synchronised with block_until_ready):
                     128-row prefill chunk, GGUF bytes vs planar (window: union-slot GEMV; prefill: sorted grouped
                     GEMM);
       sweep_planar  launch configurations of the planar GEMV and the tensor-core GEMV (BN / G / warps).
+      gdn_prefill   GDN prefill at T = 128 / 512 / 2048 at the models' GDN shapes (configs/geometries): the step
+                    recurrence kernel (gdn_scan) vs the chunked kernels (gdn/chunked.py, two launch variants) vs the
+                    chunked jnp reference; also TFLOP/s of the chunked products.
   * each op and path: time, bytes the op must read at least (the weights as the path stores them -- GGUF bytes or
     the planar words -- once per call, plus activations), achieved GB/s and that as a fraction of the ceiling.
   * --budget_s: cases are started only while their section is within its share of the budget (formats 3, prefill
@@ -216,6 +219,57 @@ def bench_gdn(b: Bench, small: bool, rng):
            "jnp": jax.jit(lambda *a: gdn_chunked(*a, impl="reference"))}
     b.add("gdn_chunked", f"B={B} H={H} D={D} T={T}", 2 * sbytes + (q.size * 4 + g.size * 2) * 4, fns,
           (S0, q, k, v, g, beta))
+
+
+def _gdn_inputs(rng, B, T, H, Dk, Dv):
+    """Model-like GDN operands: q, k L2-normalised (q scaled by Dk**-0.5), g = -softplus (< 0), beta in (0, 1)."""
+    def l2(x):
+        return x / np.sqrt(np.sum(x * x, -1, keepdims=True) + 1e-6)
+    q = l2(rng.standard_normal((B, T, H, Dk))) * Dk ** -0.5
+    k = l2(rng.standard_normal((B, T, H, Dk)))
+    v = rng.standard_normal((B, T, H, Dv))
+    g = -np.log1p(np.exp(rng.standard_normal((B, T, H))))
+    beta = 1 / (1 + np.exp(-rng.standard_normal((B, T, H))))
+    return [jnp.asarray(a, jnp.float32) for a in (q, k, v, g, beta)]
+
+
+def bench_gdn_prefill(b: Bench, small: bool, rng):
+    """GDN prefill at T = 128 / 512 / 2048 rows of one segment, at the GDN shapes of configs/geometries
+    (Qwen3.8-Flash-Next: 48 v-heads, Qwen3.6: 32, Dk = Dv = 128): ``scan`` (the step recurrence `kernel.gdn_scan`,
+    gdn_chunked's kernel before the chunked kernels), ``chunked`` (`chunked.gdn_chunked_kernel`, BV = 32, 4 warps)
+    and two launch variants of it, ``jnp`` (the chunked reference). TFLOP/s counts the chunked algorithm's tile
+    products (gram, u, w, w S, q k^T, q S, P delta, k^T delta)."""
+    from strata_jax.pallas.gdn import chunked as GC, kernel as GK, reference as GR
+    from strata_jax.testing.random_weights import load_geometry
+    if small:
+        shapes, Ts = [("small", 4, 32, 32)], (64, 130)
+    else:
+        shapes = []
+        for name in ("qwen3.8-flash-next", "qwen3.6-35b-a3b"):
+            geo = load_geometry(name)
+            shapes.append((name, geo["ssm_v_heads"], geo["ssm_d_k"], geo["ssm_d_v"]))
+        Ts = (128, 512, 2048)
+    it = b.interpret
+    B = 1
+    slot = jnp.arange(B, dtype=jnp.int32)
+    n = jnp.full((B,), 0, jnp.int32)  # not read (masked=False): every row runs
+    fns = {"scan": jax.jit(lambda S0, q, k, v, g, beta: GK.gdn_scan(n, slot, S0, q, k, v, g, beta, want_o=True,
+                                                                   want_S=True, interpret=it, masked=False)),
+           "chunked": jax.jit(lambda *a: GC.gdn_chunked_kernel(slot, *a, interpret=it))}
+    if not small:
+        fns["chunked_w8"] = jax.jit(lambda *a: GC.gdn_chunked_kernel(slot, *a, interpret=it, num_warps=8))
+        fns["chunked_bv64"] = jax.jit(lambda *a: GC.gdn_chunked_kernel(slot, *a, interpret=it, BV=64))
+    fns["jnp"] = jax.jit(lambda *a: GR.gdn_chunked(*a))
+    C = GC.CHUNK
+    for name, H, Dk, Dv in shapes:
+        S0 = jnp.asarray(rng.standard_normal((B, H, Dk, Dv)) * 0.5, jnp.float32)
+        for T in Ts:
+            args = (S0, *_gdn_inputs(rng, B, T, H, Dk, Dv))
+            nbytes = 2 * S0.size * 4 + B * T * H * (2 * Dk + 2 * Dv + 2) * 4  # state in + out, q k v o, g beta
+            n_chunks = GC.pad_rows(T, C) // C
+            flops = 2 * B * H * n_chunks * (3 * C * C * Dk + 2 * C * C * Dv + 3 * C * Dk * Dv)
+            b.add("gdn_prefill", f"{name} H={H} Dk={Dk} Dv={Dv} T={T}", nbytes, fns, args, flops=flops,
+                  extra={"T": T, "H": H})
 
 
 def bench_moe(b: Bench, small: bool, rng):
@@ -456,7 +510,8 @@ def summary(b: Bench) -> list[dict]:
 
 SECTIONS = {"qmatmul": bench_qmatmul, "gdn": bench_gdn, "moe": bench_moe, "qsa": bench_qsa,
             "sweep_qmatmul": sweep_qmatmul, "formats": bench_formats, "head": bench_head, "prefill": bench_prefill,
-            "moe_variants": bench_moe_variants, "sweep_planar": sweep_planar}
+            "moe_variants": bench_moe_variants, "sweep_planar": sweep_planar,
+            "gdn_prefill": bench_gdn_prefill}
 DEFAULT_SECTIONS = "qmatmul,gdn,moe,qsa"
 SECTION_WEIGHT = {"formats": 3.0, "prefill": 1.5, "sweep_planar": 1.5}   # shares of --budget_s
 

@@ -190,5 +190,14 @@ def pallas_call(kernel, *, out_shape: Sequence[jax.ShapeDtypeStruct], grid, in_s
     return run
 
 
+def f32_dot_precision(interpret: bool):
+    """The ``precision`` of a float32 tile product (`lax.dot_general`) inside a kernel: TF32x3 on the tensor cores
+    when compiled (three TF32 products, about float32 accuracy), plain float32 (HIGHEST) in interpret mode (XLA:CPU
+    has no TF32)."""
+    from jax import lax
+
+    return (lax.Precision.HIGHEST, lax.Precision.HIGHEST) if interpret else lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+
+
 def is_pow2(n: int) -> bool:
     return n > 0 and (n & (n - 1)) == 0

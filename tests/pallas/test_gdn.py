@@ -157,3 +157,76 @@ def test_errors_and_auto(rng):
     if jax.default_backend() == "cpu":
         with pytest.raises(UnsupportedError):
             gdn_window(*make(rng, 2), impl="kernel")
+
+
+# --- the chunked prefill kernel (`strata_jax.pallas.gdn.chunked`) ----------------------------------------------------
+
+KERNEL_IMPLS = [i for i in IMPLS if i != "reference"]
+
+
+@pytest.mark.parametrize("T", [1, 37, 130])  # one row; less than a chunk; three chunks, the last one ragged
+def test_chunked_kernel_slots_accuracy(T, rng):
+    """B=2 segments in slots 3 and 0 of 4: o and the slots' final states within 1e-5 of a float64 recurrence;
+    the other slots keep their bits. Dv=64: two value-column tiles."""
+    Dv = 64
+    S0, q, k, v, g, beta = make(rng, T, Dv=Dv)
+    S_all = jnp.asarray(rng.standard_normal((4, H, DK, Dv)).astype(np.float32))
+    slots = jnp.asarray([3, 0], jnp.int32)
+    S_all = S_all.at[slots].set(S0)
+    o64, S64 = recurrence64(S0, q, k, v, g, beta)
+    for impl in KERNEL_IMPLS:
+        with dispatch.poison_outputs():
+            o, S = gdn_chunked(S_all, q, k, v, g, beta, slots=slots, impl=impl)
+        assert o.dtype == jnp.float32 and o.shape == (B, T, H, Dv) and S.shape == S_all.shape
+        assert_close_rel(o, o64, 1e-5, f"{impl} T={T} o")
+        assert_close_rel(S[slots], S64[-1], 1e-5, f"{impl} T={T} S_T")
+        assert_bits_equal(S[jnp.asarray([1, 2])], S_all[jnp.asarray([1, 2])], f"{impl} other slots")
+
+
+def test_chunked_kernel_bf16_operands(rng):
+    S0, q, k, v, g, beta = make(rng, 70, B=1, dtype=jnp.bfloat16)
+    o64, S64 = recurrence64(S0, q, k, v, g, beta)
+    for impl in KERNEL_IMPLS:
+        o, S = gdn_chunked(S0, q, k, v, g, beta, impl=impl)
+        assert_close_rel(o, o64, 1e-5, f"{impl} bf16 o")  # the operands are exact in f32: same accuracy
+        assert_close_rel(S, S64[-1], 1e-5, f"{impl} bf16 S_T")
+
+
+def test_chunked_kernel_row_invariance(rng):
+    """A segment's outputs and state are the same bits alone (B=1) as beside another segment (B=2, either
+    order), and its first T' rows' outputs do not depend on the rows after them (T' = 37 inside the first chunk,
+    T' = 64 one full chunk, of T = 130), nor does the state after T' rows differ from a T'-row call's."""
+    T = 130
+    S0, q, k, v, g, beta = make(rng, T)
+    for impl in KERNEL_IMPLS:
+        o2, S2 = gdn_chunked(S0, q, k, v, g, beta, impl=impl)
+        o21, S21 = gdn_chunked(S0[::-1], q[::-1], k[::-1], v[::-1], g[::-1], beta[::-1], impl=impl)
+        for b in range(B):
+            sl = slice(b, b + 1)
+            o1, S1 = gdn_chunked(S0[sl], q[sl], k[sl], v[sl], g[sl], beta[sl], impl=impl)
+            assert_bits_equal(o1[0], o2[b], f"{impl} segment {b} o alone vs with another")
+            assert_bits_equal(S1[0], S2[b], f"{impl} segment {b} S alone vs with another")
+            assert_bits_equal(o1[0], o21[B - 1 - b], f"{impl} segment {b} o as the other segment")
+            assert_bits_equal(S1[0], S21[B - 1 - b], f"{impl} segment {b} S as the other segment")
+        for Tp in (37, 64):
+            op, Sp = gdn_chunked(S0, q[:, :Tp], k[:, :Tp], v[:, :Tp], g[:, :Tp], beta[:, :Tp], impl=impl)
+            assert_bits_equal(op, o2[:, :Tp], f"{impl} T={Tp} call vs the first {Tp} rows of T={T}")
+            # the state: continuing from it gives the T-row call's last rows to ~1e-5 (a different chunking)
+            oc, Sc = gdn_chunked(Sp, q[:, Tp:], k[:, Tp:], v[:, Tp:], g[:, Tp:], beta[:, Tp:], impl=impl)
+            assert_close_rel(oc, o2[:, Tp:], 1e-5, f"{impl} rows after T'={Tp} from the T'-row state")
+            assert_close_rel(Sc, S2, 1e-5, f"{impl} state via T'={Tp}")
+
+
+@pytest.mark.skipif("kernel" not in IMPLS, reason="the compiled kernel at the models' shapes needs a GPU")
+def test_chunked_kernel_model_shapes(rng):
+    """Qwen3.6 / Qwen3.8-Flash-Next GDN shapes (H=32 v-heads, Dk=Dv=128; configs/geometries), bf16 operands,
+    a ragged last chunk, two segments in slots."""
+    T, Hm, D = 300, 32, 128
+    S0, q, k, v, g, beta = make(rng, T, B=2, H=Hm, Dk=D, Dv=D, dtype=jnp.bfloat16)
+    S_all = jnp.zeros((3, Hm, D, D), jnp.float32).at[jnp.asarray([2, 0])].set(S0)
+    o64, S64 = recurrence64(S0, q, k, v, g, beta)
+    with dispatch.poison_outputs():
+        o, S = gdn_chunked(S_all, q, k, v, g, beta, slots=jnp.asarray([2, 0], jnp.int32), impl="kernel")
+    assert_close_rel(o, o64, 1e-5, "o")
+    assert_close_rel(S[jnp.asarray([2, 0])], S64[-1], 1e-5, "S_T")
+    assert_bits_equal(S[1], S_all[1], "slot 1 untouched")

@@ -17,8 +17,8 @@ under ``reference``:
     summation order, and the differences do not grow through a block (measured on CPU: 1-3e-7 for both blocks and
     the logits).
 The prefill path (the GDN chunked kernel, the experts in 8-row groups, QSA over prefill rows) is checked by (b) on
-a 12-row chunk, at 1e-4 (the GDN chunked kernel is the step recurrence, the reference the chunked WY algorithm,
-each within 1e-5 of float64).
+a 12-row chunk, at 1e-4 (the GDN chunked kernel and its reference both run the chunked WY algorithm, in different
+summation orders, each within 1e-5 of float64).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures" / "hybrid" / "qwen4exp_q8
 MC = 64
 SLOTS = 2  # more than one slot: a gather of one slot's state would be a real copy
 PROGRAMS = [("prefill", PREFILL_CHUNK), ("step", 1), ("window", 4)]
-KERNEL_FAMILIES = ("qmatmul_", "gdn_scan", "qsa_attend", "qsa_scores", "rows_")
+KERNEL_FAMILIES = ("qmatmul_", "gdn_scan", "gdn_chunk", "qsa_attend", "qsa_scores", "rows_")
 
 
 def _programs(impl: str, monkeypatch):
@@ -77,7 +77,8 @@ def test_kernel_path_programs(monkeypatch):
         what = f"{kind} (T={T})"
         assert rep.kernels, f"{what}: no Pallas kernel on the kernel path"
         names = set(rep.kernels)
-        for fam in ("qmatmul_", "gdn_scan", "qsa_attend", "rows_rms_norm"):
+        gdn = ("gdn_chunk_prepare", "gdn_chunk_carry") if kind == "prefill" else ("gdn_scan",)
+        for fam in ("qmatmul_", *gdn, "qsa_attend", "rows_rms_norm"):
             assert any(n.startswith(fam) for n in names), f"{what}: no {fam} kernel in {sorted(names)}"
         assert not rep.xla_while, f"{what}: XLA while loops (traced trip counts): {rep.xla_while}"
         assert not rep.xla_scan, f"{what}: XLA scans / maps of lengths {rep.xla_scan}"

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from strata_jax.errors import UnsupportedError
 from strata_jax.pallas import dispatch
+from strata_jax.pallas.gdn import chunked as _c
 from strata_jax.pallas.gdn import kernel as _k
 from strata_jax.pallas.gdn import reference as _ref
 
@@ -138,11 +139,9 @@ def _chunked(S0, q, k, v, g, beta, slots, *, path, poison):
     if path == "reference":
         o, S = _ref.gdn_chunked(S0 if slots is None else S0[slots], q, k, v, g, beta)
         return o, _scatter(S0, S, slots)
-    B, T = q.shape[:2]
     with dispatch.poison_outputs(poison):
-        o, S = _k.gdn_scan(jnp.full((B,), T, jnp.int32), _slots(slots, B), S0, q, k, v, g, beta, want_o=True,
-                           want_S=True, interpret=path == "interpret", masked=False)
-    return o, S
+        return _c.gdn_chunked_kernel(_slots(slots, q.shape[0]), S0, q, k, v, g, beta,
+                                     interpret=path == "interpret")
 
 
 def gdn_chunked(S0, q, k, v, g, beta, *, slots=None, impl: str = "auto"):
@@ -150,8 +149,11 @@ def gdn_chunked(S0, q, k, v, g, beta, *, slots=None, impl: str = "auto"):
 
     Args: as `gdn_window`, any T.
     Returns: (o [B,T,H,Dv] float32, S float32 of S0's shape: the segments' states after their T rows).
-    The reference is the chunked WY algorithm (chunk 64, after HF ``torch_chunk_gated_delta_rule``); the kernel is
-    the step recurrence run in one pass. Both agree with a float64 recurrence to ~1e-5 relative, not bit for bit.
+    Both paths run the chunked WY algorithm (chunk 64, after HF ``torch_chunk_gated_delta_rule``): the reference in
+    jnp, the kernel path as two Pallas kernels (`chunked`: the chunks' UT transforms in parallel, then the state
+    carried over the chunks, products on tensor cores). Both agree with a float64 recurrence to ~1e-5 relative,
+    not bit for bit with each other. Kernel path: a row's output depends only on its position and the rows before
+    it in its segment (not on B, nor on T beyond it).
     """
     _check(S0, q, k, v, g, beta, op="gdn.gdn_chunked", slots=slots)
     path = dispatch.resolve("gdn.gdn_chunked", impl, _why_not(k, v, q, k, v))

@@ -1,4 +1,5 @@
-"""Pallas kernel for the gated delta rule (Triton lowering on GPU; interpret mode elsewhere).
+"""Pallas kernel for the gated delta rule in verify windows and commits (Triton lowering on GPU; interpret mode
+elsewhere). Prefill (`api.gdn_chunked`) takes the chunked kernels of `chunked` instead.
 
 One program per (segment b, v-head h, tile of BV value columns). The program keeps its [Dk, BV] slice of the f32
 state in registers and loops over the T rows of its inputs (a trip count fixed at compile time); with ``masked``,

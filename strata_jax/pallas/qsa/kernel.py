@@ -30,11 +30,6 @@ NC = 16        # cells per loop step (K and V tiles of [NC, D] float32 stay in r
 MAX_SPLIT = 32 # programs per (row, kv head)
 
 
-def _precision(interpret: bool):
-    """TF32x3 on tensor cores when compiled (~fp32 accuracy); plain fp32 (HIGHEST) in interpret mode."""
-    return (lax.Precision.HIGHEST, lax.Precision.HIGHEST) if interpret else lax.DotAlgorithmPreset.TF32_TF32_F32_X3
-
-
 def why_not(Hq: int, Hkv: int, D: int, n_cells: int, dtypes) -> str | None:
     if Hkv <= 0 or Hq % Hkv:
         return f"Hq={Hq} is not a multiple of Hkv={Hkv}"
@@ -50,7 +45,7 @@ def why_not(Hq: int, Hkv: int, D: int, n_cells: int, dtypes) -> str | None:
 
 def _kernel(cells_ref, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, Hkv, D, Gp, C, cps, n_chunks, scale,
             interpret):
-    HP = _precision(interpret)
+    HP = dispatch.f32_dot_precision(interpret)
     t = pl.program_id(0)
     g = pl.program_id(1)
     sp = pl.program_id(2)
@@ -123,7 +118,7 @@ def attend_kernel(q, k_cache, v_cache, cells, scale, *, interpret: bool):
 def _scores_kernel(seg_ref, q_ref, p_ref, o_ref, *, NB, NBT, Di, interpret):
     t = pl.program_id(0)
     j = pl.program_id(1)
-    HP = _precision(interpret)
+    HP = dispatch.f32_dot_precision(interpret)
     qv = q_ref[t, :, :].astype(jnp.float32)                                     # [Hp, Di]
     blk = j * NBT + lax.broadcasted_iota(jnp.int32, (NBT, 1), 0)
     off = (seg_ref[t] * NB + jnp.minimum(blk, NB - 1)) * Di + lax.broadcasted_iota(jnp.int32, (1, Di), 1)
