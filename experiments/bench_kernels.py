@@ -426,11 +426,12 @@ def sweep_planar(b: Bench, small: bool, rng):
     n, k = (64, 512) if small else (8192, 28672)
     fma = [(16, 8, 4), (32, 8, 4), (64, 8, 4), (32, 4, 4), (32, 16, 8), (64, 8, 8), (8, 8, 2), (16, 16, 4)]
     tc = [(32, 4), (64, 4), (128, 8), (64, 8)]
-    # tc16 (BN, G, warps, target programs, precision): the default, more groups per step, more programs, wider
-    # and narrower tiles, 8 warps, the bf16x2 activations (fewer MMAs: the bound for <= 4-bit formats)
-    tc16 = [(128, 2, 4, 264, "bf16x3"), (128, 4, 4, 264, "bf16x3"), (128, 2, 4, 396, "bf16x3"),
-            (64, 2, 4, 528, "bf16x3"), (256, 2, 8, 132, "bf16x3"), (128, 2, 8, 264, "bf16x3"),
-            (128, 2, 4, 264, "bf16x2"), (128, 4, 4, 264, "bf16x2")]
+    # tc16 (BN, G, warps, target programs, stages, precision): the default, more groups per step, more programs,
+    # no cp.async pipelining (fewer instructions: 639 vs 731 per step for Q4_K by experiments/sass_probe.py, but
+    # the latency exposed), wider and narrower tiles, the bf16x2 activations (fewer MMAs: the bound for <= 4-bit)
+    tc16 = [(128, 2, 4, 264, 2, "bf16x3"), (128, 4, 4, 264, 2, "bf16x3"), (128, 2, 4, 396, 2, "bf16x3"),
+            (128, 4, 4, 264, 1, "bf16x3"), (128, 2, 4, 396, 1, "bf16x3"), (64, 2, 4, 528, 2, "bf16x3"),
+            (256, 2, 8, 132, 2, "bf16x3"), (128, 2, 4, 264, 2, "bf16x2"), (128, 4, 4, 264, 1, "bf16x2")]
     it = b.interpret
     for qt in ([Q.Q4_K] if small else [Q.Q4_K, Q.Q6_K, Q.Q2_K, Q.IQ4_XS]):
         w, wp = _weights(rng, qt, n, k)
@@ -445,9 +446,10 @@ def sweep_planar(b: Bench, small: bool, rng):
                 cfg = G.Config(BN=bn, BM=16, target_programs=2112, num_warps=nw)
                 fns[f"tc_{bn}_{nw}"] = jax.jit(lambda x, w, wp, cfg=cfg: G.gemm(x, wp, qt, n, k, interpret=it,
                                                                                precision="bf16x3", cfg=cfg))
-            for bn, g, nw, tp, prec in ([(16, 2, 4, 264, "bf16x3"), (16, 2, 4, 264, "bf16x2")] if small else tc16):
-                cfg = TC.Config(BN=bn, G=g, num_warps=nw, target_programs=tp)
-                fns[f"tc16_{bn}_{g}_{nw}_{tp}{'_x2' if prec == 'bf16x2' else ''}"] = jax.jit(
+            for bn, g, nw, tp, ns, prec in ([(16, 2, 4, 264, 2, "bf16x3"), (16, 2, 4, 264, 1, "bf16x2")] if small
+                                            else tc16):
+                cfg = TC.Config(BN=bn, G=g, num_warps=nw, target_programs=tp, num_stages=ns)
+                fns[f"tc16_{bn}_{g}_{nw}_{tp}_s{ns}{'_x2' if prec == 'bf16x2' else ''}"] = jax.jit(
                     lambda x, w, wp, cfg=cfg, prec=prec: TC.gemv(x, wp, qt, n, k, interpret=it, precision=prec,
                                                                  cfg=cfg))
             b.add("sweep_planar", f"{qt.name} {n}x{k} M={m}", _nbytes(wp) + x.size * 4 + m * n * 4, fns,
