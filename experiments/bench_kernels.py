@@ -16,14 +16,16 @@ synchronised with block_until_ready):
     kernel variants of issues 13 / 14, side by side per case:
       formats       every block format (the shipped models' first) at 1 / 2 / 4 / 8 rows on 8192 x 28672:
                     ``bytes`` (the kernel on the GGUF bytes), ``planar_fma`` (planar GEMV, float32 FMAs),
-                    ``planar_tc`` (tensor-core GEMV, bf16x3);
+                    ``planar_tc`` (gemm's tensor-core tiles, bf16x3), ``planar_tc16`` / ``planar_tc16_x2`` (the
+                    16-row tensor-core GEMV `tcgemv`, bf16x3 / bf16x2);
       head          the Flash-Next output head, 248,320 x 2,560 Q6_K, at 1 and 8 rows;
       prefill       the prefill GEMM at chunks of 64 / 128 / 256 / 512 rows: ``bytes`` (TF32x3 dot), ``planar_tc``
                     at bf16 / bf16x2 / bf16x3, ``jnp``; also TFLOP/s;
       moe_variants  the Flash-Next experts (Q2_K gate/up, Q4_0 down, 512 x top-10) at 1 / 4 / 8 window rows and a
                     128-row prefill chunk, GGUF bytes vs planar (window: union-slot GEMV; prefill: sorted grouped
                     GEMM);
-      sweep_planar  launch configurations of the planar GEMV and the tensor-core GEMV (BN / G / warps).
+      sweep_planar  launch configurations of the planar GEMV and the tensor-core GEMVs (BN / G / warps / K
+                    splits; tc16 also at bf16x2).
       gdn_prefill   GDN prefill at T = 128 / 512 / 2048 at the models' GDN shapes (configs/geometries): the step
                     recurrence kernel (gdn_scan) vs the chunked kernels (gdn/chunked.py, two launch variants) vs the
                     chunked jnp reference; also TFLOP/s of the chunked products.
@@ -366,7 +368,7 @@ def _nbytes(a):
 
 def _gemv_paths(b: Bench, qt, n, k, with_jnp: bool):
     """{path: fn(x, w_raw, w_planar)} of the GEMV variants for one weight."""
-    from strata_jax.pallas.quant_matmul import gemm as G, gemv as V, kernel as K, reference as R
+    from strata_jax.pallas.quant_matmul import gemm as G, gemv as V, kernel as K, reference as R, tcgemv as TC
     it = b.interpret
     fns = {}
     if qt in K.FORMATS or qt in FLOATS:
@@ -374,6 +376,9 @@ def _gemv_paths(b: Bench, qt, n, k, with_jnp: bool):
     fns["planar_fma"] = jax.jit(lambda x, w, wp: V.gemv(x, wp, qt, n, k, interpret=it))
     fns["planar_tc"] = jax.jit(lambda x, w, wp: G.gemm(x, wp, qt, n, k, interpret=it, precision="bf16x3",
                                                        cfg=G.GEMV_TC))
+    for prec, tag in (("bf16x3", ""), ("bf16x2", "_x2")):   # the 16-row tensor-core GEMV (tcgemv)
+        fns[f"planar_tc16{tag}"] = jax.jit(lambda x, w, wp, prec=prec: TC.gemv(x, wp, qt, n, k, interpret=it,
+                                                                              precision=prec))
     if with_jnp:
         fns["jnp"] = jax.jit(lambda x, w, wp: R.qmatmul(x, w, qt, n, k))
     return fns
@@ -389,8 +394,8 @@ def bench_formats(b: Bench, small: bool, rng):
                 b.skipped += [f"formats {qt.name} M={m}" for m in ms]
                 continue
             w, wp = _weights(rng, qt, n, k)
-            nb = {"bytes": _nbytes(w), "planar_fma": _nbytes(wp), "planar_tc": _nbytes(wp), "jnp": _nbytes(w)}
             fns = _gemv_paths(b, qt, n, k, with_jnp=False)  # the jnp path of a 0.9 GB f32 copy: section qmatmul
+            nb = {p: _nbytes(w) if p == "bytes" else _nbytes(wp) for p in fns}
             for m in ms:
                 x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
                 b.add("formats", f"{qt.name} {n}x{k} M={m}", {p: v + x.size * 4 + m * n * 4 for p, v in nb.items()},
@@ -406,7 +411,7 @@ def bench_head(b: Bench, small: bool, rng):
     fns = _gemv_paths(b, qt, n, k, with_jnp=False)
     for m in (1, 8):
         x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
-        nb = {"bytes": _nbytes(w), "planar_fma": _nbytes(wp), "planar_tc": _nbytes(wp)}
+        nb = {p: _nbytes(w) if p == "bytes" else _nbytes(wp) for p in fns}
         b.add("head", f"{qt.name} {n}x{k} M={m}", {p: v + x.size * 4 + m * n * 4 for p, v in nb.items()}, fns,
               (x, w, wp), extra={"format": qt.name, "M": m})
 
@@ -468,12 +473,19 @@ def bench_moe_variants(b: Bench, small: bool, rng):
 
 
 def sweep_planar(b: Bench, small: bool, rng):
-    """Launch configurations of the planar GEMV (fma) and the tensor-core GEMV, to choose `gemv.choose_config` /
-    `gemm.GEMV_TC` (first guesses today); the likeliest candidates first."""
-    from strata_jax.pallas.quant_matmul import gemm as G, gemv as V
+    """Launch configurations of the planar GEMV (fma), the tensor-core tiles (tc) and the 16-row tensor-core GEMV
+    (tc16), to choose `gemv.choose_config` / `gemm.GEMV_TC` / `tcgemv.choose_config` (first guesses today); the
+    likeliest candidates first. tc16 at 1 and 8 rows must take the same time (one kernel for M <= 16)."""
+    from strata_jax.pallas.quant_matmul import gemm as G, gemv as V, tcgemv as TC
     n, k = (64, 512) if small else (8192, 28672)
     fma = [(16, 8, 4), (32, 8, 4), (64, 8, 4), (32, 4, 4), (32, 16, 8), (64, 8, 8), (8, 8, 2), (16, 16, 4)]
     tc = [(32, 4), (64, 4), (128, 8), (64, 8)]
+    # tc16 (BN, G, warps, target programs, stages, precision): the default, more groups per step, more programs,
+    # no cp.async pipelining (fewer instructions: 639 vs 731 per step for Q4_K by experiments/sass_probe.py, but
+    # the latency exposed), wider and narrower tiles, the bf16x2 activations (fewer MMAs: the bound for <= 4-bit)
+    tc16 = [(128, 2, 4, 264, 2, "bf16x3"), (128, 4, 4, 264, 2, "bf16x3"), (128, 2, 4, 396, 2, "bf16x3"),
+            (128, 4, 4, 264, 1, "bf16x3"), (128, 2, 4, 396, 1, "bf16x3"), (64, 2, 4, 528, 2, "bf16x3"),
+            (256, 2, 8, 132, 2, "bf16x3"), (128, 2, 4, 264, 2, "bf16x2"), (128, 4, 4, 264, 1, "bf16x2")]
     it = b.interpret
     for qt in ([Q.Q4_K] if small else [Q.Q4_K, Q.Q6_K, Q.Q2_K, Q.IQ4_XS]):
         w, wp = _weights(rng, qt, n, k)
@@ -488,6 +500,12 @@ def sweep_planar(b: Bench, small: bool, rng):
                 cfg = G.Config(BN=bn, BM=16, target_programs=2112, num_warps=nw)
                 fns[f"tc_{bn}_{nw}"] = jax.jit(lambda x, w, wp, cfg=cfg: G.gemm(x, wp, qt, n, k, interpret=it,
                                                                                precision="bf16x3", cfg=cfg))
+            for bn, g, nw, tp, ns, prec in ([(16, 2, 4, 264, 2, "bf16x3"), (16, 2, 4, 264, 1, "bf16x2")] if small
+                                            else tc16):
+                cfg = TC.Config(BN=bn, G=g, num_warps=nw, target_programs=tp, num_stages=ns)
+                fns[f"tc16_{bn}_{g}_{nw}_{tp}_s{ns}{'_x2' if prec == 'bf16x2' else ''}"] = jax.jit(
+                    lambda x, w, wp, cfg=cfg, prec=prec: TC.gemv(x, wp, qt, n, k, interpret=it, precision=prec,
+                                                                 cfg=cfg))
             b.add("sweep_planar", f"{qt.name} {n}x{k} M={m}", _nbytes(wp) + x.size * 4 + m * n * 4, fns,
                   (x, w, wp), extra={"format": qt.name, "M": m})
         del w, wp

@@ -104,6 +104,56 @@ def test_gemv_rows_independent(impl, gemv, rng, monkeypatch):
     assert_bits_equal(qmatmul(X2[:3], w, qtype, n_out, k_in, impl=impl)[0], alone[0], "row 0, other neighbours")
 
 
+# 32-value units with a min, 16-value units, 8-bit codes, a float weight, a 4-bit table lookup
+TC16_TYPES = [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.BF16, Q.IQ4_XS]
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+@pytest.mark.parametrize("qtype", TC16_TYPES, ids=lambda q: q.name)
+def test_tc16_accuracy(impl, qtype, rng, monkeypatch):
+    """The tensor-core GEMV (STRATA_QMATMUL_GEMV=tc16; 3 rows padded to 16; 20 output rows: a partial tile)
+    against float64 at bf16x3 (float32-like; and bf16x2 for Q4_K), outputs poisoned first."""
+    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    monkeypatch.setenv("STRATA_QMATMUL_GEMV", "tc16")
+    n_out, k_in = 20, 512
+    w, w64 = _weight(rng, qtype, n_out, k_in)
+    x = rng.standard_normal((3, k_in)).astype(np.float32)
+    for prec, tol in (("bf16x3", 1e-6), ("bf16x2", 1e-5))[:2 if qtype == Q.Q4_K else 1]:
+        monkeypatch.setenv("STRATA_QMATMUL_PRECISION", prec)
+        with dispatch.poison_outputs():
+            y = qmatmul(jnp.asarray(x), w, qtype, n_out, k_in, impl=impl)
+        assert y.shape == (3, n_out) and y.dtype == jnp.float32
+        f64_check(y, x, w64, tol, f"{impl} tc16 {qtype.name} {prec}")
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_tc16_rows_independent(impl, rng):
+    """tc16: row r of an M-row call == the row alone == the row among 7 other rows of different values, bit for
+    bit (M = 1, 3, 8, 16, and 20: two 16-row tiles), 16-value units (Q6_K) and a format with a min (Q4_K)."""
+    from strata_jax.pallas.quant_matmul import tcgemv
+    interpret = impl == "interpret"
+    for qtype in (Q.Q4_K, Q.Q6_K):
+        n_out, k_in = 24, 512
+        w, w64 = _weight(rng, qtype, n_out, k_in)
+        X = jnp.asarray(rng.standard_normal((20, k_in)).astype(np.float32))
+
+        call = jax.jit(lambda x, w: tcgemv.gemv(x, w, qtype, n_out, k_in, interpret=interpret))
+
+        def run(x):
+            return np.asarray(call(x, w))
+
+        Y = run(X)
+        f64_check(Y, X, w64, 1e-6, f"tc16 {qtype.name} M=20")
+        picks = [0, 2, 7, 15, 19]
+        alone = np.stack([run(X[i:i + 1])[0] for i in picks])
+        assert_bits_equal(Y[picks], alone, f"{qtype.name}: M=20 vs rows alone")
+        for m in (3, 8, 16):
+            assert_bits_equal(run(X[:m])[[i for i in picks if i < m]], alone[[i < m for i in picks]],
+                              f"{qtype.name}: M={m} vs rows alone")
+        others = jnp.concatenate([X[2:3], X[:7] * 100 + 1])          # row 2 first, 7 other rows
+        assert_bits_equal(run(others)[0], alone[1], f"{qtype.name}: row 2 among other rows")
+
+
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_gemm_precisions_and_rows(impl, rng, monkeypatch):
     """The tensor-core GEMM (M > 8): each precision's accuracy against float64 (bf16: activations rounded once,
@@ -160,15 +210,16 @@ def test_grouped_experts_planar(impl, rng, monkeypatch):
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_ragged_k_splits(impl, rng):
     """K split into parts that do not divide the loop steps (the last split reads clamped steps and adds nothing):
-    the planar GEMV (7 chunks in 3 splits) and the tensor-core kernel (7 groups in 3 splits) stay within 1e-5 of
-    float64, outputs poisoned first."""
-    from strata_jax.pallas.quant_matmul import gemv
+    the planar GEMV (7 chunks in 3 splits), the tensor-core kernel (7 groups in 3 splits) and the tensor-core GEMV
+    tc16 (7 steps in 3 splits) stay within 1e-5 of float64, outputs poisoned first."""
+    from strata_jax.pallas.quant_matmul import gemv, tcgemv
     interpret = impl == "interpret"
     for k_in, qtype in ((7 * 256, Q.Q4_K), (7 * 32, Q.Q8_0)):
         w, w64 = _weight(rng, qtype, 16, k_in)
         x = rng.standard_normal((3, k_in)).astype(np.float32)
         cfg_v = gemv.Config(target_programs=3)
         cfg_t = gemm.Config(BN=16, BM=16, target_programs=3)
+        cfg_16 = tcgemv.Config(BN=16, G=8, target_programs=3)
         if k_in == 7 * 256:
             assert gemv.tiling(qtype, 16, k_in, cfg_v)["masked"]
         else:
@@ -176,8 +227,11 @@ def test_ragged_k_splits(impl, rng):
         with dispatch.poison_outputs():
             y_v = gemv.gemv(jnp.asarray(x), w, qtype, 16, k_in, interpret=interpret, cfg=cfg_v)
             y_t = gemm.gemm(jnp.asarray(x), w, qtype, 16, k_in, interpret=interpret, cfg=cfg_t)
+            y_16 = tcgemv.gemv(jnp.asarray(x), w, qtype, 16, k_in, interpret=interpret, cfg=cfg_16)
+        assert tcgemv.tiling(qtype, 16, k_in, cfg_16)["masked"]
         f64_check(y_v, x, w64, 1e-5, f"GEMV {qtype.name} K={k_in}")
         f64_check(y_t, x, w64, 1e-5, f"tensor cores {qtype.name} K={k_in}")
+        f64_check(y_16, x, w64, 1e-5, f"tc16 {qtype.name} K={k_in}")
 
 
 def test_prepare_weight_rule(rng, monkeypatch):

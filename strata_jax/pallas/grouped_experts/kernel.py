@@ -108,7 +108,8 @@ def _grouped_gemv_tc(x, w_stacked, slot_expert, qtype, n_out, k_in, *, interpret
 def moe_experts_planar(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool, prefill: bool,
                        gemv: str, precision: str):
     """The routed experts on planar weights: windows (and prefill chunks of <= 8 rows) as `moe_experts_kernel`
-    with the planar GEMV (``gemv``: ``fma`` or ``tc``); prefill chunks of more rows as `moe_prefill`."""
+    with the planar GEMV (``gemv``: ``fma`` or ``tc``; ``tc16``, the dense tensor-core GEMV, has no grouped form
+    yet and runs ``fma`` here); prefill chunks of more rows as `moe_prefill`."""
     from strata_jax.pallas.quant_matmul import gemv as V
 
     if prefill and x.shape[0] > M_MAX:

@@ -28,7 +28,8 @@ Planar weights (``STRATA_QMATMUL=planar``, the variant the next device session m
 `prepare_weight` repacks a block-format matrix at load into the planar device layout
 (`strata_jax.pallas.quant_matmul.planar`: uint32 [n_out, row_words], exact) when the kernel path is in use, and
 ``qmatmul`` then runs the planar kernels: for 1..8 rows (and row groups) the float32 GEMV
-(`strata_jax.pallas.quant_matmul.gemv`; ``STRATA_QMATMUL_GEMV=tc``: the tensor-core GEMV of `gemm`), for more rows
+(`strata_jax.pallas.quant_matmul.gemv`; ``STRATA_QMATMUL_GEMV=tc``: the tensor-core tiles of `gemm`; ``tc16``: the
+tensor-core GEMV `strata_jax.pallas.quant_matmul.tcgemv`, 16-row tiles), for more rows
 the tensor-core GEMM (`strata_jax.pallas.quant_matmul.gemm`) at ``STRATA_QMATMUL_PRECISION`` (``bf16x3`` default,
 ``bf16x2``, ``bf16``). F16 / BF16 / F32 weights take the same planar kernels under the variable. The weight's dtype
 says which kernel family serves it, so a weight loaded under one setting keeps working under another; on the
@@ -57,12 +58,13 @@ from strata_jax.pallas.quant_matmul import gemv as _gemv
 from strata_jax.pallas.quant_matmul import kernel as _k
 from strata_jax.pallas.quant_matmul import planar as _planar
 from strata_jax.pallas.quant_matmul import reference as _ref
+from strata_jax.pallas.quant_matmul import tcgemv as _tcgemv
 from strata_jax.pallas.quant_matmul.formats import FLOAT_TYPES
 
 KERNEL_FORMATS = frozenset(_k.FORMATS) | frozenset(FLOAT_TYPES)
 PLANAR_FORMATS = frozenset(_planar.FORMATS) | frozenset(FLOAT_TYPES)
 VARIANTS = ("bytes", "planar")
-GEMV_VARIANTS = ("fma", "tc")
+GEMV_VARIANTS = ("fma", "tc", "tc16")
 
 
 def _env(name: str, default: str, allowed) -> str:
@@ -79,8 +81,10 @@ def variant() -> str:
 
 
 def gemv_variant() -> str:
-    """``STRATA_QMATMUL_GEMV``: the planar GEMV of 1..8 rows, ``fma`` (float32 on the CUDA cores, default) or
-    ``tc`` (tensor cores, rows padded to 16, at `precision`)."""
+    """``STRATA_QMATMUL_GEMV``: the planar GEMV of 1..8 rows (and of row groups), ``fma`` (float32 on the CUDA
+    cores, default), ``tc`` (`gemm`'s tensor-core tiles, 8-row groups padded to 16) or ``tc16`` (`tcgemv`: the
+    tensor-core GEMV, 16-row tiles, activation pieces cut once outside the kernel), both at `precision`. The
+    grouped experts take ``tc`` as is and serve ``tc16`` with ``fma``."""
     return _env("STRATA_QMATMUL_GEMV", "fma", GEMV_VARIANTS)
 
 
@@ -150,6 +154,8 @@ def _qmatmul_planar(x, w, *, qtype, n_out, k_in, path, gemm, poison, gemv, prec)
             return _gemm.gemm(x, w, qtype, n_out, k_in, interpret=interpret, precision=prec)
         if gemv == "tc":
             return _gemm_rows_tc(x, w, qtype, n_out, k_in, interpret=interpret, precision=prec)
+        if gemv == "tc16":
+            return _tcgemv.gemv(x, w, qtype, n_out, k_in, interpret=interpret, precision=prec)
         return _gemv.gemv(x, w, qtype, n_out, k_in, interpret=interpret)
 
 

@@ -86,6 +86,21 @@ def bf16_pieces(v, n: int):
     return out
 
 
+def piece_products(wp, xp, dot):
+    """The split product of a weight and an activation tile: the float32 sum of ``dot(wp[i], xp[j])`` over the
+    pairs of bfloat16 pieces with ``i + j < max(len(wp), len(xp))`` (bf16x3: the three products of order < 3 kept,
+    as in XLA's ``BF16_BF16_F32_X3``), smallest order first (the small terms are summed before the large one)."""
+    n = max(len(wp), len(xp))
+    pu = None
+    for order in range(n - 1, -1, -1):
+        for wi in range(len(wp)):
+            xi = order - wi
+            if 0 <= xi < len(xp):
+                d = dot(wp[wi], xp[xi])
+                pu = d if pu is None else pu + d
+    return pu
+
+
 def _dot(a, b):
     """a [BN, K] @ b [BM, K]^T in float32 (bfloat16 operands on the tensor cores)."""
     return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
@@ -122,14 +137,7 @@ def _kernel(texp_ref, trows_ref, w_ref, x_ref, *refs, qtype, n_out, k_in, BN, BM
                 col = c * P.GROUP + a0 * inner + lax.broadcasted_iota(jnp.int32, (1, W), 1)
                 xu = x_ref[xrows * k_in + col].astype(jnp.float32)                  # [BM, W]
                 xp = bf16_pieces(xu, x_pieces)
-                wp = bf16_pieces(f.reshape(BN, W), w_pieces)
-                pu = None
-                for order in range(max(x_pieces, w_pieces) - 1, -1, -1):   # smallest products first
-                    for wi in range(w_pieces):
-                        xi = order - wi
-                        if 0 <= xi < x_pieces and wi + xi < max(x_pieces, w_pieces):
-                            d = _dot(wp[wi], xp[xi])
-                            pu = d if pu is None else pu + d
+                pu = piece_products(bf16_pieces(f.reshape(BN, W), w_pieces), xp, _dot)
                 if dl is not None:
                     dlu = jnp.max(dl, axis=tuple(range(1, nd))).reshape(BN, 1)
                     pu = dlu * pu
