@@ -8,11 +8,13 @@ token for token what plain decoding gives.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from strata_jax.errors import StrataError
@@ -150,7 +152,7 @@ class Generation:
 class _Round:
     """One round of the speculative solo loop, launched and not read yet: its proposals, layout, the last stage's
     outputs (device arrays), the pending commit per stage and row 0's position; ``aside``: a plain step the policy
-    chose (the proposer was not asked)."""
+    chose; ``asked``: the proposer was asked with the history this round starts from."""
 
     props: list
     rows: Rows
@@ -158,6 +160,7 @@ class _Round:
     pending: list
     pos: int
     aside: bool = False
+    asked: bool = False
 
 
 def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256,
@@ -293,14 +296,17 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
         stats.propose_seconds += time.perf_counter() - tp
         return props
 
-    def launch(token, pos: int, props: list[int]) -> _Round:
-        """Launch a round without waiting: a [1, spec] window of ``token`` + ``props`` (``token`` an int), or a
-        one-row step when there are no proposals (``token`` an int or the previous step's picks on the device)."""
+    def launch(token, pos: int, props: list[int], aside: bool = False, asked: bool = False) -> _Round:
+        """Launch a round without waiting: a [1, spec] window of ``token`` + ``props``, or a one-row step when there
+        are no proposals. ``token``: an int, or the previous step's pick still on the device (int32 [1, 1])."""
         k = len(props)
         if k:
             toks = np.zeros((1, spec), np.int32)
-            toks[0, 0] = token
             toks[0, 1:1 + k] = props
+            if isinstance(token, int):
+                toks[0, 0] = token
+            else:  # the pick on the device, then the proposals: one small device op, no host wait
+                toks = jnp.concatenate([token, jnp.asarray(toks[:, 1:])], axis=1)
             rows = Rows.make([slot], [pos], [1 + k])
             out, pending = engine.run("window", toks, rows, samp)
         else:
@@ -308,51 +314,64 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
                 token = np.array([[token]], np.int32)
             rows = Rows.make([slot], [pos], [1])
             out, pending = engine.run("step", token, rows, samp)
-        return _Round(props, rows, out, pending, pos)
+        return _Round(props, rows, out, pending, pos, aside, asked)
 
-    def plan(use) -> _Round:
-        """Plan the next round from the pushed history (``use``: the policy's decision when already made, else
-        None) and launch it."""
-        nonlocal dry
-        props: list[int] = []
-        if seq.room(spec - 1) > 0:
-            if use is None:
-                use = policy is None or policy.use_proposer()
-            if use:
-                props = propose()
-                dry = not props
-        return launch(seq.last, seq.pos, props)
+    def use_proposer(ahead: int) -> bool | None:
+        """The policy's choice for a round planned ``ahead`` tokens from now (None: no room for proposals, the
+        policy is not asked)."""
+        if seq.room(spec - 1, ahead=ahead) <= 0:
+            return None
+        return policy is None or policy.use_proposer()
 
     # Overlap: a round's host work after its read (streaming, stop strings, statistics) runs while the device
-    # computes the next round, which is launched first. A round that is a plain step is moreover launched before
-    # the previous plain step is read, from its pick still on the device, when the policy steps the proposer aside
-    # or a host-side proposer (`Proposer.host_side`) had nothing to propose: the device then never waits for the
-    # host. A round launched past the end of the sequence (EOS, a stop string found in the flush) is dropped
-    # unread: it wrote K/V cells (and a step, state) past the end, which the next prefill in this slot resets.
-    dry = False  # the proposer's last answer was empty
+    # computes the next round, which is launched first. A plain step is moreover launched before the previous
+    # plain step is read, from its pick still on the device, when the policy steps the proposer aside or a
+    # host-side proposer (`Proposer.host_side`) had nothing to propose: the device then never waits for the host.
+    # Such a proposer is asked again, with the history the step launched ahead starts from, while that step runs;
+    # if it now proposes p1..pk (p1: its guess of that step's pick), a window of the step's pick (on the device)
+    # + p2..pk is launched right behind the step: verification is exact whatever the pick is. A round launched
+    # past the end of the sequence (EOS, a stop string found in the flush) is dropped unread: it wrote K/V cells
+    # (and a step, state) past the end, which the next prefill in this slot resets.
+    dry = False     # the proposer's last answer was empty
+    decided = None  # the policy's choice for the next round to plan, when made before its planning
+    flight: collections.deque[_Round] = collections.deque()
     t_prev, c_prev = t1, n_compiles()
-    cur = None if seq.reason else plan(None)
-    while cur is not None:
+
+    def plan() -> _Round:
+        """Plan the next round from the pushed history and launch it."""
+        nonlocal dry, decided
+        use = decided if decided is not None else use_proposer(0)
+        decided = None
+        props: list[int] = []
+        if use:
+            props = propose()
+            dry = not props
+        return launch(seq.last, seq.pos, props, asked=bool(use))
+
+    if not seq.reason:
+        flight.append(plan())
+    while flight:
+        cur = flight[0]
         # 1. the next round, when it is a plain step, is launched now from this step's pick
-        ahead, use_next = None, None
-        if not cur.props and seq.budget >= 2:
-            if seq.room(spec - 1, ahead=1) > 0:
-                use_next = policy is None or policy.use_proposer()
-            if use_next is None or not use_next or (dry and proposer.host_side):
-                ahead = launch(cur.out["picks"], cur.pos + 1, [])
-                ahead.aside = use_next is False
+        if len(flight) == 1 and not cur.props and seq.budget >= 2:
+            use = decided if decided is not None else use_proposer(1)
+            decided = None
+            if not use or (dry and proposer.host_side):
+                flight.append(launch(cur.out["picks"], cur.pos + 1, [], aside=use is False))
                 stats.ahead += 1
+            else:
+                decided = use
         # 2. read this round (waits for it) and push its tokens: EOS, max tokens, context end
+        flight.popleft()
         picks, n_keep = jax.device_get((cur.out["picks"], cur.out["n_keep"]))
         k = len(cur.props)
         n_keep = int(n_keep[0]) if k else 1
         pushed = len(seq.push_window(cur.props, picks[0], n_keep))
         if k and any(pd is not None for pd in cur.pending):
             engine.commit(cur.rows, cur.pending, np.array([pushed], np.int32))  # before the next round reads state
-        # 3. the next round: the step launched ahead, or planned now from the pushed history
-        nxt = None
-        if not seq.reason:
-            nxt = ahead if ahead is not None else plan(use_next)
+        # 3. the next round, planned now from the pushed history unless launched already
+        if not seq.reason and not flight:
+            flight.append(plan())
         # 4. stream and check the stop strings while the device runs the next round
         n0 = len(tokens)
         seq.flush()
@@ -360,8 +379,23 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
         if dump_logits:
             lg = np.asarray(cur.out["logits"])[0]
             step_logits.extend(lg[j] for j in range(kept))
-        if nxt is ahead and ahead is not None and not ahead.aside and not seq.reason and proposer.host_side:
-            dry = not propose()  # does the proposer still have nothing? (decides whether the next step goes ahead)
+        # 5. a step launched ahead because the proposer was dry: ask it again (see above)
+        nxt = flight[0] if flight else None
+        if (not seq.reason and len(flight) == 1 and not nxt.props and not nxt.aside and not nxt.asked
+                and dry and proposer.host_side and seq.budget >= 2):
+            props = propose()
+            dry = not props
+            if props:
+                use = use_proposer(1)
+                tail = props[1:1 + seq.room(spec - 1, ahead=1)]
+                if use and tail:
+                    flight.append(launch(nxt.out["picks"], nxt.pos + 1, tail, asked=True))
+                    stats.ahead += 1
+                elif use is False:
+                    flight.append(launch(nxt.out["picks"], nxt.pos + 1, [], aside=True))
+                    stats.ahead += 1
+                else:
+                    decided = use
         now, c_now = time.perf_counter(), n_compiles()
         dt, compiled = now - t_prev, c_now != c_prev
         t_prev, c_prev = now, c_now
@@ -384,9 +418,9 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
                     stats.accepted_at[i] += 1
         if policy is not None:
             policy.record("spec" if k else "plain", 1 + k, kept, dt, compiled=compiled)
-        if seq.reason and (nxt is not None or ahead is not None):
-            stats.dropped += 1
-        cur = None if seq.reason else nxt
+        if seq.reason:
+            stats.dropped += len(flight)
+            break
     stats.stop_reason = seq.reason
     stats.decode_seconds = time.perf_counter() - t1
     stats.generated = len(tokens)
