@@ -219,9 +219,9 @@ class Engine:
             out, _ = self.run("prefill", toks, rows, samp, logits="all" if all_logits else "last")
             if all_logits:
                 logits_out.append(np.asarray(out["logits"][0, :len(chunk)]))
-                pick = int(out["picks"][0, len(chunk) - 1])
+                pick = int(np.asarray(out["picks"])[0, len(chunk) - 1])
             else:
-                pick = int(out["picks"][0, 0])
+                pick = int(np.asarray(out["picks"])[0, 0])  # a host read: indexing the device array is a program
             if self.mtp.active:  # the MTP layer reads the prompt too: row i with the token at i + 1
                 nxt = np.zeros((1, C), np.int32)
                 follow = list(ids[c0 + 1:c0 + C + 1]) if c0 + C < n else list(ids[c0 + 1:]) + [pick]

@@ -26,6 +26,13 @@ Modes (`strata_jax.pipeline.groups.resolve_groups` picks one):
   `Engine.commit_stage` right after the last stage's launch, before that group's next window, with no host round
   trip.
 
+Overlap (the host loop keeps up): a serial or solo window is launched in one `step` and read in the next, after
+the following window has been launched; the host streams a window's tokens and checks its stop strings
+(`Sequence.flush`) while the device computes the next one. Plain steps over an unchanged set of slots are chained:
+the next step's tokens are the in-flight step's picks, still on the device. A request that ends in a window (EOS, a
+stop string) may have a row in the window launched after it: that row is dropped when it is read, and the state it
+wrote past the request's end is reset by the slot's next admission (`Engine.reset_slot` + `Engine.prefill`).
+
 Admission: a request whose arrival has come is read into a free slot (`Engine.reset_slot` + `Engine.prefill`)
 between windows while the other slots keep their state; pipelined modes drain first (every group finishes its window
 in flight). A slot left alone (no other active slot, nothing waiting) returns to the solo path: windows [1, 1 + P]
@@ -185,8 +192,9 @@ class WindowRecord:
     """What one finished window did, for statistics and metrics (``on_window``).
 
     Attributes: mode (``solo`` for solo windows, else the scheduler's mode), segments (active requests in it),
-    rows (valid rows), proposed, accepted, tokens (tokens emitted), seconds (first launch to results read),
-    compiled (something compiled while it ran).
+    rows (valid rows), proposed, accepted, tokens (tokens emitted), seconds (its share of the wall time: from its
+    first launch, or from the previous window's results read if later, to its results read), compiled (something
+    compiled between its launch and its read).
     """
 
     mode: str

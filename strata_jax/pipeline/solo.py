@@ -4,6 +4,12 @@ Plain decoding runs one-row windows with the commit fused in (one jitted call pe
 (`strata_jax.proposers`), each window carries the last accepted token plus up to T-1 proposals; the picks decide
 ``n_keep`` by exact match and the commit advances the state by the kept rows, so the output is
 token for token what plain decoding gives.
+
+Both loops keep the device busy while the host works: the next step or window is launched before the host reads
+the previous one's result (JAX dispatch is asynchronous), and the host's per-token work (the stop rule,
+detokenizing and streaming: `Sequence.push` / `Sequence.flush`) runs while the device computes. A plain step's
+tokens go from one step to the next on the device. A round launched past the end of the sequence (EOS or a stop
+string, found a round late) is dropped: the output and the streamed tokens are those of the synchronous loop.
 """
 
 from __future__ import annotations
@@ -255,8 +261,10 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
                    dump_logits, proposer, spec: int, spec_min_p: float, policy) -> Generation:
     """The speculative solo loop: each window is the last accepted token + up to ``spec - 1``
     proposals at consecutive positions; the engine's exact-match ``n_keep`` decides the kept prefix, which is then
-    cut at EOS / stop / max tokens / context end exactly where plain decoding would stop; recurrent state is
-    committed by the kept rows; the bonus pick starts the next window.
+    cut at EOS / max tokens / context end (`Sequence.push_window`) and at a stop string (`Sequence.flush`, after
+    the next round is launched) exactly where plain decoding would stop; recurrent state is committed by the
+    pushed rows (a stop string found in the flush ends the sequence, so rows committed past it are never read: the
+    next prefill in the slot resets it); the bonus pick starts the next window.
 
     Windows with proposals always use the shape [1, spec] (padded rows are invalid), rounds without proposals a
     one-row ``step``: two compiled window functions per model.
