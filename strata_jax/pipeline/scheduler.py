@@ -507,9 +507,10 @@ class BatchScheduler:
             self._pending = nxt  # else every request of it ended in the flush: dropped unread
 
     def _settle(self) -> None:
-        """Read the serial / solo window in flight, if any, and apply its results (before a pipeline tick)."""
+        """Read the serial / solo window in flight, if any, and apply its results (before a pipeline tick, a drain);
+        a window none of whose requests is active any more (all cancelled) is dropped unread, without waiting."""
         prev, self._pending = self._pending, None
-        if prev is not None:
+        if prev is not None and any(a is not None and self.active.get(a.slot) is a for a in prev.active):
             pushed = self._read(prev)
             if pushed is not None:
                 self._flush_results(prev, pushed)

@@ -157,13 +157,12 @@ class Generation:
 @dataclasses.dataclass
 class _Round:
     """One round of the speculative solo loop, launched and not read yet: its proposals, layout, the last stage's
-    outputs (device arrays), the pending commit per stage and row 0's position; ``aside``: a plain step the policy
+    outputs (device arrays) and row 0's position; ``aside``: a plain step the policy
     chose; ``asked``: the proposer was asked with the history this round starts from."""
 
     props: list
     rows: Rows
     out: dict
-    pending: list
     pos: int
     aside: bool = False
     asked: bool = False
@@ -263,8 +262,9 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
     proposals at consecutive positions; the engine's exact-match ``n_keep`` decides the kept prefix, which is then
     cut at EOS / max tokens / context end (`Sequence.push_window`) and at a stop string (`Sequence.flush`, after
     the next round is launched) exactly where plain decoding would stop; recurrent state is committed by the
-    pushed rows (a stop string found in the flush ends the sequence, so rows committed past it are never read: the
-    next prefill in the slot resets it); the bonus pick starts the next window.
+    kept rows right after the window's launch, with the keep count on the device (a cut ends the sequence, so rows
+    committed past it are never read: the next prefill in the slot resets them); the bonus pick starts the next
+    window.
 
     Windows with proposals always use the shape [1, spec] (padded rows are invalid), rounds without proposals a
     one-row ``step``: two compiled window functions per model.
@@ -317,12 +317,17 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
                 toks = jnp.concatenate([token, jnp.asarray(toks[:, 1:])], axis=1)
             rows = Rows.make([slot], [pos], [1 + k])
             out, pending = engine.run("window", toks, rows, samp)
+            if any(pd is not None for pd in pending):
+                # committed by the device's keep count, with no host wait; a push cuts the kept rows only at the
+                # sequence's end (EOS, a stop string: `Sequence.room` keeps windows inside max tokens and the
+                # context), after which the slot's state is never read again
+                engine.commit(rows, pending, out["n_keep"])
         else:
             if isinstance(token, int):
                 token = np.array([[token]], np.int32)
             rows = Rows.make([slot], [pos], [1])
-            out, pending = engine.run("step", token, rows, samp)
-        return _Round(props, rows, out, pending, pos, aside, asked)
+            out, _ = engine.run("step", token, rows, samp)
+        return _Round(props, rows, out, pos, aside, asked)
 
     def use_proposer(ahead: int) -> bool | None:
         """The policy's choice for a round planned ``ahead`` tokens from now (None: no room for proposals, the
@@ -375,8 +380,6 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
         k = len(cur.props)
         n_keep = int(n_keep[0]) if k else 1
         pushed = len(seq.push_window(cur.props, picks[0], n_keep))
-        if k and any(pd is not None for pd in cur.pending):
-            engine.commit(cur.rows, cur.pending, np.array([pushed], np.int32))  # before the next round reads state
         # 3. the next round, planned now from the pushed history unless launched already
         if not seq.reason and not flight:
             flight.append(plan())
