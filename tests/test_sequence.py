@@ -116,7 +116,9 @@ def test_push_window_then_flush_is_accept():
     assert (a.tokens, sa, a.reason) == (b.tokens, sb, b.reason)
 
 
+@pytest.mark.slow
 # ---- the solo loop ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("samp", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_solo_overlapped_equals_reference(engine_for, samp):
     eng = _hybrid(engine_for)
@@ -160,6 +162,7 @@ def _oracle(full):
     return ScriptedProposer(fn, "oracle")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("samp", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_speculative_stops_inside_a_window(engine_for, samp):
     eng = _hybrid(engine_for)
@@ -194,6 +197,7 @@ def test_speculative_stops_inside_a_window(engine_for, samp):
     assert generate(eng, other, max_new_tokens=10, sampling=samp, proposer=LookupProposer(), spec=4).tokens == ref2
 
 
+@pytest.mark.slow
 def test_plain_steps_ahead_while_the_proposer_is_dry(engine_for):
     """A host-side proposer with nothing to say: the plain steps run one ahead of the reads; when it proposes
     again (at two positions of every 6: it is asked at the first while a step is in flight, which only stops the
@@ -224,6 +228,7 @@ def test_plain_steps_ahead_while_the_proposer_is_dry(engine_for):
 
 
 # ---- the text -----------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_streamed_text_and_stop_string_equal_reference(engine_for):
     eng = engine_for("smollm2-135m", max_context=CTX, n_slots=2)
     tok = eng.tokenizer
@@ -242,6 +247,9 @@ def test_streamed_text_and_stop_string_equal_reference(engine_for):
         g = generate(eng, prompt, max_new_tokens=24, sampling=GREEDY, on_token=on_token, **kw)
         return g.tokens, g.stats.stop_reason
 
+    def lookup(on_token, **kw):
+        return new(on_token, proposer=LookupProposer(), spec=4, **kw)
+
     toks, why, text = run(ref)
     assert why == "max tokens" and len(text) > 20
     assert run(new) == (toks, why, text)
@@ -250,13 +258,11 @@ def test_streamed_text_and_stop_string_equal_reference(engine_for):
     want = run(ref, stop=stop)
     assert want[1] == "stop string" and s in want[2] and len(want[0]) < 24
     assert run(new, stop=stop) == want
-    got = run(lambda on_token, stop: (lambda g: (g.tokens, g.stats.stop_reason))(
-        generate(eng, prompt, max_new_tokens=24, sampling=GREEDY, on_token=on_token, stop=stop,
-                 proposer=LookupProposer(), spec=4)), stop=stop)
-    assert got == want
+    assert run(lookup, stop=stop) == want
 
 
 # ---- batch slots --------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_batch_serial_overlapped_equals_reference(engine_for):
     eng = _hybrid(engine_for)
     res = resolve_groups(2, 1, batch_groups=1, batch_groups_given=True)

@@ -156,12 +156,11 @@ class Generation:
 
 @dataclasses.dataclass
 class _Round:
-    """One round of the speculative solo loop, launched and not read yet: its proposals, layout, the last stage's
-    outputs (device arrays) and row 0's position; ``aside``: a plain step the policy
-    chose; ``asked``: the proposer was asked with the history this round starts from."""
+    """One round of the speculative solo loop, launched and not read yet: its proposals, the last stage's outputs
+    (device arrays) and row 0's position; ``aside``: a plain step the policy chose; ``asked``: the proposer was
+    asked with the history this round starts from."""
 
     props: list
-    rows: Rows
     out: dict
     pos: int
     aside: bool = False
@@ -327,7 +326,7 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
                 token = np.array([[token]], np.int32)
             rows = Rows.make([slot], [pos], [1])
             out, _ = engine.run("step", token, rows, samp)
-        return _Round(props, rows, out, pos, aside, asked)
+        return _Round(props, out, pos, aside, asked)
 
     def use_proposer(ahead: int) -> bool | None:
         """The policy's choice for a round planned ``ahead`` tokens from now (None: no room for proposals, the
