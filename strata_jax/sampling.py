@@ -52,7 +52,8 @@ class SamplingParams:
 
 @struct.dataclass
 class RowSampling:
-    """Sampler settings per row, as device arrays (float32/int32/uint32 [R])."""
+    """Sampler settings per row (float32/int32/uint32 [R]): host numpy arrays from `make` (a jitted call places
+    them on its device), device arrays where a call moved them."""
 
     temperature: jax.Array
     top_k: jax.Array
@@ -63,11 +64,11 @@ class RowSampling:
     @staticmethod
     def make(params: list[SamplingParams]) -> "RowSampling":
         return RowSampling(
-            jnp.asarray(np.array([p.temperature for p in params], np.float32)),
-            jnp.asarray(np.array([p.top_k for p in params], np.int32)),
-            jnp.asarray(np.array([p.top_p for p in params], np.float32)),
-            jnp.asarray(np.array([p.min_p for p in params], np.float32)),
-            jnp.asarray(np.array([p.seed & 0xFFFFFFFF for p in params], np.uint32)),
+            np.array([p.temperature for p in params], np.float32),
+            np.array([p.top_k for p in params], np.int32),
+            np.array([p.top_p for p in params], np.float32),
+            np.array([p.min_p for p in params], np.float32),
+            np.array([p.seed & 0xFFFFFFFF for p in params], np.uint32),
         )
 
 

@@ -25,7 +25,7 @@ from flax import struct
 class Rows:
     """Where the rows of a window (or a prefill chunk) live.
 
-    Attributes:
+    Attributes (int32 arrays: host numpy from `make`, device arrays where a call moved them):
       slot: int32 [B], the slot each segment reads and writes.
       pos0: int32 [B], absolute position of each segment's first row.
       n_valid: int32 [B], real rows per segment (1..T); the others are padding.
@@ -49,8 +49,9 @@ class Rows:
 
     @staticmethod
     def make(slot, pos0, n_valid) -> "Rows":
-        return Rows(jnp.asarray(np.asarray(slot, np.int32)), jnp.asarray(np.asarray(pos0, np.int32)),
-                    jnp.asarray(np.asarray(n_valid, np.int32)))
+        """A layout of host int32 numpy arrays: a jitted call places them on its device itself, several times
+        cheaper in host time than a `jax.device_put` (or ``jnp.asarray``) of each per window."""
+        return Rows(np.asarray(slot, np.int32), np.asarray(pos0, np.int32), np.asarray(n_valid, np.int32))
 
 
 def write_cells(cache: jax.Array, rows: Rows, values: jax.Array, max_context: int, layer=None) -> jax.Array:

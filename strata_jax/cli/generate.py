@@ -307,13 +307,13 @@ def run_batch(engine, lines) -> int:
     t0 = time.perf_counter()
     while sch.busy:
         c0, k0, ts = n_compiles(), n_tokens(), time.perf_counter()
-        was_idle = not sch.active and not sch._flights
+        was_idle = not sch.active and not sch.in_flight
         sch.step()
         if n_compiles() != c0:
             compiled_steps += 1
             compiled_s += time.perf_counter() - ts
             compiled_tok += n_tokens() - k0
-        elif was_idle and n_tokens() == k0 and not sch.active and not sch._flights:  # waiting for an arrival
+        elif was_idle and n_tokens() == k0 and not sch.active and not sch.in_flight:  # waiting for an arrival
             idle_s += time.perf_counter() - ts
     dt = time.perf_counter() - t0
     results = [sch.results[rid] for rid in sch.order]

@@ -129,8 +129,8 @@ class Engine:
         Args:
           index: stage index.
           kind: ``window``, ``step`` or ``prefill`` (see `build_stage_fn`).
-          x: int32 [B, T] token ids for stage 0, else the previous stage's ``out["hidden"]`` [B, T, D] (moved to
-            this stage's device here with `jax.device_put`).
+          x: int32 [B, T] token ids for stage 0 (host, or a device array: the previous step's picks), else the
+            previous stage's ``out["hidden"]`` [B, T, D] (moved to this stage's device here).
           rows, sampling: the window's layout and per-segment sampler settings.
           tokens: int32 [B, T] the window's tokens (the last stage's acceptance needs them).
           logits: ``all`` (every row's logits and picks) or ``last`` (each segment's last valid row: prefill).
@@ -148,10 +148,12 @@ class Engine:
         dev = stage.device
         extra = None
         if self.ple is not None and index == self.ple.stage:
-            extra = {"ple": jax.device_put(self.ple.rows_for(kind, tokens, rows), dev)}
-        rows_d = jax.device_put(rows, dev)
-        out, self.states[index], pending = fn(stage.params, self.states[index], jax.device_put(x, dev), rows_d,
-                                              jax.device_put(tokens, dev), jax.device_put(sampling, dev), extra)
+            extra = {"ple": self.ple.rows_for(kind, tokens, rows)}
+        rows_d = _place(rows, dev)
+        tokens_d = _place(tokens, dev, commit=True)
+        x_d = tokens_d if x is tokens else _place(x, dev, commit=True)
+        out, self.states[index], pending = fn(stage.params, self.states[index], x_d, rows_d, tokens_d,
+                                              _place(sampling, dev), extra)
         if stage.last and self.mtp.active and kind != "prefill":
             self.mtp.after(kind, out, rows_d)
         return out, pending
@@ -177,8 +179,10 @@ class Engine:
         stage = self.stages[index]
         shapes = tuple(x.shape for x in jax.tree.leaves(pending))
         fn = self.cache.get((index, "commit", shapes, self.n_slots), lambda: build_commit_fn(stage))
-        self.states[index] = fn(stage.params, self.states[index], pending, jax.device_put(rows, stage.device),
-                                jax.device_put(jnp.asarray(keep, jnp.int32), stage.device))
+        if not isinstance(keep, jax.Array):
+            keep = np.asarray(keep, np.int32)
+        self.states[index] = fn(stage.params, self.states[index], pending, _place(rows, stage.device),
+                                _place(keep, stage.device, commit=True))
 
     def commit(self, rows: Rows, pendings: list, keep) -> None:
         """Advance each segment's slot by ``keep[b]`` kept rows on every stage (`commit_stage` on each)."""
@@ -215,9 +219,9 @@ class Engine:
             out, _ = self.run("prefill", toks, rows, samp, logits="all" if all_logits else "last")
             if all_logits:
                 logits_out.append(np.asarray(out["logits"][0, :len(chunk)]))
-                pick = int(out["picks"][0, len(chunk) - 1])
+                pick = int(np.asarray(out["picks"])[0, len(chunk) - 1])
             else:
-                pick = int(out["picks"][0, 0])
+                pick = int(np.asarray(out["picks"])[0, 0])  # a host read: indexing the device array is a program
             if self.mtp.active:  # the MTP layer reads the prompt too: row i with the token at i + 1
                 nxt = np.zeros((1, C), np.int32)
                 follow = list(ids[c0 + 1:c0 + C + 1]) if c0 + C < n else list(ids[c0 + 1:]) + [pick]
@@ -257,6 +261,26 @@ class Engine:
         if self.ple is not None:
             self.ple.reset(n_slots)
         self.mtp.resize(n_slots)
+
+
+def _place(x, device, commit: bool = False):
+    """``x`` (an array or a pytree of arrays) ready for a jitted call on ``device``.
+
+    Host (numpy) leaves and uncommitted device arrays are left to the call, which places them itself (on the device
+    of its committed arguments: the stage's params and state) for a fraction of the host time of a
+    `jax.device_put`; a tree with an array committed to another device (the previous stage's hidden rows, the last
+    stage's picks) is moved. With ``commit``, a tree with host leaves or uncommitted arrays is put on the device
+    too: jit compiles a
+    function once per kind of argument (a host array and a committed array are two XLA programs), so an argument
+    that is sometimes a device array (the token ids: a step's pick fed back; a keep count left on the device) must
+    always be one."""
+    for leaf in jax.tree.leaves(x):
+        if isinstance(leaf, jax.Array) and leaf.committed:
+            if leaf.sharding.device_set != {device}:
+                return jax.device_put(x, device)
+        elif commit:
+            return jax.device_put(x, device)
+    return x
 
 
 F32_RAM_FRACTION = 0.4

@@ -26,6 +26,13 @@ Modes (`strata_jax.pipeline.groups.resolve_groups` picks one):
   `Engine.commit_stage` right after the last stage's launch, before that group's next window, with no host round
   trip.
 
+Overlap (the host loop keeps up): a serial or solo window is launched in one `step` and read in the next, after
+the following window has been launched; the host streams a window's tokens and checks its stop strings
+(`Sequence.flush`) while the device computes the next one. Plain steps over an unchanged set of slots are chained:
+the next step's tokens are the in-flight step's picks, still on the device. A request that ends in a window (EOS, a
+stop string) may have a row in the window launched after it: that row is dropped when it is read, and the state it
+wrote past the request's end is reset by the slot's next admission (`Engine.reset_slot` + `Engine.prefill`).
+
 Admission: a request whose arrival has come is read into a free slot (`Engine.reset_slot` + `Engine.prefill`)
 between windows while the other slots keep their state; pipelined modes drain first (every group finishes its window
 in flight). A slot left alone (no other active slot, nothing waiting) returns to the solo path: windows [1, 1 + P]
@@ -154,8 +161,11 @@ class WindowPlan:
       kind: ``window`` (kept rows decided by the last stage, committed after) or ``step`` (every row kept).
       solo: a solo window (a lone slot on the solo path).
       next_stage, x, pendings, out, toks_d: a pipelined group's progress through the stages (``toks_d``: ``toks``
-        on the device).
+        on the device; for a chained serial step, the previous step's picks, which replace ``toks``); ``out``: the
+        last stage's outputs once launched.
       t_launch, compiles0: clock time and compile count at the first launch (window latency, compiled or not).
+      seconds, compiled: set when its results are read: its share of the wall time (from its launch, or from the
+        previous window's read if later) and whether something compiled since its launch.
     """
 
     slots: list
@@ -173,6 +183,8 @@ class WindowPlan:
     t_launch: float = 0.0
     compiles0: int = 0
     toks_d: Any = None
+    seconds: float = 0.0
+    compiled: bool = False
 
 
 @dataclasses.dataclass
@@ -180,8 +192,9 @@ class WindowRecord:
     """What one finished window did, for statistics and metrics (``on_window``).
 
     Attributes: mode (``solo`` for solo windows, else the scheduler's mode), segments (active requests in it),
-    rows (valid rows), proposed, accepted, tokens (tokens emitted), seconds (first launch to results read),
-    compiled (something compiled while it ran).
+    rows (valid rows), proposed, accepted, tokens (tokens emitted), seconds (its share of the wall time: from its
+    first launch, or from the previous window's results read if later, to its results read), compiled (something
+    compiled between its launch and its read).
     """
 
     mode: str
@@ -255,8 +268,12 @@ class BatchScheduler:
         self.order: list = []
         self._cancel: set = set()
         self._flights: dict[int, WindowPlan] = {}   # group -> its window (in flight or with unread results)
+        self._pending: WindowPlan | None = None       # the serial / solo window launched, read at the next step
+        self._last_read = 0.0                         # clock when the last window's results were read
         self._rr = 0                             # rotation offset for batch_mtp windows
-        self.stats = {"windows": 0, "solo_windows": 0, "admissions": 0, "drains": 0, "ticks": 0, "errors": 0}
+        # chained: serial / solo steps launched from the picks of the step in flight, before its read
+        self.stats = {"windows": 0, "solo_windows": 0, "admissions": 0, "drains": 0, "ticks": 0, "errors": 0,
+                      "chained": 0}
 
     # ---- requests ------------------------------------------------------------------------------------------------
     def submit(self, req: Request):
@@ -294,7 +311,13 @@ class BatchScheduler:
     @property
     def busy(self) -> bool:
         """Requests are queued or decoding, or windows are in flight."""
-        return bool(self.queue or self.active or self._flights)
+        return bool(self.queue or self.active or self.in_flight)
+
+    @property
+    def in_flight(self) -> bool:
+        """Windows are launched whose results are not read yet (pipelined groups, or the serial / solo window
+        read at the next `step`)."""
+        return bool(self._flights) or self._pending is not None
 
     def _now(self) -> float:
         return self.clock() - self.t0
@@ -418,7 +441,11 @@ class BatchScheduler:
 
     def step(self) -> None:
         """One round: cancellations, admissions (after a drain in pipelined modes), then one serial window, one
-        pipeline tick, or one solo window."""
+        pipeline tick, or one solo window.
+
+        Serial and solo windows overlap the host's work with the device's: a round launches its window and leaves
+        it in flight; the next round launches the following window first, then reads the one in flight and streams
+        its tokens (`_serial_round`)."""
         if self.t0 is None:
             self.t0 = self.clock()
         piped = self.mode in ("pipelined", "piped_mtp")
@@ -426,9 +453,11 @@ class BatchScheduler:
         if piped and self._flights and (self._admission_ready() or lone or self._cancel_due()):
             self._drain()
             return
+        n_active, n_admitted = len(self.active), self.stats["admissions"]
         self._apply_cancels()
         self._admit()
-        if not self.active and self._flights:
+        changed = len(self.active) != n_active or self.stats["admissions"] != n_admitted
+        if not self.active and (self._flights or self._pending is not None):
             self._drain()
             return
         if not self.active:
@@ -438,15 +467,88 @@ class BatchScheduler:
                     time.sleep(min(nxt - self._now(), 0.05))
             self.round += 1
             return
-        if len(self.active) == 1 and self.solo_return and not self._admission_ready():
-            self._run(self._plan_solo(next(iter(self.active.values()))))
-        elif self.mode in ("serial", "solo"):
-            self._run(self._plan_serial(0))
-        elif self.mode == "batch_mtp":
-            self._run(self._plan_serial(1))
+        lone = len(self.active) == 1 and self.solo_return and not self._admission_ready()
+        if lone or self.mode in ("serial", "solo", "batch_mtp"):
+            self._serial_round(lone, chain_ok=not changed)
         else:
-            self._tick()
+            self._settle()
+            if self.active:
+                self._tick()
         self.round += 1
+
+    def _next_plan(self, lone: bool) -> WindowPlan:
+        """The serial or solo window of the active slots now (their pushed tokens)."""
+        if lone:
+            return self._plan_solo(next(iter(self.active.values())))
+        return self._plan_serial(1 if self.mode == "batch_mtp" else 0)
+
+    def _serial_round(self, lone: bool, chain_ok: bool) -> None:
+        """One serial or solo round, overlapped: launch the next window, then read the window in flight.
+
+        When the window in flight is a plain step over exactly the slots that would decode now (no admission,
+        cancellation or finish since, the same solo / serial choice, no proposals in the mode), the next window is
+        launched before the read, its tokens the in-flight window's picks still on the device (`_chain`). Otherwise
+        the window in flight is read and its tokens pushed (EOS, max tokens, context end), the next window is
+        planned from them and launched, and only then are the read tokens streamed and checked against the stop
+        strings (`Sequence.flush`). A request that a stop string ends there has a row in the window just launched:
+        that row is dropped when the window is read (its slot's state past the end is reset by the slot's next
+        admission)."""
+        prev, self._pending = self._pending, None
+        nxt = self._chain(prev, lone) if (chain_ok and prev is not None) else None
+        pushed = self._read(prev) if prev is not None else None
+        if nxt is None and self.active:
+            lone = len(self.active) == 1 and self.solo_return and not self._admission_ready()
+            nxt = self._next_plan(lone)
+            self._launch_serial(nxt)
+        if prev is not None and pushed is not None:
+            self._flush_results(prev, pushed)
+        if nxt is not None and nxt.out is not None and any(a is not None and self.active.get(a.slot) is a
+                                                           for a in nxt.active):
+            self._pending = nxt  # else every request of it ended in the flush: dropped unread
+
+    def _settle(self) -> None:
+        """Read the serial / solo window in flight, if any, and apply its results (before a pipeline tick, a drain);
+        a window none of whose requests is active any more (all cancelled) is dropped unread, without waiting."""
+        prev, self._pending = self._pending, None
+        if prev is not None and any(a is not None and self.active.get(a.slot) is a for a in prev.active):
+            pushed = self._read(prev)
+            if pushed is not None:
+                self._flush_results(prev, pushed)
+
+    def _chain(self, prev: WindowPlan, lone: bool) -> WindowPlan | None:
+        """The window after ``prev`` launched from ``prev``'s picks on the device, or None when it cannot be (see
+        `_serial_round`): ``prev`` is a plain step (one row per slot) whose live requests are exactly the active
+        ones, on the layout the next plan would have. A row whose request ends in ``prev`` for certain (no budget
+        left for a second token) is a dummy row."""
+        if prev.kind != "step" or prev.out is None or prev.solo != lone:
+            return None
+        live = [a for a in prev.active if a is not None]
+        if any(self.active.get(a.slot) is not a for a in live) or len(live) != len(self.active):
+            return None
+        if lone:
+            if self.solo_props:
+                return None
+        elif self.mode == "batch_mtp" or len(self.active) > min(self.engine.n_slots, MAX_WINDOW):
+            return None
+        segs, pos0, samp = [], [], []
+        prev_pos = np.asarray(prev.rows.pos0)
+        for b, a in enumerate(prev.active):
+            if a is not None and a.seq.budget < 2:
+                a = None  # its token in prev is its last
+            segs.append(a)
+            pos0.append(int(prev_pos[b]) + 1 if a is not None else 0)
+            samp.append(a.req.sampling if a is not None else _DUMMY)
+        if not any(a is not None for a in segs):
+            return None
+        B = len(prev.slots)
+        plan = WindowPlan(list(prev.slots), segs, [[] for _ in range(B)], np.zeros((B, 1), np.int32),
+                          Rows.make(prev.slots, pos0, [1] * B), RowSampling.make(samp), "step", solo=prev.solo)
+        plan.toks_d = prev.out["picks"]  # the in-flight step's picks feed the rows (a dummy row's token is moot)
+        self._launch_serial(plan)
+        if plan.out is None:
+            return None
+        self.stats["chained"] += 1
+        return plan
 
     def _cancel_due(self) -> bool:
         """A cancellation of an active request is waiting (a pipelined mode drains before applying it)."""
@@ -512,50 +614,90 @@ class BatchScheduler:
     def _compiles(self) -> int:
         return self.engine.cache.compiles
 
-    def _run(self, plan: WindowPlan) -> None:
-        """Execute a serial or solo window (every stage, then the commit) and update its sequences."""
+    def _launch_serial(self, plan: WindowPlan) -> None:
+        """Launch a serial or solo window (every stage, then for a ``window`` the commit with the keep counts left
+        on the device) without waiting for it; ``plan.out`` holds the last stage's outputs (None when it failed or
+        every request of the plan failed while it was planned)."""
         eng = self.engine
         plan.t_launch, plan.compiles0 = self.clock(), self._compiles()
         if not any(a is not None for a in plan.active):
-            return  # every request of the plan failed while it was planned
+            return
         try:
-            res = eng.window(plan.toks, plan.rows, plan.samp, kind=plan.kind)
+            out, pendings = eng.run(plan.kind, plan.toks_d if plan.toks_d is not None else plan.toks, plan.rows,
+                                    plan.samp)
             if plan.kind == "window":
-                eng.commit(plan.rows, res.pending, res.n_keep)
+                eng.commit(plan.rows, pendings, out["n_keep"])
         except Exception as e:
             self._window_failed(plan, e)
             return
+        plan.out = out
         self.stats["solo_windows" if plan.solo else "windows"] += 1
-        self._update(plan, res.picks, res.n_keep)
+
+    def _read(self, plan: WindowPlan) -> list | None:
+        """Read a launched serial / solo window's picks and keep counts (waits for it) and push them
+        (`_push_results`); None when it failed."""
+        if plan.out is None:
+            return None
+        try:
+            picks, n_keep = jax.device_get((plan.out["picks"], plan.out["n_keep"]))
+        except Exception as e:
+            self._window_failed(plan, e)
+            return None
+        return self._push_results(plan, np.asarray(picks), np.asarray(n_keep))
 
     def _update(self, plan: WindowPlan, picks: np.ndarray, n_keep: np.ndarray) -> None:
         """Apply a window's picks and keep counts to its sequences (`Sequence.accept`: the solo loop's rule)."""
-        seconds = self.clock() - plan.t_launch
-        compiled = self._compiles() != plan.compiles0
-        n_seg = n_rows = n_prop = n_acc = n_tok = 0
+        self._flush_results(plan, self._push_results(plan, picks, n_keep))
+
+    def _push_results(self, plan: WindowPlan, picks: np.ndarray, n_keep: np.ndarray) -> list:
+        """The push phase of a window's results (`Sequence.push_window`): returns [(b, active, proposals, keep
+        count, tokens before)] of the requests it updated. A request that a push ends (EOS, max tokens, context
+        end) leaves ``self.active`` now (its slot is not planned again) and is finished in `_flush_results`."""
+        now = self.clock()
+        plan.seconds = now - max(plan.t_launch, self._last_read)  # its share of the wall time
+        self._last_read = now
+        plan.compiled = self._compiles() != plan.compiles0
+        out = []
         for b, a in enumerate(plan.active):
             if a is None or self.active.get(a.slot) is not a:
-                continue  # a dummy row, or a slot cancelled while its window was in flight
+                continue  # a dummy row, or a slot cancelled / ended while its window was in flight
             pr = plan.props[b]
             nk = int(n_keep[b]) if pr else 1
+            n0 = len(a.seq.tokens)
+            try:
+                a.seq.push_window(pr, picks[b], nk)
+            except Exception as e:
+                self._fail(a, e)
+                continue
+            if a.seq.reason:
+                self.active.pop(a.slot, None)
+            out.append((b, a, pr, nk, n0))
+        return out
+
+    def _flush_results(self, plan: WindowPlan, pushed: list) -> None:
+        """The flush phase: stream each request's pushed tokens and check its stop strings (`Sequence.flush`), count
+        the window in the statistics, finish the requests that ended."""
+        n_seg = n_rows = n_prop = n_acc = n_tok = 0
+        for b, a, pr, nk, n0 in pushed:
             a.res.windows += 1
             a.res.solo_windows += int(plan.solo)
             a.res.proposed += len(pr)
             a.res.accepted += nk - 1
             n_seg, n_rows, n_prop, n_acc = n_seg + 1, n_rows + 1 + len(pr), n_prop + len(pr), n_acc + nk - 1
             try:
-                kept = a.seq.accept(pr, picks[b], nk)
+                a.seq.flush()
             except Exception as e:
                 self._fail(a, e)
                 continue
-            n_tok += len(kept)
+            kept = len(a.seq.tokens) - n0
+            n_tok += kept
             if a.policy is not None and plan.solo:
-                a.policy.record("spec" if pr else "plain", 1 + len(pr), len(kept), seconds, compiled=compiled)
+                a.policy.record("spec" if pr else "plain", 1 + len(pr), kept, plan.seconds, compiled=plan.compiled)
             if a.seq.reason:
                 self._finish(a, a.seq.reason)
         if self.on_window is not None:
             self.on_window(WindowRecord("solo" if plan.solo else self.mode, n_seg, n_rows, n_prop, n_acc, n_tok,
-                                        seconds, compiled))
+                                        plan.seconds, plan.compiled))
 
     def _window_failed(self, plan: WindowPlan, e: BaseException) -> None:
         """A window raised: its requests end with the error; the engine is checked (and repaired) for the others."""
@@ -577,6 +719,7 @@ class BatchScheduler:
         for a in list(self.active.values()):
             self._finish(a, "error: the engine's slot state was lost in another request's failure")
         self._flights.clear()
+        self._pending = None
         self.engine.set_slots(self.engine.n_slots)
 
     # ---- pipelined groups ------------------------------------------------------------------------------------------
@@ -649,8 +792,9 @@ class BatchScheduler:
 
     def _drain(self) -> None:
         """Finish every window in flight and apply every group's results (before an admission, a cancellation or
-        the solo path takes a slot)."""
+        the solo path takes a slot), and read the serial / solo window in flight."""
         self.stats["drains"] += 1
+        self._settle()
         while any(fl.out is None for fl in self._flights.values()):
             for k, g in sorted(((fl.next_stage, g) for g, fl in self._flights.items() if fl.out is None),
                                reverse=True):

@@ -6,11 +6,17 @@ move a sequence forward through `Sequence`, so a batch row stops exactly where t
 * `Sequence.emit` appends one token and applies the stop rule, in plain decoding's order: an EOS id ends the
   generation (kept in ``tokens``, not streamed); otherwise the token is streamed (``on_token``), then a stop string
   (``stop`` callback), ``max_new_tokens`` and the context end are checked.
+* The same rule in two phases, so that a loop can launch the next window between them (the host's streaming and
+  stop-string work then runs while the device computes): `Sequence.push` appends a token and applies the checks
+  that need no text (EOS, ``max_new_tokens``, the context end); `Sequence.flush` then streams the pushed tokens
+  and checks the stop strings, token by token. A stop string found in the flush drops the tokens pushed after the
+  one that completed it, so ``push``, ..., ``push``, ``flush`` ends exactly where ``emit``, ..., ``emit`` ends.
 * `Sequence.propose` asks the proposer for at most `Sequence.room` tokens (what the window cap, ``max_new_tokens``
   and the context leave) and cuts the proposal at the first token whose proposer probability is below
   ``spec_min_p``.
 * `Sequence.accept` emits a verify window's result: the accepted proposals (``n_keep - 1``) and
-  the bonus pick, cut where the stop rule ends the sequence; the proposer observes the kept tokens.
+  the bonus pick, cut where the stop rule ends the sequence; the proposer observes the kept tokens
+  (`Sequence.push_window` is its push phase).
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ class Sequence:
       tokens: the generated ids (list[int]; EOS included when it ended the generation).
       history: prompt + tokens (what a proposer sees; its last entry is row 0 of the next window).
       reason: '' while running, else one of `STOP_REASONS`.
+      n_flushed: how many of ``tokens`` `flush` has handled (streamed and checked against the stop strings); the
+        rest are pushed and waiting.
     """
 
     def __init__(self, prompt_ids, *, max_new_tokens: int, max_context: int, eos_ids=(),
@@ -55,6 +63,7 @@ class Sequence:
         self.proposer = proposer
         self.spec_min_p = float(spec_min_p)
         self.reason = ""
+        self.n_flushed = len(self.tokens)
 
     @property
     def pos(self) -> int:
@@ -67,27 +76,67 @@ class Sequence:
         return self.tokens[-1]
 
     def emit(self, tok: int) -> str:
-        """Append ``tok`` and apply the stop rule; returns the stop reason ('' while the sequence goes on)."""
+        """Append ``tok`` and apply the stop rule (`push` then `flush`); returns the stop reason ('' while the
+        sequence goes on)."""
+        self.push(tok)
+        return self.flush()
+
+    def push(self, tok: int) -> str:
+        """Append ``tok`` and apply the checks that need no text: an EOS id, ``max_new_tokens``, the context end.
+        Streaming and the stop strings wait for `flush`. Returns the stop reason found so far ('' while the sequence
+        may go on; a `flush` may still end it earlier, at a stop string).
+
+        Raises:
+          RuntimeError: the sequence has already ended (a push after the stop rule ended it).
+        """
+        if self.reason:
+            raise RuntimeError(f"push after the sequence ended ({self.reason})")
         tok = int(tok)
         self.tokens.append(tok)
         self.history.append(tok)
         if tok in self.eos:
             self.reason = "eos"
-        else:
-            if self.on_token is not None:
-                self.on_token(tok)
-            if self.stop is not None and self.stop(self.tokens):
-                self.reason = "stop string"
-            elif len(self.tokens) >= self.max_new_tokens:
-                self.reason = "max tokens"
-            elif self.pos >= self.max_context - 1:
-                self.reason = "context end"
+        elif len(self.tokens) >= self.max_new_tokens:
+            self.reason = "max tokens"
+        elif self.pos >= self.max_context - 1:
+            self.reason = "context end"
         return self.reason
 
-    def room(self, cap: int) -> int:
+    def flush(self) -> str:
+        """Stream the pushed tokens (``on_token``; an EOS that ended the sequence is not streamed) and check the
+        stop strings after each, in order. A stop string completed by a token ends the sequence there: the tokens
+        pushed after it are dropped from ``tokens`` and ``history`` and the reason becomes ``stop string`` (plain
+        decoding checks the stop strings before ``max_new_tokens`` and the context end, and never produced the
+        later tokens). Returns the stop reason ('' while the sequence goes on)."""
+        n = len(self.tokens)
+        for j in range(self.n_flushed, n):
+            tok = self.tokens[j]
+            if j == n - 1 and self.reason == "eos":
+                break  # the EOS that ended the sequence: kept, not streamed
+            if self.on_token is not None:
+                self.on_token(tok)
+            if self.stop is not None and self.stop(self.tokens if j == n - 1 else self.tokens[:j + 1]):
+                del self.tokens[j + 1:]
+                del self.history[self.n_prompt + j + 1:]
+                self.reason = "stop string"
+                break
+        self.n_flushed = len(self.tokens)
+        return self.reason
+
+    @property
+    def budget(self) -> int:
+        """Most tokens the sequence may still emit before ``max_new_tokens`` or the context end (an EOS or a stop
+        string may end it sooner); 0 once it has ended."""
+        if self.reason:
+            return 0
+        return max(0, min(self.max_new_tokens - len(self.tokens), self.max_context - 1 - self.pos))
+
+    def room(self, cap: int, ahead: int = 0) -> int:
         """Most proposals the next window may carry: ``cap``, and no more than the tokens ``max_new_tokens`` and the
-        context leave after the window's bonus token (>= 0)."""
-        return max(0, min(int(cap), self.max_new_tokens - len(self.tokens) - 1, self.max_context - 2 - self.pos))
+        context leave after the window's bonus token (>= 0). ``ahead``: the same once ``ahead`` more tokens have been
+        emitted (a loop planning a window before the previous one is read)."""
+        n, pos = len(self.tokens) + ahead, self.pos + ahead
+        return max(0, min(int(cap), self.max_new_tokens - n - 1, self.max_context - 2 - pos))
 
     def propose(self, cap: int) -> list[int]:
         """Up to `room(cap)` proposals from the proposer, cut at the first probability below ``spec_min_p`` (proposers
@@ -104,20 +153,28 @@ class Sequence:
             props = props[:n_ok]
         return props
 
-    def accept(self, props: list[int], picks, n_keep: int) -> list[int]:
-        """Emit a window's result: ``props[:n_keep - 1]`` then the bonus ``picks[n_keep - 1]`` (``picks``: the
-        segment's picks, one per row), stopping at the first token that ends the sequence. ``n_keep`` is 1 for a
-        window without proposals. The proposer observes the kept tokens; returns them."""
+    def push_window(self, props: list[int], picks, n_keep: int) -> list[int]:
+        """The push phase of `accept`: push ``props[:n_keep - 1]`` then the bonus ``picks[n_keep - 1]`` (``picks``:
+        the segment's picks, one per row), stopping at the first token that ends the sequence by `push`'s checks.
+        ``n_keep`` is 1 for a window without proposals. The proposer observes the pushed tokens; returns them."""
         n_keep = int(n_keep) if props else 1
         emitted = list(props[:n_keep - 1]) + [int(picks[n_keep - 1])]
         kept = []
         for t in emitted:
             kept.append(int(t))
-            if self.emit(t):
+            if self.push(t):
                 break
         if self.proposer is not None:
             self.proposer.observe(kept)
         return kept
+
+    def accept(self, props: list[int], picks, n_keep: int) -> list[int]:
+        """Emit a window's result: `push_window`, then `flush`; returns the tokens kept (a stop string found in the
+        flush cuts them)."""
+        n0 = len(self.tokens)
+        self.push_window(props, picks, n_keep)
+        self.flush()
+        return self.tokens[n0:]
 
 
 def stop_strings(tokenizer, strings) -> Callable[[list[int]], bool] | None:

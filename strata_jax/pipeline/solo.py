@@ -4,14 +4,23 @@ Plain decoding runs one-row windows with the commit fused in (one jitted call pe
 (`strata_jax.proposers`), each window carries the last accepted token plus up to T-1 proposals; the picks decide
 ``n_keep`` by exact match and the commit advances the state by the kept rows, so the output is
 token for token what plain decoding gives.
+
+Both loops keep the device busy while the host works: the next step or window is launched before the host reads
+the previous one's result (JAX dispatch is asynchronous), and the host's per-token work (the stop rule,
+detokenizing and streaming: `Sequence.push` / `Sequence.flush`) runs while the device computes. A plain step's
+tokens go from one step to the next on the device. A round launched past the end of the sequence (EOS or a stop
+string, found a round late) is dropped: the output and the streamed tokens are those of the synchronous loop.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from typing import Callable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from strata_jax.errors import StrataError
@@ -54,6 +63,10 @@ class GenerationStats:
     compiled_window_seconds: float = 0.0   # their engine calls (as window_seconds counts them)
     compiled_round_seconds: float = 0.0    # their whole rounds, proposing included (as decode_seconds counts them)
     prefill_compiled: bool = False
+    # steps launched ahead of a result that ended the sequence (EOS, stop string) and dropped unread: not in
+    # ``windows``, their time (device time the host did not wait for) not in any rate
+    dropped: int = 0
+    ahead: int = 0  # plain steps launched from the previous step's pick before that step was read
 
     def add_compiled_window(self, tokens: int, window_seconds: float, round_seconds: float) -> None:
         """Count a window during which something compiled: its kept ``tokens``, its engine-call seconds (as
@@ -141,6 +154,19 @@ class Generation:
     step_logits: np.ndarray | None = None
 
 
+@dataclasses.dataclass
+class _Round:
+    """One round of the speculative solo loop, launched and not read yet: its proposals, the last stage's outputs
+    (device arrays) and row 0's position; ``aside``: a plain step the policy chose; ``asked``: the proposer was
+    asked with the history this round starts from."""
+
+    props: list
+    out: dict
+    pos: int
+    aside: bool = False
+    asked: bool = False
+
+
 def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256,
              sampling: SamplingParams = SamplingParams(), eos_ids=(), stop: Callable[[list[int]], bool] | None = None,
              on_token: Callable[[int], None] | None = None, slot: int = 0, dump_logits: bool = False,
@@ -189,18 +215,32 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
     tokens = seq.tokens
     t1 = time.perf_counter()
     seq.emit(first)
-    while not seq.reason:
-        tw = time.perf_counter()
-        c0 = engine.cache.compiles
-        res = engine.window(np.array([[seq.last]], np.int32), Rows.make([slot], [seq.pos], [1]), samp, kind="step")
-        dtw = time.perf_counter() - tw
-        stats.window_seconds += dtw
-        stats.windows += 1
-        if engine.cache.compiles != c0:  # its one token is the next one appended
-            stats.add_compiled_window(1, dtw, dtw)
+    c_prev = engine.cache.compiles
+    # One step ahead: step i + 1 is launched from step i's pick, still on the device, before the host reads step i
+    # and streams it, so the device runs step i + 1 while the host works. When step i ends the sequence (EOS, a stop
+    # string), step i + 1 is dropped: it wrote one K/V cell and state past the end of this sequence, which the next
+    # prefill in this slot resets (`Engine.prefill` from position 0). No step is launched past max_new_tokens or
+    # the context end (`Sequence.budget`).
+    cur = None if seq.reason else _launch_step(engine, slot, np.array([[seq.last]], np.int32), seq.pos, samp)
+    t_prev = t1
+    while cur is not None:
+        out, pos = cur
+        nxt = _launch_step(engine, slot, out["picks"], pos + 1, samp) if seq.budget >= 2 else None
+        stats.ahead += nxt is not None
+        seq.push(int(np.asarray(out["picks"])[0, 0]))  # waits for this step only
         if dump_logits:
-            step_logits.append(np.asarray(res.device_out["logits"][0, 0]))
-        seq.emit(int(res.picks[0, 0]))
+            step_logits.append(np.asarray(out["logits"])[0, 0])
+        seq.flush()
+        now, c_now = time.perf_counter(), engine.cache.compiles
+        stats.window_seconds += now - t_prev
+        stats.windows += 1
+        if c_now != c_prev:  # this interval compiled (the first step's function): its token and time left out
+            stats.add_compiled_window(1, now - t_prev, now - t_prev)
+        t_prev, c_prev = now, c_now
+        if seq.reason:
+            stats.dropped += nxt is not None
+            break
+        cur = nxt if nxt is not None else _launch_step(engine, slot, np.array([[seq.last]], np.int32), seq.pos, samp)
     stats.stop_reason = seq.reason
     stats.decode_seconds = time.perf_counter() - t1
     stats.generated = len(tokens)
@@ -208,12 +248,22 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
                       np.stack(step_logits) if dump_logits else None)
 
 
+def _launch_step(engine: Engine, slot: int, token, pos: int, samp: RowSampling):
+    """Launch one plain decode step (commit fused in) of ``token`` (int32 [1, 1], numpy or the previous step's
+    picks on the device) at ``pos`` in ``slot``, without waiting; returns (the last stage's outputs, ``pos``)."""
+    out, _ = engine.run("step", token, Rows.make([slot], [pos], [1]), samp)
+    return out, pos
+
+
 def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sampling, eos_ids, stop, on_token, slot,
                    dump_logits, proposer, spec: int, spec_min_p: float, policy) -> Generation:
     """The speculative solo loop: each window is the last accepted token + up to ``spec - 1``
     proposals at consecutive positions; the engine's exact-match ``n_keep`` decides the kept prefix, which is then
-    cut at EOS / stop / max tokens / context end exactly where plain decoding would stop; recurrent state is
-    committed by the kept rows; the bonus pick starts the next window.
+    cut at EOS / max tokens / context end (`Sequence.push_window`) and at a stop string (`Sequence.flush`, after
+    the next round is launched) exactly where plain decoding would stop; recurrent state is committed by the
+    kept rows right after the window's launch, with the keep count on the device (a cut ends the sequence, so rows
+    committed past it are never read: the next prefill in the slot resets them); the bonus pick starts the next
+    window.
 
     Windows with proposals always use the shape [1, spec] (padded rows are invalid), rounds without proposals a
     one-row ``step``: two compiled window functions per model.
@@ -246,38 +296,123 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
     tokens = seq.tokens
     t1 = time.perf_counter()
     seq.emit(first)
-    while not seq.reason:
-        token, pos = seq.last, seq.pos
-        tr = time.perf_counter()
-        c0 = n_compiles()
-        props: list[int] = []
-        if seq.room(spec - 1) > 0 and (policy is None or policy.use_proposer()):
-            tp = time.perf_counter()
-            props = seq.propose(spec - 1)
-            stats.propose_seconds += time.perf_counter() - tp
-        tw = time.perf_counter()
+
+    def propose() -> list[int]:
+        tp = time.perf_counter()
+        props = seq.propose(spec - 1)
+        stats.propose_seconds += time.perf_counter() - tp
+        return props
+
+    def launch(token, pos: int, props: list[int], aside: bool = False, asked: bool = False) -> _Round:
+        """Launch a round without waiting: a [1, spec] window of ``token`` + ``props``, or a one-row step when there
+        are no proposals. ``token``: an int, or the previous step's pick still on the device (int32 [1, 1])."""
         k = len(props)
         if k:
             toks = np.zeros((1, spec), np.int32)
-            toks[0, 0] = token
             toks[0, 1:1 + k] = props
+            if isinstance(token, int):
+                toks[0, 0] = token
+            else:  # the pick on the device, then the proposals: one small device op, no host wait
+                toks = jnp.concatenate([token, jnp.asarray(toks[:, 1:])], axis=1)
             rows = Rows.make([slot], [pos], [1 + k])
-            res = engine.window(toks, rows, samp, kind="window")
-            n_keep = int(res.n_keep[0])
+            out, pending = engine.run("window", toks, rows, samp)
+            if any(pd is not None for pd in pending):
+                # committed by the device's keep count, with no host wait; a push cuts the kept rows only at the
+                # sequence's end (EOS, a stop string: `Sequence.room` keeps windows inside max tokens and the
+                # context), after which the slot's state is never read again
+                engine.commit(rows, pending, out["n_keep"])
         else:
+            if isinstance(token, int):
+                token = np.array([[token]], np.int32)
             rows = Rows.make([slot], [pos], [1])
-            res = engine.window(np.array([[token]], np.int32), rows, samp, kind="step")
-            n_keep = 1
-        kept = len(seq.accept(props, res.picks[0], n_keep))
+            out, _ = engine.run("step", token, rows, samp)
+        return _Round(props, out, pos, aside, asked)
+
+    def use_proposer(ahead: int) -> bool | None:
+        """The policy's choice for a round planned ``ahead`` tokens from now (None: no room for proposals, the
+        policy is not asked)."""
+        if seq.room(spec - 1, ahead=ahead) <= 0:
+            return None
+        return policy is None or policy.use_proposer()
+
+    # Overlap: a round's host work after its read (streaming, stop strings, statistics) runs while the device
+    # computes the next round, which is launched first. A plain step is moreover launched before the previous
+    # plain step is read, from its pick still on the device, when the policy steps the proposer aside or a
+    # host-side proposer (`Proposer.host_side`) had nothing to propose: the device then never waits for the host.
+    # Such a proposer is asked again, with the history the step launched ahead starts from, while that step runs;
+    # if it now proposes p1..pk (p1: its guess of that step's pick), a window of the step's pick (on the device)
+    # + p2..pk is launched right behind the step: verification is exact whatever the pick is. A round launched
+    # past the end of the sequence (EOS, a stop string found in the flush) is dropped unread: it wrote K/V cells
+    # (and a step, state) past the end, which the next prefill in this slot resets.
+    dry = False     # the proposer's last answer was empty
+    decided = None  # the policy's choice for the next round to plan, when made before its planning
+    flight: collections.deque[_Round] = collections.deque()
+    t_prev, c_prev = t1, n_compiles()
+
+    def plan() -> _Round:
+        """Plan the next round from the pushed history and launch it."""
+        nonlocal dry, decided
+        use = decided if decided is not None else use_proposer(0)
+        decided = None
+        props: list[int] = []
+        if use:
+            props = propose()
+            dry = not props
+        return launch(seq.last, seq.pos, props, asked=bool(use))
+
+    if not seq.reason:
+        flight.append(plan())
+    while flight:
+        cur = flight[0]
+        # 1. the next round, when it is a plain step, is launched now from this step's pick
+        if len(flight) == 1 and not cur.props and seq.budget >= 2:
+            use = decided if decided is not None else use_proposer(1)
+            decided = None
+            if not use or (dry and proposer.host_side):
+                flight.append(launch(cur.out["picks"], cur.pos + 1, [], aside=use is False))
+                stats.ahead += 1
+            else:
+                decided = use
+        # 2. read this round (waits for it) and push its tokens: EOS, max tokens, context end
+        flight.popleft()
+        picks, n_keep = jax.device_get((cur.out["picks"], cur.out["n_keep"]))
+        k = len(cur.props)
+        n_keep = int(n_keep[0]) if k else 1
+        pushed = len(seq.push_window(cur.props, picks[0], n_keep))
+        # 3. the next round, planned now from the pushed history unless launched already
+        if not seq.reason and not flight:
+            flight.append(plan())
+        # 4. stream and check the stop strings while the device runs the next round
+        n0 = len(tokens)
+        seq.flush()
+        kept = pushed - (n0 - len(tokens))  # a stop string found in the flush cuts this round's tokens
         if dump_logits:
-            step_logits.extend(np.asarray(res.device_out["logits"][0, j]) for j in range(kept))
-        if k and any(pd is not None for pd in res.pending):
-            engine.commit(rows, res.pending, np.array([kept], np.int32))
-        now = time.perf_counter()
-        stats.window_seconds += now - tw
+            lg = np.asarray(cur.out["logits"])[0]
+            step_logits.extend(lg[j] for j in range(kept))
+        # 5. a step launched ahead because the proposer was dry: ask it again (see above)
+        nxt = flight[0] if flight else None
+        if (not seq.reason and len(flight) == 1 and not nxt.props and not nxt.aside and not nxt.asked
+                and dry and proposer.host_side and seq.budget >= 2):
+            props = propose()
+            dry = not props
+            if props:
+                use = use_proposer(1)
+                tail = props[1:1 + seq.room(spec - 1, ahead=1)]
+                if use and tail:
+                    flight.append(launch(nxt.out["picks"], nxt.pos + 1, tail, asked=True))
+                    stats.ahead += 1
+                elif use is False:
+                    flight.append(launch(nxt.out["picks"], nxt.pos + 1, [], aside=True))
+                    stats.ahead += 1
+                else:
+                    decided = use
+        now, c_now = time.perf_counter(), n_compiles()
+        dt, compiled = now - t_prev, c_now != c_prev
+        t_prev, c_prev = now, c_now
+        stats.window_seconds += dt
         stats.windows += 1
-        if n_compiles() != c0:  # proposing, the window or the commit compiled: out of the rates (tokens and time)
-            stats.add_compiled_window(kept, now - tw, now - tr)
+        if compiled:  # proposing, the round or its commit compiled: out of the rates (tokens and time)
+            stats.add_compiled_window(kept, dt, dt)
         stats.window_tokens[kept] = stats.window_tokens.get(kept, 0) + 1
         if k:
             acc = n_keep - 1
@@ -292,7 +427,10 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
                 if i < acc:
                     stats.accepted_at[i] += 1
         if policy is not None:
-            policy.record("spec" if k else "plain", 1 + k, kept, now - tr, compiled=n_compiles() != c0)
+            policy.record("spec" if k else "plain", 1 + k, kept, dt, compiled=compiled)
+        if seq.reason:
+            stats.dropped += len(flight)
+            break
     stats.stop_reason = seq.reason
     stats.decode_seconds = time.perf_counter() - t1
     stats.generated = len(tokens)

@@ -15,12 +15,18 @@ class Proposer(abc.ABC):
 
     Attributes:
       name: short name used in the statistics (``lookup``, ``model``, ``mtp``, ...).
+      host_side: the proposer works from the host history alone (no device work or read).
       last_probs: after `propose`, the proposer's probability of each proposed token (list[float], same length as
         the proposal), or None when the source has none (prompt lookup). ``--spec_min_p`` cuts a proposal at the
         first token whose probability is below it.
     """
 
     name: str = "proposer"
+    # True for a proposer that works from the host history alone, in microseconds, with no device work and no
+    # device read (prompt lookup, scripted): the solo loop may ask it while a step is in flight, to see whether it
+    # still has nothing to propose (`strata_jax.pipeline.solo`). False (MTP, draft models): asked only when its
+    # answer builds the next window.
+    host_side: bool = False
 
     def __init__(self):
         self.last_probs: list[float] | None = None
@@ -54,6 +60,8 @@ class ScriptedProposer(Proposer):
       fn: ``fn(history_ids, max_n) -> list[int]``.
       name: statistics name.
     """
+
+    host_side = True
 
     def __init__(self, fn, name: str = "scripted"):
         super().__init__()

@@ -26,6 +26,7 @@ class LookupProposer(Proposer):
     """
 
     name = "lookup"
+    host_side = True
 
     def __init__(self, min_match: int = 3, max_propose: int = 5, recent: int = 16, max_extend: int = 32):
         super().__init__()
