@@ -312,7 +312,7 @@ def run_batch(engine, lines) -> int:
     t0 = time.perf_counter()
     while sch.busy:
         c0, k0, ts = n_compiles(), n_tokens(), time.perf_counter()
-        was_idle = not sch.active and not sch._flights
+        was_idle = not sch.active and not sch._flights and not sch.admitting
         sch.step()
         if n_compiles() != c0:
             compiled_steps += 1
