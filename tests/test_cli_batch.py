@@ -45,6 +45,11 @@ def test_batch_chat_system_stats_json(model_path, tmp_path):
     d = json.loads(st.read_text())
     assert d["requests"] == 2 and d["tokens"] == sum(len(r["tokens"]) for r in recs.values())
     assert {r["rid"] for r in d["per_request"]} == {"chat", "plain"} and "tok_s" in d and "rate_rule" in d
+    # time to first token: per request (arrival to first token) and its median / max on the batch line
+    ttfts = sorted(r["ttft_s"] for r in d["per_request"])
+    assert ttfts[0] > 0 and d["ttft_s"]["max"] == ttfts[-1] and ttfts[0] <= d["ttft_s"]["median"] <= ttfts[-1]
+    assert all(r["prefill_chunks"] == 1 for r in d["per_request"]) and d["prefill_chunks"] == 2
+    assert f"time to first token median {d['ttft_s']['median']:.2f} s" in proc.stderr.strip().splitlines()[-1]
     solo_st = tmp_path / "solo.json"
     solo = _run(*common, "--prompt", "What is 2+2?", "--stats_json", str(solo_st))
     assert solo.returncode == 0, solo.stderr[-2000:]

@@ -123,6 +123,8 @@ def _jsonl(tmp_path, *lines, name="reqs.jsonl"):
     (["--prompt", "hi", "--draft", "model", "--draft_model", "llama-9000"], ["--draft_model", "unknown model"]),
     (["--prompt", "hi", "--out_jsonl", "x.jsonl"], ["--out_jsonl needs --prompts_file"]),
     (["--prompt", "hi", "--batch_mtp"], ["--batch_mtp needs --prompts_file"]),
+    (["--prompt", "hi", "--batch_prefill_chunks", "2"], ["--batch_prefill_chunks needs --prompts_file"]),
+    (["--prompts_file", "x.jsonl", "--batch_prefill_chunks", "-1"], ["--batch_prefill_chunks -1"]),
     (["--prompt", "hi", "--top_k", "5000"], ["--top_k 5000", "0..1024"]),
     (["--prompt", "hi", "--spec", "6"], ["--spec 6 needs --draft"]),
     (["--prompt", "hi", "--temperature", "nan"], ["--temperature nan", "finite"]),
@@ -154,6 +156,7 @@ def test_help_names_the_module():
         return proc.stdout.split(f"\n  --{flag}:")[1].split("\n  --")[0]
 
     assert "min_p" in text("prompts_file") and "0..7" in text("piped_mtp")
+    assert "between two decode windows" in " ".join(text("batch_prefill_chunks").split())
 
 
 @pytest.mark.parametrize("lines, needles", [

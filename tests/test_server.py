@@ -24,6 +24,7 @@ import threading
 import time
 import types
 
+import numpy as np
 import pytest
 
 pytest.importorskip("fastapi", reason="the server tests need the 'test' extra (fastapi, uvicorn, openai)")
@@ -246,6 +247,12 @@ def test_full_queue_gets_429(served):
         assert t.endswith("data: [DONE]") and '"finish_reason":"length"' in t.replace(" ", "")
 
 
+def _is_chunk_of(prompt, kind, tokens, rows) -> bool:
+    """An `Engine.run` call is the prefill chunk of exactly ``prompt`` (a prompt shorter than one chunk)."""
+    n = int(np.asarray(rows.n_valid)[0])
+    return kind == "prefill" and n == len(prompt) and np.asarray(tokens)[0, :n].tolist() == list(prompt)
+
+
 @pytest.mark.slow
 def test_request_in_prefill_holds_its_slot(served, monkeypatch):
     """A request whose prefill is running counts as running (/health) and holds its slot: with --max_queue 0 and
@@ -254,15 +261,15 @@ def test_request_in_prefill_holds_its_slot(served, monkeypatch):
     eng, loop = served.engine, served.loop
     marker = [9, 9, 9, 9, 9]
     in_prefill, release = threading.Event(), threading.Event()
-    orig = eng.prefill
+    orig = eng.run
 
-    def prefill(slot, ids, sampling, **kw):
-        if list(ids) == marker:
+    def run(kind, tokens, rows, *args, **kw):  # every prompt chunk goes through Engine.run, whoever reads it
+        if _is_chunk_of(marker, kind, tokens, rows):
             in_prefill.set()
             assert release.wait(120)
-        return orig(slot, ids, sampling, **kw)
+        return orig(kind, tokens, rows, *args, **kw)
 
-    monkeypatch.setattr(eng, "prefill", prefill)
+    monkeypatch.setattr(eng, "run", run)
     loop.max_queue = 0
     with concurrent.futures.ThreadPoolExecutor(2) as ex:
         try:
@@ -291,14 +298,14 @@ def test_engine_error_fails_one_request(served, monkeypatch):
     beside it is answered exactly, and the server stays healthy."""
     eng = served.engine
     marker = [7, 7, 7, 7, 7]
-    orig = eng.prefill
+    orig = eng.run
 
-    def prefill(slot, ids, sampling, **kw):
-        if list(ids) == marker:
+    def run(kind, tokens, rows, *args, **kw):
+        if _is_chunk_of(marker, kind, tokens, rows):
             raise RuntimeError("injected device fault")
-        return orig(slot, ids, sampling, **kw)
+        return orig(kind, tokens, rows, *args, **kw)
 
-    monkeypatch.setattr(eng, "prefill", prefill)
+    monkeypatch.setattr(eng, "run", run)
     kind, prompt, samp, stream = CASES[2]
     with concurrent.futures.ThreadPoolExecutor(3) as ex:
         bad = [ex.submit(_ask, served.client, "completion", marker, DEFAULT, s) for s in (False, True)]

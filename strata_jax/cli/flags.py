@@ -89,6 +89,10 @@ flags.DEFINE_string("batch_groups", "auto", "Slot groups on a layer split: 1 (se
                     "G divides --batch) or auto (one group per stage).")
 flags.DEFINE_bool("batch_mtp", False, "Batch proposals: each slot's token + 1 proposal per serial window.")
 flags.DEFINE_integer("piped_mtp", 0, "Proposals per window in pipelined groups of one slot, 0..7 (0 = off).")
+flags.DEFINE_integer("batch_prefill_chunks", 1, "Batch slots: prompt chunks (128 tokens each) read between two "
+                     "decode windows while a new request's prompt is read beside decoding slots (oldest request "
+                     "first), so they keep streaming during a long read; 0 = each prompt whole before the next "
+                     "window (they wait). Every request's tokens are the same either way.", lower_bound=0)
 flags.DEFINE_float("memory_limit_gib", None, "Device memory per stage for the batch-fit check (default: the "
                    "device's own limit where known).")
 
@@ -389,7 +393,7 @@ def batch_scheduler(engine, *, solo_spec: bool = False, n_requests: int | None =
         extra += f"; a request alone: {pname} proposals, window cap {spec}"
     CONSOLE.note(f"batch: {res.message}{extra}")
     sch = BatchScheduler(engine, res, proposer_factory=factory, spec_min_p=FLAGS.spec_min_p, solo_spec=spec,
-                         spec_policy=bool(spec), **kwargs)
+                         spec_policy=bool(spec), prefill_chunks=FLAGS.batch_prefill_chunks, **kwargs)
     return sch, res, pname
 
 

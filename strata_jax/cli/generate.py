@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 
 from absl import flags
@@ -77,7 +78,8 @@ def _check_flags(argv) -> dict:
                  + (f" (got {', '.join('--' + g for g in given)})" if given else ""))
         for name, on in (("out_jsonl", FLAGS.out_jsonl is not None), ("batch_mtp", FLAGS.batch_mtp),
                          ("piped_mtp", FLAGS.piped_mtp != 0), ("batch_groups", FLAGS["batch_groups"].present > 0),
-                         ("memory_limit_gib", FLAGS.memory_limit_gib is not None)):
+                         ("memory_limit_gib", FLAGS.memory_limit_gib is not None),
+                         ("batch_prefill_chunks", FLAGS["batch_prefill_chunks"].present > 0)):
             if on:
                 fail(f"--{name} needs --prompts_file (batch mode)"
                      + (": for one prompt use --stats_json" if name == "out_jsonl" else ""))
@@ -250,7 +252,10 @@ def run_batch(engine, lines) -> int:
 
     The summary's rate follows the solo stats line's rule: scheduler steps during which something compiled are left
     out of both the token count and the time (their count and seconds are reported; ``--stats_json`` has both
-    rates), and so is the time spent waiting for an ``arrival`` while no request is active.
+    rates), and so is the time spent waiting for an ``arrival`` while no request is active. The summary also gives
+    the time to first token (median and max over the requests: arrival to first token, queueing and compiling
+    included) and, when a prompt was read beside decoding slots, their rate over those steps
+    (`BatchScheduler.decode_beside_prefill`).
 
     Raises:
       StrataError: a bad request, a prompt longer than --max_context, a batch that does not fit, impossible group
@@ -307,7 +312,7 @@ def run_batch(engine, lines) -> int:
     t0 = time.perf_counter()
     while sch.busy:
         c0, k0, ts = n_compiles(), n_tokens(), time.perf_counter()
-        was_idle = not sch.active and not sch.in_flight
+        was_idle = not sch.active and not sch.in_flight and not sch.admitting
         sch.step()
         if n_compiles() != c0:
             compiled_steps += 1
@@ -336,8 +341,16 @@ def run_batch(engine, lines) -> int:
         wins += (f" + {st['solo_windows']} window{'' if st['solo_windows'] == 1 else 's'} of a request decoding "
                  f"alone")
     props = (f"proposals: {acc} of {prop} accepted ({100 * acc / prop:.0f}%)" if prop else "no proposals")
+    ttfts = sorted(r.ttft_s for r in results if r.ttft_s is not None)
+    ttft = (f"time to first token median {statistics.median(ttfts):.2f} s, max {ttfts[-1]:.2f} s" if ttfts else
+            "no first token")
+    beside = sch.decode_beside_prefill()
+    if beside is not None:  # what reading a prompt cost the slots decoding beside it
+        ttft += (f"; decode beside prompt reads {beside:.1f} tok/s ({st['beside_prefill_tokens']} tok over "
+                 f"{st['beside_prefill_steps']} step{'' if st['beside_prefill_steps'] == 1 else 's'})")
     shared.CONSOLE.note(f"[batch: {n_slots} slot{'' if n_slots == 1 else 's'}, {res.mode} | {len(results)} requests, "
-                        f"{n} tok in {dt:.2f} s | {rate} | {wins} | {props} | {shared.compile_summary(caches)}]")
+                        f"{n} tok in {dt:.2f} s | {rate} | {ttft} | {wins} | {props} | "
+                        f"{shared.compile_summary(caches)}]")
     if FLAGS.out_jsonl:
         write_jsonl(FLAGS.out_jsonl, results, tok)
     if FLAGS.stats_json:
@@ -352,6 +365,8 @@ def run_batch(engine, lines) -> int:
                           "(idle_seconds); tok_s_with_compiles counts everything",
              "compiled_steps": compiled_steps, "compiled_step_tokens": compiled_tok,
              "compiled_step_seconds": compiled_s, **{k: v for k, v in sch.stats.items()},
+             "ttft_s": {"median": statistics.median(ttfts), "max": ttfts[-1]} if ttfts else None,
+             "decode_beside_prefill_tok_s": beside, "batch_prefill_chunks": FLAGS.batch_prefill_chunks,
              "proposed": prop, "accepted": acc, "model": str(FLAGS.model),
              "load_seconds": engine.load_seconds, "compiles": n_compiles(),
              "compile_seconds": sum(c.compile_seconds for c in caches),

@@ -1,6 +1,7 @@
 """The engine: a loaded model on its stages, per-slot state, and the calls that move a sequence forward.
 
-API (the shape of JetStream's engine): `Engine.prefill` reads a prompt into a slot and returns the first pick;
+API (the shape of JetStream's engine): `Engine.prefill` reads a prompt into a slot and returns the first pick
+(`Engine.start_prefill` gives the same read as a `PromptRead`, one chunk per step, for callers that interleave it);
 `Engine.window` runs one verify window (T rows per segment, several segments for batch slots) through every stage;
 `Engine.commit` advances the slots by their kept rows; `Engine.run_stage` / `Engine.commit_stage` do the same for one
 stage (pipelined groups launch them in their own order; `run` and `commit` are loops over them). The solo loop
@@ -52,6 +53,75 @@ class WindowResult:
     pending: list
 
 
+class PromptRead:
+    """A prompt being read into one slot, one chunk of ``engine.prefill_chunk`` rows per `step` (made by
+    `Engine.start_prefill`).
+
+    The chunks, their [1, C] shapes and their order do not depend on who steps the read (`Engine.prefill` in one
+    go, or the batch scheduler between other slots' windows), so the slot ends in the same state bit for bit.
+
+    Attributes:
+      slot, ids (list[int]), start (position of ``ids[0]``), chunk (rows per chunk, C), read (prompt tokens read
+      so far), n_chunks (chunks in all), chunks_read (chunks read so far), pick (int: the pick after the last
+      prompt token, set by the last `step`; None before).
+    """
+
+    def __init__(self, engine: "Engine", slot: int, ids: list[int], sampling: SamplingParams, start: int,
+                 all_logits: bool):
+        self.engine = engine
+        self.slot, self.ids, self.start = int(slot), ids, int(start)
+        self.chunk = int(engine.prefill_chunk)
+        self.n_chunks = -(-len(ids) // self.chunk)
+        self.read = self.chunks_read = 0
+        self.pick: int | None = None
+        self._samp = RowSampling.make([sampling])
+        self._all_logits = all_logits
+        self._logits: list[np.ndarray] = []
+
+    @property
+    def done(self) -> bool:
+        """Every chunk has been read (`pick` is set)."""
+        return self.pick is not None
+
+    def step(self) -> bool:
+        """Read the next chunk through every stage and wait for its pick (with ``all_logits`` also its logits);
+        after the last chunk `pick` is set. Returns `done`.
+
+        Raises:
+          StrataError: the prompt is already read.
+        """
+        if self.done:
+            raise StrataError(f"slot {self.slot}: the prompt is already read")
+        eng, ids, C, c0 = self.engine, self.ids, self.chunk, self.read
+        n = len(ids)
+        chunk = ids[c0:c0 + C]
+        toks = np.zeros((1, C), np.int32)
+        toks[0, :len(chunk)] = chunk
+        rows = Rows.make([self.slot], [self.start + c0], [len(chunk)])
+        out, _ = eng.run("prefill", toks, rows, self._samp, logits="all" if self._all_logits else "last")
+        last = c0 + C >= n
+        if self._all_logits:
+            self._logits.append(np.asarray(out["logits"][0, :len(chunk)]))
+        # one host read per chunk, even where only the last pick is used: chunks chained with no wait between them
+        # deadlocked XLA:CPU on a layer split over host devices (a 4-chunk read on 2 stages never finished)
+        # a host read of the whole array: indexing the device array would dispatch a program
+        pick = int(np.asarray(out["picks"])[0, len(chunk) - 1 if self._all_logits else 0])
+        if eng.mtp.active:  # the MTP layer reads the prompt too: row i with the token at i + 1
+            nxt = np.zeros((1, C), np.int32)
+            follow = list(ids[c0 + 1:c0 + C + 1]) if not last else list(ids[c0 + 1:]) + [pick]
+            nxt[0, :len(follow)] = follow
+            eng.mtp.after("prefill", out, jax.device_put(rows, eng.stages[-1].device), nxt)
+        self.read = min(n, c0 + C)
+        self.chunks_read += 1
+        if last:
+            self.pick = pick
+        return self.done
+
+    def logits(self) -> np.ndarray | None:
+        """The prompt's logits [len(ids), V] float32 once read with ``all_logits``, else None."""
+        return np.concatenate(self._logits) if self._all_logits and self.done else None
+
+
 class Engine:
     """A model loaded on one or more devices, with ``n_slots`` slots of state.
 
@@ -73,7 +143,9 @@ class Engine:
     Attributes:
       cfg, family, gguf, stages, states (per stage, its state pytree on its device), cache (`CompileCache` of every
       jitted call: stage windows, commits, slot resets, the MTP chain), n_slots, max_context, weights, kv_dtype,
-      load_seconds; ple (`PleHost`, qwen4exp only, else None); mtp (`MtpChain`).
+      load_seconds; ple (`PleHost`, qwen4exp only, else None); mtp (`MtpChain`); prefill_chunk (rows per prefill
+      chunk, `PREFILL_CHUNK`: every read of a prompt uses it, so a test may lower it on an engine to make a short
+      prompt span several chunks, for its solo reference and its batch run alike).
 
     Raises:
       StrataError: bad file, unsupported architecture or block format, bad split, context too large, unknown
@@ -110,6 +182,7 @@ class Engine:
         self.cache = CompileCache(compile_cache_size)
         self.ple = PleHost.for_stages(self.gguf, self.cfg, self.stages, self.n_slots)  # qwen4exp, else None
         self.mtp = MtpChain(self)  # the MTP draft chain, off until `MtpChain.enable`
+        self.prefill_chunk = PREFILL_CHUNK
         self.load_seconds = time.perf_counter() - t0
         self._tokenizer = None
 
@@ -191,7 +264,8 @@ class Engine:
 
     def prefill(self, slot: int, ids: list[int], sampling: SamplingParams, *, start: int = 0,
                 all_logits: bool = False) -> tuple[int, np.ndarray | None]:
-        """Read ``ids`` into ``slot`` at positions ``start..`` in chunks of `PREFILL_CHUNK`.
+        """Read ``ids`` into ``slot`` at positions ``start..`` in chunks of ``self.prefill_chunk`` rows: a
+        `PromptRead` (`start_prefill`) run to its end.
 
         Returns:
           (the pick after the last prompt token, the prompt's logits [len(ids), V] float32 if ``all_logits``).
@@ -199,35 +273,29 @@ class Engine:
         Raises:
           StrataError: the prompt does not fit in the context.
         """
+        read = self.start_prefill(slot, ids, sampling, start=start, all_logits=all_logits)
+        while not read.done:
+            read.step()
+        return read.pick, read.logits()
+
+    def start_prefill(self, slot: int, ids: list[int], sampling: SamplingParams, *, start: int = 0,
+                      all_logits: bool = False) -> "PromptRead":
+        """Begin reading ``ids`` into ``slot`` at positions ``start..``: checks the length and, for a new sequence
+        (``start`` 0), zeroes the slot; nothing is launched until `PromptRead.step`. The batch scheduler steps it
+        between other slots' decode windows (they never touch this slot's cells); `prefill` steps it to the end.
+
+        Raises:
+          StrataError: an empty prompt, or one that does not fit in the context.
+        """
         n = len(ids)
         if n == 0:
             raise StrataError("empty prompt")
         if start + n >= self.max_context:
             raise StrataError(f"prompt of {n} tokens does not fit in --max_context {self.max_context} "
                               f"(it needs at least {start + n + 1})")
-        samp = RowSampling.make([sampling])
         if start == 0:
             self.reset_slot(slot)  # a new sequence: recurrent state from zero (K/V cells are overwritten)
-        logits_out = []
-        pick = None
-        C = PREFILL_CHUNK
-        for c0 in range(0, n, C):
-            chunk = ids[c0:c0 + C]
-            toks = np.zeros((1, C), np.int32)
-            toks[0, :len(chunk)] = chunk
-            rows = Rows.make([slot], [start + c0], [len(chunk)])
-            out, _ = self.run("prefill", toks, rows, samp, logits="all" if all_logits else "last")
-            if all_logits:
-                logits_out.append(np.asarray(out["logits"][0, :len(chunk)]))
-                pick = int(np.asarray(out["picks"])[0, len(chunk) - 1])
-            else:
-                pick = int(np.asarray(out["picks"])[0, 0])  # a host read: indexing the device array is a program
-            if self.mtp.active:  # the MTP layer reads the prompt too: row i with the token at i + 1
-                nxt = np.zeros((1, C), np.int32)
-                follow = list(ids[c0 + 1:c0 + C + 1]) if c0 + C < n else list(ids[c0 + 1:]) + [pick]
-                nxt[0, :len(follow)] = follow
-                self.mtp.after("prefill", out, jax.device_put(rows, self.stages[-1].device), nxt)
-        return pick, (np.concatenate(logits_out) if all_logits else None)
+        return PromptRead(self, slot, list(ids), sampling, start, all_logits)
 
     def window(self, tokens: np.ndarray, rows: Rows, sampling: RowSampling, kind: str = "window") -> WindowResult:
         """One verify window for B segments of T rows; the host reads picks and keep counts."""

@@ -31,14 +31,21 @@ the following window has been launched; the host streams a window's tokens and c
 (`Sequence.flush`) while the device computes the next one. Plain steps over an unchanged set of slots are chained:
 the next step's tokens are the in-flight step's picks, still on the device. A request that ends in a window (EOS, a
 stop string) may have a row in the window launched after it: that row is dropped when it is read, and the state it
-wrote past the request's end is reset by the slot's next admission (`Engine.reset_slot` + `Engine.prefill`).
+wrote past the request's end is reset by the slot's next admission (`Engine.start_prefill` zeroes the slot first).
 
-Admission: a request whose arrival has come is read into a free slot (`Engine.reset_slot` + `Engine.prefill`)
-between windows while the other slots keep their state; pipelined modes drain first (every group finishes its window
-in flight). A slot left alone (no other active slot, nothing waiting) returns to the solo path: windows [1, 1 + P]
-on its slot with P = ``solo_spec - 1`` proposals (or the mode's own P when ``solo_spec`` is 0), a one-row step when
-there is no proposal, and joins the batch again when a request arrives. Cancellation frees the slot at the next
-window boundary; a freed slot is reused by the next admission.
+Admission: a request whose arrival has come takes a free slot (submission order) and its prompt is read into it
+(`Engine.start_prefill`: the slot zeroed, then one `strata_jax.pipeline.engine.PromptRead` chunk at a time) while
+the other slots keep their state; pipelined modes drain first (every group finishes its window in flight, whose
+dummy rows may sit on the free slot). A long prompt does not stall the decoding slots: each step reads at most
+``prefill_chunks`` chunks, oldest admission first, then runs the decoding slots' window (or pipeline tick), so they
+keep streaming while it is read; several slots may be admitting at once, each waiting its turn. The chunks are the
+ones `Engine.prefill` reads in one go (same shapes, same order), and no window touches an admitting slot (its rows
+are left out, so a window beside an admission may be narrower than ``--batch``), so the slot ends its read in the
+one-go state and every token is still the solo token. While nobody decodes, chunks are read without pause. A slot
+left alone (no other active slot, nothing waiting) returns to the solo path: windows [1, 1 + P] on its slot with
+P = ``solo_spec - 1`` proposals (or the mode's own P when ``solo_spec`` is 0), a one-row step when there is no
+proposal, and joins the batch again when a request's read is done. Cancellation frees the slot at the next window
+boundary (an admitting one between two chunks); a freed slot is reused by the next admission.
 
 Faults: an exception in one request's host code (its proposer, its stop or streaming callback) or in its prefill
 ends that request (stop reason ``error: ...``); an exception in a window ends the requests of that window; when
@@ -115,8 +122,9 @@ class RequestResult:
     Attributes: rid, tokens (list[int]), stop_reason (``eos``, ``stop string``, ``max tokens``, ``context end``,
     ``cancelled``, ``refused: ...`` (the prompt could not be read: too long for the context, ...) or ``error: ...``
     (an exception in this request's prefill, proposer, callbacks or window)), slot, prompt_tokens, arrival_s,
-    admitted_s, first_token_s, finished_s, windows (windows this request took part in, solo ones included),
-    solo_windows, proposed, accepted.
+    admitted_s (its slot taken, the read begins), first_token_s (its prompt read, the first token picked),
+    finished_s, windows (windows this request took part in, solo ones included), solo_windows, proposed, accepted,
+    prefill_chunks (chunks its prompt was read in). `ttft_s` is the time to first token.
     """
 
     rid: Any
@@ -132,9 +140,15 @@ class RequestResult:
     solo_windows: int = 0
     proposed: int = 0
     accepted: int = 0
+    prefill_chunks: int = 0
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Seconds from arrival (the later of ``arrival`` and the submission) to the first token; None before it."""
+        return self.first_token_s - self.arrival_s if self.first_token_s >= 0 else None
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return dataclasses.asdict(self) | {"ttft_s": self.ttft_s}
 
 
 @dataclasses.dataclass
@@ -146,6 +160,16 @@ class _Active:
     slot: int
     seq: Sequence
     policy: Any = None   # SpecPolicy of the solo windows, or None
+
+
+@dataclasses.dataclass
+class _Admission:
+    """A slot taken for a request whose prompt is being read: ``read`` is its `strata_jax.pipeline.engine.PromptRead`."""
+
+    req: Request
+    res: RequestResult
+    slot: int
+    read: Any
 
 
 @dataclasses.dataclass
@@ -223,16 +247,27 @@ class BatchScheduler:
       spec_policy: solo windows ask each request's `strata_jax.proposers.SpecPolicy` whether proposing pays (the
         solo path's policy; never changes the output).
       on_window: called with a `WindowRecord` after every window (statistics, metrics).
+      prefill_chunks: prompt chunks (``engine.prefill_chunk`` rows each) read between two windows of the decoding
+        slots while a prompt is read beside them, oldest admission first (>= 0; 0 = every waiting prompt whole before
+        the next window: the decoding slots wait).
       clock: seconds (default ``time.perf_counter``).
+
+    Attributes (besides the arguments): queue, active (slot -> busy slot), admitting (slot -> `_Admission`: its
+    prompt being read), results, order; stats: counts of ``windows``, ``solo_windows``, ``admissions``, ``drains``,
+    ``ticks``, ``errors``, ``prefill_chunks``, and the decode beside prompt reads (`decode_beside_prefill`):
+    ``beside_prefill_steps`` (steps that read a chunk while slots decoded, nothing compiled), their
+    ``beside_prefill_tokens`` (tokens of the slots decoding when the step began) and ``beside_prefill_seconds``
+    (the whole step: chunks and window), and ``beside_prefill_compiled_steps`` (such steps during which something
+    compiled, left out of the three).
 
     Raises:
       StrataError: the engine's slot count does not match the resolution's groups, a pipelined mode without a
-        layer split, or ``solo_spec`` outside 0 and 2..8.
+        layer split, ``solo_spec`` outside 0 and 2..8, or a negative ``prefill_chunks``.
     """
 
     def __init__(self, engine: Engine, resolution: Resolution, *, proposer_factory: Callable | None = None,
                  solo_return: bool = True, spec_min_p: float = 0.0, solo_spec: int = 0, spec_policy: bool = False,
-                 on_window: Callable[[WindowRecord], None] | None = None,
+                 on_window: Callable[[WindowRecord], None] | None = None, prefill_chunks: int = 1,
                  clock: Callable[[], float] = time.perf_counter):
         self.engine = engine
         self.res = resolution
@@ -246,6 +281,9 @@ class BatchScheduler:
         solo_spec = int(solo_spec)
         if solo_spec and not 2 <= solo_spec <= MAX_WINDOW:
             raise StrataError(f"--spec {solo_spec}: the window cap must lie in 2..{MAX_WINDOW}")
+        if int(prefill_chunks) < 0:
+            raise StrataError(f"--batch_prefill_chunks {prefill_chunks}: must be >= 0 (0 = each prompt whole)")
+        self.prefill_chunks = int(prefill_chunks)
         self.groups = [list(range(g * (N // G), (g + 1) * (N // G))) for g in range(G)]
         self.props_per_window = {"batch_mtp": 1, "piped_mtp": resolution.piped_mtp}.get(self.mode, 0)
         self.solo_props = solo_spec - 1 if solo_spec else self.props_per_window
@@ -263,7 +301,7 @@ class BatchScheduler:
         self.round = 0
         self.queue: list[tuple[Request, RequestResult]] = []
         self.active: dict[int, _Active] = {}     # slot -> _Active
-        self.admitting: dict[int, Any] = {}      # slot -> rid: taken off the queue, prefill not done yet
+        self.admitting: dict[int, _Admission] = {}  # slot -> its prompt read (admission order: FIFO)
         self.results: dict[Any, RequestResult] = {}
         self.order: list = []
         self._cancel: set = set()
@@ -273,7 +311,8 @@ class BatchScheduler:
         self._rr = 0                             # rotation offset for batch_mtp windows
         # chained: serial / solo steps launched from the picks of the step in flight, before its read
         self.stats = {"windows": 0, "solo_windows": 0, "admissions": 0, "drains": 0, "ticks": 0, "errors": 0,
-                      "chained": 0}
+                      "chained": 0, "prefill_chunks": 0, "beside_prefill_steps": 0, "beside_prefill_tokens": 0,
+                      "beside_prefill_seconds": 0.0, "beside_prefill_compiled_steps": 0}
 
     # ---- requests ------------------------------------------------------------------------------------------------
     def submit(self, req: Request):
@@ -296,7 +335,7 @@ class BatchScheduler:
         return rid
 
     def cancel(self, rid) -> None:
-        """Cancel a request (queued: dropped; active: its slot is freed at the next window boundary)."""
+        """Cancel a request (queued: dropped; admitting or active: its slot is freed at the next window boundary)."""
         self._cancel.add(rid)
 
     def pop_result(self, rid) -> RequestResult | None:
@@ -310,14 +349,23 @@ class BatchScheduler:
 
     @property
     def busy(self) -> bool:
-        """Requests are queued or decoding, or windows are in flight."""
-        return bool(self.queue or self.active or self.in_flight)
+        """Requests are queued, being read or decoding, or windows are in flight."""
+        return bool(self.queue or self.admitting or self.active or self.in_flight)
 
     @property
     def in_flight(self) -> bool:
         """Windows are launched whose results are not read yet (pipelined groups, or the serial / solo window
         read at the next `step`)."""
         return bool(self._flights) or self._pending is not None
+
+    def decode_beside_prefill(self) -> float | None:
+        """Tokens per second of the decoding slots over the steps that also read a prompt chunk (chunks and
+        window timed together; steps that compiled left out), None when there was no such step: what a long prompt
+        read costs the streams beside it."""
+        st = self.stats
+        if not st["beside_prefill_steps"] or st["beside_prefill_seconds"] <= 0:
+            return None
+        return st["beside_prefill_tokens"] / st["beside_prefill_seconds"]
 
     def _now(self) -> float:
         return self.clock() - self.t0
@@ -332,7 +380,7 @@ class BatchScheduler:
     def _free_slot(self) -> int | None:
         best, best_n = None, None
         for g in self.groups:  # the group with the fewest busy slots (consecutive requests go to different groups)
-            free = [s for s in g if s not in self.active]
+            free = [s for s in g if s not in self.active and s not in self.admitting]
             n_busy = len(g) - len(free)
             if free and (best_n is None or n_busy < best_n):
                 best, best_n = free[0], n_busy
@@ -358,28 +406,56 @@ class BatchScheduler:
         self.stats["errors"] += 1
         self._finish(a, f"error: {type(e).__name__}: {e}")
 
-    def insert(self, req: Request, res: RequestResult, slot: int) -> None:
-        """Admit: zero the slot's state, read the prompt into it, emit the first token (synchronous)."""
+    def _start(self, req: Request, res: RequestResult, slot: int) -> _Admission | None:
+        """Admit into ``slot``: zero it and begin the prompt's read (`Engine.start_prefill`); None when the request
+        ended here (refused: its prompt does not fit; or an error)."""
         res.admitted_s = self._now()
         res.slot = slot
         try:
-            self.engine.reset_slot(slot)
-            first, _ = self.engine.prefill(slot, list(req.prompt_ids), req.sampling)
+            return _Admission(req, res, slot, self.engine.start_prefill(slot, list(req.prompt_ids), req.sampling))
         except StrataError as e:
             self._close(req, res, f"refused: {e}")
-            return
         except Exception as e:
-            log.error("prefill of request %r failed: %s: %s", req.rid, type(e).__name__, e, exc_info=e)
-            self.stats["errors"] += 1
-            self._close(req, res, f"error: {type(e).__name__}: {e}")
-            self._recover()
-            return
+            self._prefill_failed(req, res, e)
+        return None
+
+    def _prefill_failed(self, req: Request, res: RequestResult, e: BaseException) -> None:
+        log.error("prefill of request %r failed: %s: %s", req.rid, type(e).__name__, e, exc_info=e)
+        self.stats["errors"] += 1
+        self._close(req, res, f"error: {type(e).__name__}: {e}")
+        self._recover()
+
+    def _read_prompts(self) -> int:
+        """Read the admitting slots' prompts, oldest admission first: at most ``prefill_chunks`` chunks while any
+        slot decodes (its window comes next), every chunk while none does (nobody waits). A finished read makes its
+        slot active with its first token (`_activate`). Returns the chunks read."""
+        n = counted = 0
+        while self.admitting:
+            if self.active and self.prefill_chunks and counted >= self.prefill_chunks:
+                break
+            adm = next(iter(self.admitting.values()))
+            counted += bool(self.active)
+            try:
+                done = adm.read.step()
+            except Exception as e:
+                self.admitting.pop(adm.slot, None)
+                self._prefill_failed(adm.req, adm.res, e)
+                continue
+            n += 1
+            adm.res.prefill_chunks += 1
+            if done:
+                self.admitting.pop(adm.slot, None)
+                self._activate(adm.req, adm.res, adm.slot, adm.read.pick)
+        self.stats["prefill_chunks"] += n
+        return n
+
+    def _activate(self, req: Request, res: RequestResult, slot: int, first: int) -> None:
+        """The prompt is read: the slot becomes active and emits its first token (``first``)."""
         a = _Active(req, res, slot, Sequence(req.prompt_ids, max_new_tokens=req.max_new_tokens,
                                              max_context=self.engine.max_context, eos_ids=req.stop_ids,
                                              stop=req.stop, on_token=req.on_token, spec_min_p=self.spec_min_p,
                                              tokens=res.tokens))
         self.active[slot] = a
-        self.admitting.pop(slot, None)
         res.first_token_s = self._now()
         self.stats["admissions"] += 1
         try:
@@ -403,7 +479,7 @@ class BatchScheduler:
         for q, r in list(self.queue):
             if q.cancel_round is not None and q.cancel_round <= self.round:
                 self._cancel.add(q.rid)
-        for a in list(self.active.values()):
+        for a in [*self.active.values(), *self.admitting.values()]:
             if a.req.cancel_round is not None and a.req.cancel_round <= self.round:
                 self._cancel.add(a.req.rid)
         if not self._cancel:
@@ -412,6 +488,10 @@ class BatchScheduler:
             if q.rid in self._cancel:
                 self.queue.remove((q, r))
                 self._close(q, r, "cancelled")
+        for adm in list(self.admitting.values()):
+            if adm.req.rid in self._cancel:  # between two chunks: the half-read slot is free (zeroed at its next use)
+                self.admitting.pop(adm.slot)
+                self._close(adm.req, adm.res, "cancelled")
         for a in list(self.active.values()):
             if a.req.rid in self._cancel:
                 self._finish(a, "cancelled")
@@ -419,16 +499,15 @@ class BatchScheduler:
         self._cancel = {rid for rid in self._cancel if rid not in self.results}
 
     def _admit(self) -> None:
+        """Each ready request, in submission order, takes a free slot and begins its read (`_start`)."""
         for q, r in self._ready():
             slot = self._free_slot()
             if slot is None:
                 return
-            self.admitting[slot] = q.rid  # before leaving the queue: another thread never sees it nowhere
+            adm = self._start(q, r, slot)
+            if adm is not None:
+                self.admitting[slot] = adm  # before leaving the queue: another thread never sees it nowhere
             self.queue.remove((q, r))
-            try:
-                self.insert(q, r, slot)
-            finally:
-                self.admitting.pop(slot, None)
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def run(self, requests=()) -> list[RequestResult]:
@@ -440,8 +519,8 @@ class BatchScheduler:
         return [self.results[rid] for rid in self.order]
 
     def step(self) -> None:
-        """One round: cancellations, admissions (after a drain in pipelined modes), then one serial window, one
-        pipeline tick, or one solo window.
+        """One round: cancellations, admissions (after a drain in pipelined modes), prompt chunks
+        (`_read_prompts`), then one serial window, one pipeline tick, or one solo window (`_decode`).
 
         Serial and solo windows overlap the host's work with the device's: a round launches its window and leaves
         it in flight; the next round launches the following window first, then reads the one in flight and streams
@@ -456,12 +535,28 @@ class BatchScheduler:
         n_active, n_admitted = len(self.active), self.stats["admissions"]
         self._apply_cancels()
         self._admit()
+        t, c0 = self.clock(), self._compiles()
+        decoding = [(a, len(a.res.tokens)) for a in self.active.values()]
+        n_read = self._read_prompts()
+        # a slot joined (its read done) or left: the next step cannot be chained from the picks in flight
         changed = len(self.active) != n_active or self.stats["admissions"] != n_admitted
+        self._decode(changed)
+        if n_read and decoding:
+            if self._compiles() != c0:
+                self.stats["beside_prefill_compiled_steps"] += 1
+            else:
+                self.stats["beside_prefill_steps"] += 1
+                self.stats["beside_prefill_tokens"] += sum(len(a.res.tokens) - k for a, k in decoding)
+                self.stats["beside_prefill_seconds"] += self.clock() - t
+
+    def _decode(self, changed: bool) -> None:
+        """The window part of a step: one serial window, one pipeline tick or one solo window of the active slots
+        (``changed``: the set of active slots changed in this step, so no chaining from the picks in flight)."""
         if not self.active and (self._flights or self._pending is not None):
             self._drain()
             return
         if not self.active:
-            if self.queue:
+            if self.queue and not self.admitting:
                 nxt = min(q.arrival for q, _ in self.queue)
                 if nxt > self._now() and all(q.arrival_round <= self.round for q, _ in self.queue):
                     time.sleep(min(nxt - self._now(), 0.05))
@@ -557,15 +652,17 @@ class BatchScheduler:
 
     # ---- planning: which slots, which rows, which proposals ---------------------------------------------------------
     def _plan_serial(self, P: int) -> WindowPlan:
-        """All active slots (at most 8 rows: ``8 // (1 + P)`` slots, rotating) in one window through every stage."""
+        """All active slots (at most 8 rows: ``8 // (1 + P)`` slots, rotating) in one window through every stage,
+        padded with dummy rows on idle slots (not on admitting ones, so the window may have fewer rows)."""
         slots = sorted(self.active)
-        B = min(self.engine.n_slots, MAX_WINDOW // (1 + P))
+        # dummy rows go to idle slots only: one on an admitting slot would write into its half-read state
+        free = [s for s in range(self.engine.n_slots) if s not in self.active and s not in self.admitting]
+        B = min(len(slots) + len(free), MAX_WINDOW // (1 + P))
         if len(slots) > B:
             k = self._rr % len(slots)
             slots = (slots[k:] + slots[:k])[:B]
             self._rr += B
         segs = [self.active[s] for s in slots]
-        free = [s for s in range(self.engine.n_slots) if s not in self.active]
         return self._plan(slots + free[:B - len(slots)], segs + [None] * (B - len(slots)), P)
 
     def _plan_solo(self, a: _Active) -> WindowPlan:
@@ -715,9 +812,12 @@ class BatchScheduler:
         if not any(isinstance(x, jax.Array) and x.is_deleted() for x in leaves):
             return
         log.error("the engine's slot state was lost; ending %d active request(s) and re-creating the slots",
-                  len(self.active))
+                  len(self.active) + len(self.admitting))
         for a in list(self.active.values()):
             self._finish(a, "error: the engine's slot state was lost in another request's failure")
+        for adm in list(self.admitting.values()):
+            self.admitting.pop(adm.slot)
+            self._close(adm.req, adm.res, "error: the engine's slot state was lost in another request's failure")
         self._flights.clear()
         self._pending = None
         self.engine.set_slots(self.engine.n_slots)
@@ -778,11 +878,12 @@ class BatchScheduler:
                     continue
                 if fl is not None:
                     self._land(g)
-                segs = [self.active.get(s) for s in self.groups[g]]
+                slots = [s for s in self.groups[g] if s not in self.admitting]  # no dummy row on a half-read slot
+                segs = [self.active.get(s) for s in slots]
                 if not any(segs):
                     continue
                 self._rr = g + 1
-                plan = self._plan(self.groups[g], segs, self.props_per_window)
+                plan = self._plan(slots, segs, self.props_per_window)
                 if not any(a is not None for a in plan.active):
                     continue
                 self._flights[g] = plan

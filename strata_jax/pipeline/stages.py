@@ -196,11 +196,9 @@ def build_mtp_fn(graphdef, mode: str, n_draft: int):
     return jax.jit(fn, donate_argnums=(1,))
 
 
-def build_reset_fn(stage: Stage, max_context: int, kv_dtype):
-    """``reset(state, slot) -> state``: one slot's entries of every state leaf zeroed, the other slots' untouched
-    bit for bit. The slot axis of each leaf is found by comparing the state shapes for 1 and 2 slots (leaves without
-    one are kept). ``state`` is donated."""
-    module = stage.module
+def slot_axes(module, max_context: int, kv_dtype):
+    """The slot axis of each leaf of ``module``'s state (a pytree of ints, None for a leaf without one), found by
+    comparing the state shapes for 1 and 2 slots (nothing is allocated)."""
     a = jax.eval_shape(lambda: module.init_state(1, max_context, kv_dtype))
     b = jax.eval_shape(lambda: module.init_state(2, max_context, kv_dtype))
 
@@ -208,7 +206,13 @@ def build_reset_fn(stage: Stage, max_context: int, kv_dtype):
         d = [i for i, (p, q) in enumerate(zip(x.shape, y.shape)) if p != q]
         return d[0] if d else None
 
-    axes = jax.tree.map(slot_axis, a, b)
+    return jax.tree.map(slot_axis, a, b)
+
+
+def build_reset_fn(stage: Stage, max_context: int, kv_dtype):
+    """``reset(state, slot) -> state``: one slot's entries of every state leaf zeroed (`slot_axes`), the other
+    slots' untouched bit for bit (leaves without a slot axis are kept). ``state`` is donated."""
+    axes = slot_axes(stage.module, max_context, kv_dtype)
 
     def reset(state, s):
         return jax.tree.map(lambda x, ax: x if ax is None else jax.lax.dynamic_update_index_in_dim(
