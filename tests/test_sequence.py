@@ -116,7 +116,6 @@ def test_push_window_then_flush_is_accept():
     assert (a.tokens, sa, a.reason) == (b.tokens, sb, b.reason)
 
 
-@pytest.mark.slow
 # ---- the solo loop ------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("samp", [GREEDY, SEEDED], ids=["greedy", "seeded"])

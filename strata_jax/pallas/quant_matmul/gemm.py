@@ -40,7 +40,7 @@ from strata_jax.errors import UnsupportedError
 from strata_jax.pallas import dispatch
 from strata_jax.pallas.quant_matmul import decode as D
 from strata_jax.pallas.quant_matmul import planar as P
-from strata_jax.pallas.quant_matmul.gemv import decode_tile, split_k, vshape
+from strata_jax.pallas.quant_matmul.gemv import decode_tile, split_k, split_step, tile_rows, vshape
 
 PRECISIONS = {"bf16": 1, "bf16x2": 2, "bf16x3": 3}   # bfloat16 pieces of the activations
 DEFAULT_PRECISION = "bf16x3"
@@ -121,15 +121,11 @@ def _kernel(texp_ref, trows_ref, w_ref, x_ref, *refs, qtype, n_out, k_in, BN, BM
 
     @pl.when(e >= 0)
     def _():
-        r = jnp.minimum(i * BN + lax.broadcasted_iota(jnp.int32, (BN,), 0), n_out - 1)
-        rows = (e * n_out + r).reshape((BN,) + (1,) * (nd - 1))
+        rows = tile_rows(i, e, BN, n_out, nd)
         xrows = trows_ref[t].reshape(BM, 1)
 
         def body(j, acc):
-            c = s * cps + j
-            live = c < n_groups
-            if masked:
-                c = jnp.minimum(c, n_groups - 1)
+            c, live = split_step(s, j, cps, n_groups, masked)
             grp = jnp.full((1,), c, jnp.int32)
             for a0, n_a in units(qtype):
                 W = n_a * inner

@@ -120,6 +120,23 @@ class RefSource(D.Source):
         return self.tables[name][idx]
 
 
+def tile_rows(i, e, BN: int, n_out: int, nd: int):
+    """int32 [BN, 1, ...] (``nd`` axes) rows of the stacked weight ref read by output tile ``i`` of matrix ``e``:
+    rows past ``n_out`` clamped to the last one (their outputs are masked by the caller's store)."""
+    r = jnp.minimum(i * BN + lax.broadcasted_iota(jnp.int32, (BN,), 0), n_out - 1)
+    return (e * n_out + r).reshape((BN,) + (1,) * (nd - 1))
+
+
+def split_step(s, j, cps: int, n_steps: int, masked: bool):
+    """(loop step index, live) of step ``j`` in K split ``s`` of ``cps`` steps: on the ragged last split a step past
+    ``n_steps`` reads the last step again (``live`` False: the caller adds nothing for it)."""
+    c = s * cps + j
+    live = c < n_steps
+    if masked:
+        c = jnp.minimum(c, n_steps - 1)
+    return c, live
+
+
 def decode_tile(qtype, w_ref, rows, grp, k_in, tables, a0=0, n_a=None):
     """(float32 codes or weights [BN, G, *vshape], dl or None, mn or None) of a tile of a planar / float ref."""
     vs = vshape(qtype)
@@ -165,14 +182,10 @@ def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, ma
 
     @pl.when(e >= 0)
     def _():
-        r = jnp.minimum(i * BN + lax.broadcasted_iota(jnp.int32, (BN,), 0), n_out - 1)
-        rows = (e * n_out + r).reshape((BN,) + (1,) * (nd - 1))
+        rows = tile_rows(i, e, BN, n_out, nd)
 
         def body(j, accs):
-            c = s * cps + j
-            live = c < n_chunks
-            if masked:  # the ragged last split: read the last chunk again and add nothing
-                c = jnp.minimum(c, n_chunks - 1)
+            c, live = split_step(s, j, cps, n_chunks, masked)
             grp = c * G + lax.broadcasted_iota(jnp.int32, (G,), 0)
             xs = [x_ref[xu, m, pl.ds(c * G, G)].astype(jnp.float32) for m in range(M)]    # [G, *vshape] each
             out = []

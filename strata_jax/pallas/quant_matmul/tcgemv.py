@@ -79,7 +79,7 @@ from strata_jax.pallas.quant_matmul import decode as D
 from strata_jax.pallas.quant_matmul import planar as P
 from strata_jax.pallas.quant_matmul.gemm import (DEFAULT_PRECISION, PRECISIONS, WEIGHT_PIECES, bf16_pieces,
                                                  piece_products, units)
-from strata_jax.pallas.quant_matmul.gemv import decode_tile, split_k, vshape
+from strata_jax.pallas.quant_matmul.gemv import decode_tile, split_k, split_step, tile_rows, vshape
 
 ROWS = 16   # activation rows per tile: the MMA's N (Triton's smallest dot size)
 #: formats whose decoded weights carry an offset ``mn`` per scale unit: the kernel reads the activations' unit sums
@@ -150,14 +150,10 @@ def _kernel(texp_ref, w_ref, x_ref, *refs, qtype, n_out, k_in, BN, G, cps, n_chu
 
     @pl.when(e >= 0)
     def _():
-        r = jnp.minimum(i * BN + lax.broadcasted_iota(jnp.int32, (BN,), 0), n_out - 1)
-        rows = (e * n_out + r).reshape((BN,) + (1,) * (nd - 1))
+        rows = tile_rows(i, e, BN, n_out, nd)
 
         def body(j, acc):
-            c = s * cps + j
-            live = c < n_chunks
-            if masked:  # the ragged last split: read the last chunk again and add nothing
-                c = jnp.minimum(c, n_chunks - 1)
+            c, live = split_step(s, j, cps, n_chunks, masked)
             for g in range(G):
                 grp_i = c * G + g
                 grp = jnp.full((1,), grp_i, jnp.int32)
