@@ -35,6 +35,7 @@ from jax.experimental import pallas as pl
 
 from strata_jax.pallas import dispatch
 from strata_jax.pallas.quant_matmul.formats import FLOAT_TYPES, FORMATS
+from strata_jax.pallas.quant_matmul.gemv import split_step, tile_rows
 
 M_MAX = 8         # the GEMV serves 1..8 activation rows (verify windows); more rows run as 8-row groups or the GEMM
 
@@ -145,15 +146,12 @@ def _kernel(slot_ref, raw_ref, x_ref, o_ref, *, qtype, M, n_out, k_in, row_bytes
 
     @pl.when(e >= 0)
     def _():
-        rows = e * n_out + jnp.minimum(i * BN + lax.broadcasted_iota(jnp.int32, (BN, 1, 1), 0), n_out - 1)
+        rows = tile_rows(i, e, BN, n_out, 3)
         sub_local = lax.broadcasted_iota(jnp.int32, (1, S, 1), 1)
         lane = lax.broadcasted_iota(jnp.int32, (1, 1, W), 2)
 
         def body(j, accs):
-            c = s * cps + j
-            live = c < n_chunks
-            if masked:  # the ragged last split: read the last chunk again and add nothing
-                c = jnp.minimum(c, n_chunks - 1)
+            c, live = split_step(s, j, cps, n_chunks, masked)
             keep = (lambda d: jnp.where(live, d, 0.0)) if masked else (lambda d: d)
             sub = c * S + sub_local
             if qtype in FLOAT_TYPES:
