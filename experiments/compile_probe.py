@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -40,7 +41,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 
 def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, lower_for: str | None = None,
-         structure: bool = False) -> dict:
+         structure: bool = False, profile_top: int = 0) -> dict:
     """Lower and compile one function in this process; returns timings. With ``lower_for`` (e.g. ``"cuda"``) the
     function is only lowered, for that platform (works on a CPU-only machine), with the kernel path forced, and the
     Pallas kernels it holds are listed with the size of their IR."""
@@ -128,13 +129,31 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, low
     text = low.as_text()
     hlo_chars = len(text)
     if lower_for:
-        import re
-
         kernels = [(m.group(1), len(line)) for line in text.splitlines() if "custom_call" in line
                    for m in [re.search(r'name = \\?"([^"\\]*)', line)] if m]
         return {"lower_s": round(t_lower, 2), "hlo_chars": hlo_chars, "platform": lower_for, "kernels": kernels,
                 "triton_ir": triton_ir}
     t0 = time.perf_counter()
+    if profile_top:  # where XLA's compile spends its time: the host trace events of the compile, by name
+        import tempfile
+
+        from strata_jax.pallas import trace as T
+
+        with tempfile.TemporaryDirectory() as d:
+            with jax.profiler.trace(d, create_perfetto_trace=True):
+                low.compile()
+            compile_s = time.perf_counter() - t0
+            by_name: dict[str, list[float]] = {}
+            for e in T.load_events(d):
+                if e.get("ph") == "X" and "dur" in e and not str(e.get("name", "")).startswith("$"):  # not Python
+                    name = re.sub(r"\d+", "#", str(e.get("name", "?")))[:90]
+                    by_name.setdefault(name, [0.0, 0])
+                    by_name[name][0] += e["dur"] / 1e6
+                    by_name[name][1] += 1
+        top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:profile_top]
+        return {"lower_s": round(t_lower, 2), "compile_s": round(compile_s, 2), "hlo_chars": hlo_chars,
+                "backend": jax.default_backend(),
+                "compile_events": [(n, round(s_, 2), c) for n, (s_, c) in top]}
     low.compile()
     return {"lower_s": round(t_lower, 2), "compile_s": round(time.perf_counter() - t0, 2), "hlo_chars": hlo_chars,
             "backend": jax.default_backend()}
@@ -160,21 +179,30 @@ def main() -> None:
                     "structure (loops, barriers, kernel operands copied from slices)")
     ap.add_argument("--stack", choices=("auto", "0", "1"), default="auto", help="STRATA_STACK_LAYERS for the "
                     "children: 1 = layers stacked into scans, 0 = one run per layer, auto = the engine's choice")
+    ap.add_argument("--profile_top", type=int, default=0, help="trace each compile (jax.profiler) and report the N "
+                    "host events (XLA passes, codegen, ptxas) that take the most time, by name (# = any number)")
+    ap.add_argument("--xla_variants", default="", help="'|'-separated NAME=FLAGS sets, each appended to XLA_FLAGS "
+                    "for its own run of every pair (e.g. 'base=|nocb=--xla_gpu_enable_command_buffer=')")
     ap.add_argument("--jobs", type=int, default=1, help="pairs compiled at once (each its own process)")
     ap.add_argument("--out", default=None, help="JSON file for the results")
     ap.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._child:
         print(json.dumps(_one(args.geometry, args.n_layer, args._child, args.max_context, args.mtp, args.lower_for,
-                              args.structure)))
+                              args.structure, args.profile_top)))
         return
-    pairs = [(ops, kind) for ops in args.ops.split(",") if ops for kind in args.kinds.split(",") if kind]
+    variants = [v.split("=", 1) if "=" in v else (v, "") for v in args.xla_variants.split("|") if v] or [("", "")]
+    pairs = [(ops + (f"/{vn}" if vn else ""), kind, vf) for vn, vf in variants for ops in args.ops.split(",") if ops
+             for kind in args.kinds.split(",") if kind]
     print(f"{'ops':<16} {'kind':<14} {'lower s':>8} {'compile s':>10} {'HLO chars':>10}", flush=True)
     results = []
 
     def run_pair(pair):
-        ops, kind = pair
+        label, kind, xla_extra = pair
+        ops = label.split("/")[0]
         env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")  # several children may share one GPU
+        if xla_extra:
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + xla_extra).strip()
         env.pop("STRATA_PALLAS_OPS", None)
         env.pop("STRATA_STACK_LAYERS", None)
         if args.stack != "auto":
@@ -193,6 +221,8 @@ def main() -> None:
             cmd += ["--lower_for", args.lower_for]
         if args.structure:
             cmd += ["--structure"]
+        if args.profile_top:
+            cmd += ["--profile_top", str(args.profile_top)]
         t0 = time.perf_counter()
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -201,7 +231,8 @@ def main() -> None:
                 "error": (p.stderr.strip().splitlines() or ["no output"])[-1][:200]}
         except subprocess.TimeoutExpired:
             r = {"timeout_s": args.timeout}
-        r.update(ops=ops, kind=kind, wall_s=round(time.perf_counter() - t0, 1))
+        ops = label
+        r.update(ops=ops, kind=kind, xla_flags=xla_extra, wall_s=round(time.perf_counter() - t0, 1))
         if "structure" in r:
             st = r["structure"]
             cp = ", ".join(f"{k} {v['count']} ({v['bytes'] / 1e6:.1f} MB)" for k, v in r["copies"].items()) or "none"
@@ -222,6 +253,8 @@ def main() -> None:
         elif "compile_s" in r:
             print(f"{ops:<16} {kind:<14} {r['lower_s']:>8.1f} {r['compile_s']:>10.1f} {r['hlo_chars']:>10}",
                   flush=True)
+            for n, secs, count in r.get("compile_events", []):
+                print(f"{'':<31} {secs:8.2f} s {count:6d}x  {n}", flush=True)
         else:
             print(f"{ops:<16} {kind:<14} {'timeout' if 'timeout_s' in r else 'error':>8} "
                   f"{r.get('error', f'> {args.timeout:.0f} s')}", flush=True)

@@ -19,10 +19,10 @@
 # (experiments/profile_step.py, command buffers off), anchor (llama-bench tg128 / pp512), profile_old (the old
 # path's step profile, c6351ea: last, as its figures are on record from 2026-12-01), table. Also: probe
 # (compile_probe.py on the 1.5B file per op selection), shapes (each matrix of the file compiled alone),
-# compile_repeat, decode_stacked (STRATA_STACK_LAYERS=1),
-# generate (strata-generate, the user path). Every part in one call does not fit 570 s while the programs take
-# ~70 s each to compile (2026-12-02): pick with PARTS="random_gguf probe ..." (time limits: DECODE_S, GENERATE_S,
-# PROBE_S, REPEAT_S; BUDGET for the whole call).
+# compile_repeat, sampler (compile_sampler.py: the sampler's pieces alone), decode_stacked (STRATA_STACK_LAYERS=1),
+# generate (strata-generate, the user path). Pick parts with PARTS="random_gguf probe ..." (time limits: DECODE_S,
+# GENERATE_S, PROBE_S, REPEAT_S, SAMPLER_S; BUDGET for the whole call). The device tool returns only a few files:
+# the parts' logs and JSON come back in $OUT/parts.tgz beside $OUT/session.log.
 set -uo pipefail
 MODE=${1:-}
 OUT=${OUT:-/tmp/out}
@@ -70,7 +70,8 @@ case "$MODE" in
       part flags 30 env XLA_FLAGS="$FLAGS" python3 -c "import jax; print('XLA flags accepted:', jax.devices())"
       want anchor && bash .carry/anchor/anchor.sh build > "$OUT/anchor_build.log" 2>&1
       part random_gguf 60 python3 -m strata_jax.testing.random_gguf fill experiments/data/qwen2.5-coder-1.5b.header.xz $MODEL
-      part pallas ${PALLAS_S:-150} env STRATA_TEST_GPU=1 python3 -m pytest -v -rf tests/pallas -k "not hlo_loops and not interpret"
+      part pallas ${PALLAS_S:-150} env STRATA_TEST_GPU=1 python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/pallas \
+        -k "not hlo_loops and not interpret"
       part kernels 230 python3 experiments/bench_kernels.py --only head,moe_variants,prefill,formats,sweep_planar \
         --budget_s 210 --out "$OUT/kernels.json"
     else
@@ -84,11 +85,12 @@ case "$MODE" in
     fi
     if [ "$MODE" = run ]; then
       # which op makes the 1.5B programs compile for ~70 s (2026-12-02: neither the layer count nor autotuning)
-      part probe ${PROBE_S:-300} python3 experiments/compile_probe.py --geometry $MODEL --n_layer ${PROBE_LAYERS:-1} \
+      part probe ${PROBE_S:-300} python3 experiments/compile_probe.py --geometry $MODEL --n_layer ${PROBE_LAYERS:-28} \
         --kinds prefill,step --ops none,all,quant_matmul,rows,qsa --jobs 4 --timeout 140 --out "$OUT/probe.json"
       part shapes ${SHAPES_S:-120} python3 experiments/compile_repeat.py --gguf $MODEL --families bytes,planar \
         --out "$OUT/shapes.json"
       part compile_repeat ${REPEAT_S:-120} python3 experiments/compile_repeat.py --out "$OUT/compile_repeat.json"
+      part sampler ${SAMPLER_S:-150} python3 experiments/compile_sampler.py --timeout 60
       part decode_stacked ${DECODE_S:-200} $NEW STRATA_STACK_LAYERS=1 STRATA_QMATMUL=${GEN_QMATMUL:-bytes} \
         python3 experiments/bench_decode.py --model $MODEL --prompt_tokens 64 --decode_tokens 32 \
         --out "$OUT/decode_stacked.json"
@@ -151,6 +153,9 @@ try:
 except OSError:
     pass
 EOF
+    # the device tool returns a handful of files: everything but this log goes back in one archive
+    tar czf "$OUT/parts.tgz" -C "$OUT" --exclude=parts.tgz --exclude=session.log . 2>/dev/null &&
+      find "$OUT" -type f ! -name parts.tgz ! -name session.log -delete
     ;;
   *) sed -n 2,18p "$0"; exit 2;;
 esac

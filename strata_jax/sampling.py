@@ -6,8 +6,11 @@ k); top_k lies in 1..TOP_K_MAX, and 0 means 64, the default of the C++ engine St
 (so any k up to 64 picks as Strata's does). Widening the candidates to the whole vocabulary would cost a sort of
 its 50k-260k logits per sampled row (measured on a CPU: 30 ms per row for 49k, 126 ms for 262k; 1024 candidates:
 0.7-2 ms). top_p and min_p act on the temperature-1 probabilities of the kept candidates; min_p keeps tokens with
-p >= min_p * p_max. Greedy when temperature <= 0 (argmax, ties to the lower id); a window whose rows are all
-greedy skips the candidates altogether (`jax.lax.cond`).
+p >= min_p * p_max. Greedy when temperature <= 0 (argmax, ties to the lower id). Whether every row of a call is
+greedy is known on the host (`RowSampling.all_greedy`, a static field: part of the jitted call's cache key), so a
+greedy call's program holds the argmax alone: on the H200 the candidate sampler inside a 1.5B-shape step program
+(even behind a `jax.lax.cond` that skips it) made the step compile in ~90 s instead of ~11 s (2026-12-02,
+experiments/compile_probe.py).
 
 The uniform of the draw is ``jax.random.uniform(fold_in(key(seed), counter))`` with ``counter`` the absolute
 position of the row's *input* token (the token at position n+1 is drawn with counter n). A seed therefore gives the
@@ -24,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from strata_jax.layers.exact import softmax
+from strata_jax.pallas import rows
 
 TOP_K_MAX = 1024
 TOP_K_DEFAULT = 64  # what top_k 0 means (Strata's cap)
@@ -53,13 +56,15 @@ class SamplingParams:
 @struct.dataclass
 class RowSampling:
     """Sampler settings per row (float32/int32/uint32 [R]): host numpy arrays from `make` (a jitted call places
-    them on its device), device arrays where a call moved them."""
+    them on its device), device arrays where a call moved them. ``all_greedy`` (static, not traced): every row has
+    temperature <= 0, so `pick_tokens` compiles to an argmax alone."""
 
     temperature: jax.Array
     top_k: jax.Array
     top_p: jax.Array
     min_p: jax.Array
     seed: jax.Array
+    all_greedy: bool = struct.field(pytree_node=False, default=False)
 
     @staticmethod
     def make(params: list[SamplingParams]) -> "RowSampling":
@@ -69,27 +74,30 @@ class RowSampling:
             np.array([p.top_p for p in params], np.float32),
             np.array([p.min_p for p in params], np.float32),
             np.array([p.seed & 0xFFFFFFFF for p in params], np.uint32),
+            all_greedy=all(p.greedy for p in params),
         )
 
 
-def _pick_row(logits, temperature, top_k, top_p, min_p, seed, counter):
-    greedy = jnp.argmax(logits).astype(jnp.int32)
+def _pick_rows(logits, temperature, top_k, top_p, min_p, seed, counter):
+    """int32 [R]: the pick of each row of logits float32 [R, V] (the chain of the module docstring)."""
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     kmax = min(TOP_K_MAX, logits.shape[-1])
     vals, idx = jax.lax.top_k(logits, kmax)
-    k = jnp.where(top_k <= 0, min(TOP_K_DEFAULT, kmax), jnp.minimum(top_k, kmax))
-    n = jnp.arange(kmax)
-    keep = n < k
-    p = softmax(jnp.where(keep, vals, -jnp.inf))
-    keep = keep & ((jnp.cumsum(p) - p) < top_p)
-    keep = keep & (p >= min_p * p[0])
-    keep = keep.at[0].set(True)
-    t = jnp.maximum(temperature, 1e-6)
-    q = softmax(jnp.where(keep, vals / t, -jnp.inf))
-    key = jax.random.fold_in(jax.random.key(seed), counter)
-    u = jax.random.uniform(key, (), jnp.float32)
-    c = jnp.cumsum(q)
-    choice = jnp.minimum(jnp.sum(c < u * c[-1]), jnp.sum(keep) - 1)
-    sampled = idx[choice].astype(jnp.int32)
+    k = jnp.where(top_k <= 0, min(TOP_K_DEFAULT, kmax), jnp.minimum(top_k, kmax))[:, None]
+    keep = jnp.arange(kmax)[None, :] < k
+    # rows.softmax: a row-invariant kernel on a GPU (the reference's pairwise tree made this program compile for
+    # ~30 s per softmax there), the fixed-order reference on a CPU
+    p = rows.softmax(jnp.where(keep, vals, -jnp.inf))
+    keep = keep & ((jnp.cumsum(p, axis=-1) - p) < top_p[:, None])
+    keep = keep & (p >= min_p[:, None] * p[:, :1])
+    keep = keep.at[:, 0].set(True)
+    t = jnp.maximum(temperature, 1e-6)[:, None]
+    q = rows.softmax(jnp.where(keep, vals / t, -jnp.inf))
+    u = jax.vmap(lambda s, c: jax.random.uniform(jax.random.fold_in(jax.random.key(s), c), (), jnp.float32))(
+        seed, counter)
+    c = jnp.cumsum(q, axis=-1)
+    choice = jnp.minimum(jnp.sum(c < u[:, None] * c[:, -1:], axis=-1), jnp.sum(keep, axis=-1) - 1)
+    sampled = jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
     return jnp.where(temperature <= 0.0, greedy, sampled)
 
 
@@ -105,12 +113,7 @@ def pick_tokens(logits: jax.Array, sampling: RowSampling, counters: jax.Array) -
       int32 [R] token ids.
     """
     logits = logits.astype(jnp.float32)
-
-    def sample(_):
-        return jax.vmap(_pick_row)(logits, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p,
-                                   sampling.seed, counters.astype(jnp.uint32))
-
-    def greedy(_):
+    if sampling.all_greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
-    return jax.lax.cond(jnp.all(sampling.temperature <= 0.0), greedy, sample, None)
+    return _pick_rows(logits, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.seed,
+                      counters.astype(jnp.uint32))

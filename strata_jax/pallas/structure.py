@@ -158,18 +158,21 @@ def _walk(jaxpr, origins: dict, rep: Report, *, in_kernel: bool, kernel_name):
         if prim in _CALLS or prim in ("cond", "while", "scan"):
             subs = list(_subjaxprs(eqn.params))
             if prim == "scan":
-                nc, nk = eqn.params["num_consts"], eqn.params["num_carry"]
+                nc, nk = eqn.params.get("num_consts", 0), eqn.params.get("num_carry", 0)
                 sub_in = ins[:nc + nk] + [_Origin(o.root, o.sliced or "scan xs") if o.root is not None else o
                                           for o in ins[nc + nk:]]
                 sub_origins = [sub_in]
             elif prim == "cond":
                 sub_origins = [ins[1:]] * len(subs)
             elif prim == "while":
-                cn, bn = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+                cn, bn = eqn.params.get("cond_nconsts", 0), eqn.params.get("body_nconsts", 0)
                 carry = ins[cn + bn:]
-                body, cond = eqn.params["body_jaxpr"].jaxpr, eqn.params["cond_jaxpr"].jaxpr
-                subs = [body, cond]
-                sub_origins = [ins[cn:cn + bn] + carry, ins[:cn] + carry]
+                if "body_jaxpr" in eqn.params and "cond_jaxpr" in eqn.params:
+                    body, cond = eqn.params["body_jaxpr"].jaxpr, eqn.params["cond_jaxpr"].jaxpr
+                    subs = [body, cond]
+                    sub_origins = [ins[cn:cn + bn] + carry, ins[:cn] + carry]
+                else:  # (parameter names of another jax version: walk the bodies, origins unknown)
+                    sub_origins = [[_Origin(None)] * len(sb.invars) for sb in subs]
             else:
                 sub_origins = [ins] * len(subs)
             for sub, so in zip(subs, sub_origins):

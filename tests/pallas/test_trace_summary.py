@@ -46,7 +46,7 @@ def test_copy_kind(name, kind):
 
 def test_cpu_trace_plumbing(tmp_path):
     f = jax.jit(lambda x: jnp.sin(x) @ x + 1.0)
-    x = jnp.ones((64, 64))
+    x = jax.device_put(jnp.ones((64, 64)), jax.devices("cpu")[0])  # on the CPU also where a GPU is the default
     f(x).block_until_ready()
     with jax.profiler.trace(str(tmp_path), create_perfetto_trace=True):
         for _ in range(3):
