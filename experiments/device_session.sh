@@ -91,18 +91,18 @@ case "$MODE" in
         --out "$OUT/shapes.json"
       part compile_repeat ${REPEAT_S:-120} python3 experiments/compile_repeat.py --out "$OUT/compile_repeat.json"
       part sampler ${SAMPLER_S:-150} python3 experiments/compile_sampler.py --timeout 60
-      part decode_stacked ${DECODE_S:-200} $NEW STRATA_STACK_LAYERS=1 STRATA_QMATMUL=${GEN_QMATMUL:-bytes} \
+      part decode_stacked ${DECODE_S:-200} $NEW STRATA_STACK_LAYERS=1 STRATA_QMATMUL=${GEN_QMATMUL:-planar} \
         python3 experiments/bench_decode.py --model $MODEL --prompt_tokens 64 --decode_tokens 32 \
         --out "$OUT/decode_stacked.json"
     fi
     part decode_new ${DECODE_S:-200} $NEW python3 experiments/bench_decode.py --model $MODEL --prompt_tokens 64 \
       --decode_tokens 32 --out "$OUT/decode_new.json"
     if [ "$MODE" = run ]; then
-      part decode_planar 80 $NEW STRATA_QMATMUL=planar python3 experiments/bench_decode.py --model $MODEL \
-        --prompt_tokens 64 --decode_tokens 32 --out "$OUT/decode_planar.json"
+      part decode_bytes 80 $NEW STRATA_QMATMUL=bytes python3 experiments/bench_decode.py --model $MODEL \
+        --prompt_tokens 64 --decode_tokens 32 --out "$OUT/decode_bytes.json"
     fi
     IDS=$(python3 -c "print(','.join(str(1 + 37 * i % 500) for i in range(64)))")
-    part generate ${GENERATE_S:-150} $NEW STRATA_QMATMUL=${GEN_QMATMUL:-bytes} python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" \
+    part generate ${GENERATE_S:-150} $NEW STRATA_QMATMUL=${GEN_QMATMUL:-planar} python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" \
       --max_new_tokens 128 --stats_json "$OUT/generate.json"
     part profile_new 100 $NEW python3 experiments/profile_step.py --model $MODEL $PROF --out "$OUT/profile_new.json"
     if [ "$MODE" = run ]; then
@@ -128,7 +128,7 @@ for label, name in (("old (base package)", "profile_old.json"), ("new (kernels, 
     print(f"{label:28s} {r['wall_ms']:8.2f} {1e3 / r['wall_ms']:7.1f} {r['busy_fraction'] or 0:5.2f} "
           f"{r['trace']['launches']:8.0f} {c.get('D2H', {}).get('count', 0):9.1f} "
           f"{d2d['count']:6.1f} {d2d['bytes'] / 1e6:7.2f} MB")
-for label, name in (("new, GGUF-bytes kernels", "decode_new.json"), ("new, STRATA_QMATMUL=planar", "decode_planar.json"),
+for label, name in (("new, default kernels (planar)", "decode_new.json"), ("new, STRATA_QMATMUL=bytes", "decode_bytes.json"),
                     ("new, layers stacked (STRATA_STACK_LAYERS=1)", "decode_stacked.json")):
     d = load(name)
     if d:

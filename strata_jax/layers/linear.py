@@ -2,8 +2,9 @@
 
 A weight ``[n_out, n_in]`` is held as the file's bytes (uint8 ``[n_out, row_bytes]``) for block formats, or as its
 float dtype for F32/F16/BF16; it is dequantized inside the matmul (`strata_jax.pallas.quant_matmul.qmatmul`).
-Under ``STRATA_QMATMUL=planar`` with the Pallas kernels in use, block formats are repacked at load into the planar
-device layout instead (`strata_jax.pallas.quant_matmul.prepare_weight`: uint32, exact, the same values).
+Under ``STRATA_QMATMUL=planar`` (the default) with the Pallas kernels in use, block formats are repacked at load
+into the planar device layout instead (`strata_jax.pallas.quant_matmul.prepare_weight`: uint32, exact, the same
+values); ``STRATA_QMATMUL=bytes`` keeps the file's bytes for the GGUF-bytes kernel.
 
 Inside ``with blocks_as_f32():`` (what `strata_jax.pipeline.engine.Engine` does on a CPU when the copy fits, its
 ``weights="f32"``), block-format tensors are dequantized once at load instead (`strata_jax.gguf.blocks.dequantize`,

@@ -235,14 +235,14 @@ def test_ragged_k_splits(impl, rng):
 
 
 def test_prepare_weight_rule(rng, monkeypatch):
-    """prepare_weight repacks only under STRATA_QMATMUL=planar with the kernels in use; qmatmul's reference path
-    gives a planar weight the values of its GGUF bytes; unknown variants raise."""
+    """prepare_weight repacks only under STRATA_QMATMUL=planar (the default) with the kernels in use; qmatmul's
+    reference path gives a planar weight the values of its GGUF bytes; unknown variants raise."""
     raw = jnp.asarray(random_weight(rng, Q.Q4_K, 8, 256))
     x = jnp.asarray(rng.standard_normal((2, 256)).astype(np.float32))
     monkeypatch.setenv("STRATA_PALLAS_IMPL", "interpret")
-    monkeypatch.delenv("STRATA_QMATMUL", raising=False)
+    monkeypatch.setenv("STRATA_QMATMUL", "bytes")
     assert prepare_weight(raw, Q.Q4_K, 256) is raw
-    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    monkeypatch.delenv("STRATA_QMATMUL", raising=False)
     p = prepare_weight(raw, Q.Q4_K, 256)
     assert p.dtype == jnp.uint32
     assert_bits_equal(qmatmul(x, p, Q.Q4_K, 8, 256, impl="reference"), qmatmul(x, raw, Q.Q4_K, 8, 256,
