@@ -30,7 +30,7 @@ synchronised with block_until_ready):
                     recurrence kernel (gdn_scan) vs the chunked kernels (gdn/chunked.py, two launch variants) vs the
                     chunked jnp reference; also TFLOP/s of the chunked products.
       qsa_prefill   QSA over a 512-row prefill chunk at 8192 cells (Flash-Next shapes): the prefill kernels
-                    (qsa/prefill.py, three launch variants) vs the verify-window path over the rows vs jnp.
+                    (qsa/prefill.py, four launch variants) vs the verify-window path over the rows vs jnp.
   * each op and path: time, bytes the op must read at least (the weights as the path stores them -- GGUF bytes or
     the planar words -- once per call, plus activations), achieved GB/s and that as a fraction of the ceiling.
   * --budget_s: cases are started only while their section is within its share of the budget (formats 3, prefill
@@ -342,6 +342,7 @@ def bench_qsa_prefill(b: Bench, small: bool, rng):
     if not small:
         fns["prefill_w8"] = pre(num_warps=8)
         fns["prefill_m32"] = pre(m_tile=32)
+        fns["prefill_tk32"] = pre(tk=32)
     fns["rows"] = jax.jit(lambda q, k, v, iq, p, n, c: qsa_attention(q[0], k, v, iq[0], p[0], n[0], c[0],
                                                                       top_blocks=top, impl=b.kernel_impl))
     fns["jnp"] = jax.jit(lambda *a: qsa_prefill(*a, top_blocks=top, impl="reference"))

@@ -6,11 +6,11 @@ cells on tensor-core tiles (Triton lowering on GPU; interpret mode elsewhere). T
    ``ReLU(s_0) + ReLU(s_1) + ...`` (heads summed in order).
 2. Selection in jnp, exact integer / compare work: `reference.select_blocks` (the top ``top_blocks`` complete
    blocks, ties to the lower index), then `tile_words` packs each row's chosen blocks into one int32 word per key
-   tile (bit i = block i of the tile), and `live_tiles` lists, per query tile, the key tiles that any of its rows
-   attends (a chosen block or its unfinished tail), in ascending order.
+   tile (bit i = block i of the tile), and `live_tiles` marks, per query tile, the key tiles that any of its rows
+   attends (a chosen block or its unfinished tail).
 3. `attend_kernel`, one program per (segment b, kv head g, tile of TQ query rows): the M = TQ * Gp (row, query
    head) pairs of the tile (the group's G heads padded to Gp, a power of two) run a flash-attention loop over the
-   live key tiles, ascending: ``s = q K^T * scale`` ([M, D] x [D, TK]), each pair masked to its row's chosen blocks
+   key tiles in ascending order (a compile-time trip count), skipping the tiles no row of the tile attends: ``s = q K^T * scale`` ([M, D] x [D, TK]), each pair masked to its row's chosen blocks
    and tail ``n_complete*block <= c < n_kv``, online softmax, ``acc += p V`` ([M, TK] x [TK, D]). A tile in which a
    row attends nothing leaves that row's (m, l, acc) untouched (a select, not arithmetic).
 
@@ -90,7 +90,7 @@ def scores_kernel(iq, pooled, *, interpret: bool):
         functools.partial(_scores_kernel, Hi=Hi, NB=NB, Di=Di, interpret=interpret),
         out_shape=[jax.ShapeDtypeStruct((B, Tp, n_bt * NBT), F32)], grid=(B, Tp // TQS, n_bt),
         in_specs=[pl.no_block_spec] * 2, out_specs=[pl.no_block_spec], interpret=interpret, num_warps=4,
-        num_stages=1, name="qsa_prefill_scores")
+        num_stages=1, name="qsa_scores_prefill")
     (sc,) = call(iq, pooled.reshape(-1))
     return sc
 
@@ -108,19 +108,17 @@ def tile_words(blocks, n_tiles: int, tk: int, block: int):
 
 
 def live_tiles(words, n_kv, n_complete, *, rows_per_tile: int, tk: int, block: int):
-    """Per query tile, the key tiles any of its rows attends: (list int32 [Q, n_tiles] ascending then padding,
-    count int32 [Q]). words [R, n_tiles] (`tile_words`), n_kv / n_complete int32 [R], R = Q * rows_per_tile."""
+    """int32 [Q, n_tiles]: 1 where a row of query tile q attends a cell of key tile j (a chosen block or its
+    unfinished tail), else 0. words [R, n_tiles] (`tile_words`), n_kv / n_complete int32 [R], R = Q * rows_per_tile."""
     R, n_tiles = words.shape
     lo = n_complete * block
     tail = jnp.where(n_kv > lo, lo // tk, n_tiles)                               # the tail lies in one block
     live = (words != 0) | (jnp.arange(n_tiles, dtype=jnp.int32)[None, :] == tail[:, None])
-    live = jnp.any(live.reshape(R // rows_per_tile, rows_per_tile, n_tiles), axis=1)
-    order = jnp.argsort(jnp.logical_not(live), axis=1, stable=True).astype(jnp.int32)
-    return order, jnp.sum(live, axis=1, dtype=jnp.int32)
+    return jnp.any(live.reshape(R // rows_per_tile, rows_per_tile, n_tiles), axis=1).astype(jnp.int32)
 
 
-def _attend_kernel(nkv_ref, nc_ref, base_ref, cnt_ref, list_ref, words_ref, q_ref, k_ref, v_ref, o_ref, *, Hkv, D,
-                   Gp, TQ, TK, Tp, NT, NQT, n_flat, block, scale, interpret):
+def _attend_kernel(nkv_ref, nc_ref, base_ref, live_ref, words_ref, q_ref, k_ref, v_ref, o_ref, *, Hkv, D, Gp, TQ,
+                   TK, Tp, NT, NQT, n_flat, block, scale, interpret):
     b = pl.program_id(0)
     g = pl.program_id(1)
     i = pl.program_id(2)
@@ -136,9 +134,8 @@ def _attend_kernel(nkv_ref, nc_ref, base_ref, cnt_ref, list_ref, words_ref, q_re
     dcol = lax.broadcasted_iota(jnp.int32, (1, D), 1)
     qt = b * NQT + i
 
-    def body(n, carry):
+    def tile(j, carry):
         m, l, acc = carry
-        j = list_ref[qt * NT + n]
         cell = (j * TK + lane)[None, :]                                          # [1, TK]
         w = words_ref[row * NT + j][:, None]                                     # [M, 1]
         ok = (((w >> shift) & 1) != 0) | ((cell >= lo[:, None]) & (cell < nkv[:, None]))  # [M, TK]
@@ -157,8 +154,11 @@ def _attend_kernel(nkv_ref, nc_ref, base_ref, cnt_ref, list_ref, words_ref, q_re
         acc = jnp.where(live[:, None], acc * alpha[:, None] + pv, acc)
         return m_new, l, acc
 
+    def body(j, carry):  # every key tile in order (a compile-time trip count); the dead ones are skipped
+        return lax.cond(live_ref[qt * NT + j] != 0, functools.partial(tile, j), lambda c: c, carry)
+
     init = (jnp.full((M,), NEG, F32), jnp.zeros((M,), F32), jnp.zeros((M, D), F32))
-    m, l, acc = lax.fori_loop(0, cnt_ref[qt], body, init)
+    m, l, acc = lax.fori_loop(0, NT, body, init)
     o_ref[b, g, pl.ds(i * M, M), :] = acc / jnp.where(l > 0, l, 1.0)[:, None]   # padded rows: l = 0
 
 
@@ -188,7 +188,7 @@ def qsa_prefill_kernel(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_b
     blocks = _ref.select_blocks(scores.reshape(B * Tp, NB), nc, top_blocks)
     NT = -(-(NB + 1) * block // TK_)                                              # every cell < (NB + 1) * block
     words = tile_words(blocks, NT, TK_, block)
-    lst, cnt = live_tiles(words, nkv, nc, rows_per_tile=TQ, tk=TK_, block=block)
+    live = live_tiles(words, nkv, nc, rows_per_tile=TQ, tk=TK_, block=block)
     NQT = Tp // TQ
     qg = jnp.pad(q.reshape(B, T, Hkv, G, D), [(0, 0), (0, Tp - T), (0, 0), (0, Gp - G), (0, 0)])
     qg = jnp.transpose(qg, (0, 2, 1, 3, 4)).reshape(B, Hkv, Tp * Gp, D)          # pair (t, h) at t * Gp + h
@@ -196,9 +196,9 @@ def qsa_prefill_kernel(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_b
     call = dispatch.pallas_call(
         functools.partial(_attend_kernel, Hkv=Hkv, D=D, Gp=Gp, TQ=TQ, TK=TK_, Tp=Tp, NT=NT, NQT=NQT, n_flat=n_flat,
                           block=block, scale=float(scale), interpret=interpret),
-        out_shape=[jax.ShapeDtypeStruct((B, Hkv, Tp * Gp, D), F32)], grid=(B, Hkv, NQT), in_specs=[full] * 9,
-        out_specs=[full], interpret=interpret, num_warps=num_warps, num_stages=1, name="qsa_prefill_attend")
-    (o,) = call(nkv, nc, cell_base.astype(jnp.int32), cnt, lst.reshape(-1), words.reshape(-1), qg,
+        out_shape=[jax.ShapeDtypeStruct((B, Hkv, Tp * Gp, D), F32)], grid=(B, Hkv, NQT), in_specs=[full] * 8,
+        out_specs=[full], interpret=interpret, num_warps=num_warps, num_stages=1, name="qsa_attend_prefill")
+    (o,) = call(nkv, nc, cell_base.astype(jnp.int32), live.reshape(-1), words.reshape(-1), qg,
                 k_cache.reshape(-1), v_cache.reshape(-1))
     o = o.reshape(B, Hkv, Tp, Gp, D)[:, :, :T, :G]
     return jnp.transpose(o, (0, 2, 1, 3, 4)).reshape(B, T, Hq, D)
