@@ -317,7 +317,8 @@ def bench_qsa(b: Bench, small: bool, rng):
 def bench_qsa_prefill(b: Bench, small: bool, rng):
     """QSA over one sequence's prefill chunk of T = 512 rows at the end of N = 8192 cells, Flash-Next shapes (Hq =
     24, Hkv = 2, D = 256, indexer 4 x 128, 512 blocks of 4 per row, bf16 K/V): ``prefill`` (`qsa/prefill.py`: tiled
-    scores, jnp selection, block-sparse flash attention on key tiles of 64 cells) and launch variants of it vs
+    scores, jnp selection, block-sparse flash attention; at D = 256 by default 32 (row, head) pairs x key tiles of
+    32 cells) and launch variants of it (8 warps; 64 pairs; 64 pairs x 64 cells: float32 operand tiles of 64 KB) vs
     ``rows`` (the verify-window path over the T rows: per-row scores, a gathered cell list, flash decoding) and
     ``jnp`` (the reference). The random indexer inputs select scattered blocks (about a quarter of every 64-cell
     tile), so the prefill kernel runs nearly every tile: a model's clustered selections skip more. TFLOP/s counts
@@ -341,14 +342,14 @@ def bench_qsa_prefill(b: Bench, small: bool, rng):
     fns = {"prefill": pre()}
     if not small:
         fns["prefill_w8"] = pre(num_warps=8)
-        fns["prefill_m32"] = pre(m_tile=32)
-        fns["prefill_tk32"] = pre(tk=32)
+        fns["prefill_m64"] = pre(m_tile=64)
+        fns["prefill_m64_tk64"] = pre(m_tile=64, tk=64)
     fns["rows"] = jax.jit(lambda q, k, v, iq, p, n, c: qsa_attention(q[0], k, v, iq[0], p[0], n[0], c[0],
                                                                       top_blocks=top, impl=b.kernel_impl))
     fns["jnp"] = jax.jit(lambda *a: qsa_prefill(*a, top_blocks=top, impl="reference"))
     cells = min(N, top * 4 + 3)
     nbytes = {p: (N if p.startswith("prefill") else T * cells) * Hkv * D * 2 * 2 + pooled.size * 4 for p in fns}
-    flops = 2 * 2 * Hkv * P.tiling(Hq, Hkv, 4)[0] * D * float(np.sum(np.asarray(n_kv)))
+    flops = 2 * 2 * Hkv * P.tiling(Hq, Hkv, D, 4)[0] * D * float(np.sum(np.asarray(n_kv)))
     b.add("qsa_prefill", f"N={N} T={T} Hq={Hq} Hkv={Hkv} D={D} top={top}", nbytes, fns,
           (q, k, v, iq, pooled, n_kv, n_complete), flops=flops, extra={"T": T, "N": N})
 

@@ -201,6 +201,24 @@ def test_prefill_rows_independent(impl, rng):
     assert_bits_equal(one, o[1:], "segment 1 alone")
 
 
+@pytest.mark.parametrize("impl", [i for i in IMPLS if i != "reference"])
+def test_prefill_tilings(impl, rng):
+    """Other tilings of the attention kernel (`prefill.tiling`: 16 (row, head) pairs x key tiles of 16 cells, 4
+    blocks per tile word; 32 pairs x 32 cells, the D = 256 default) are as close to float64, and row independent."""
+    from strata_jax.pallas.qsa import prefill as P
+
+    T = 24
+    (q, k, v, iq, pooled, n_kv, nc), base = make_prefill(rng, T, [PN - T - 1])
+    want, _ = prefill64((q, k, v, iq, pooled, n_kv, nc), base)
+    for m_tile, tk in ((16, 16), (32, 32)):
+        run = lambda sl: P.qsa_prefill_kernel(q[:, sl], k, v, iq[:, sl], pooled, n_kv[:, sl], nc[:, sl], base,
+                                              top_blocks=PTOP, block=BLOCK, scale=PD ** -0.5,
+                                              interpret=impl == "interpret", m_tile=m_tile, tk=tk)
+        o = run(slice(None))
+        assert_close_rel(o, want, 1e-5, f"{impl} m_tile={m_tile} tk={tk}")
+        assert_bits_equal(run(slice(5, None)), o[:, 5:], f"m_tile={m_tile} tk={tk}: rows 5.. alone")
+
+
 def test_prefill_tile_words():
     """The block bits per key tile and the live key tiles of each query tile (`prefill.tile_words`,
     `prefill.live_tiles`) on a hand-made selection: tiles of 8 cells = 2 blocks of 4."""

@@ -39,7 +39,7 @@ the B*T rows. The kernel path (`prefill`) scores the rows against the blocks as 
 attends with a block-sparse flash-attention kernel over key tiles at fixed cells (tensor-core products for tiles of
 query rows). Row t's result depends only on its own inputs and the fixed tiling, not on T, B or the other rows; it
 need not equal the `qsa_attention` kernel path's bits for the same row (another summation order; both agree with
-float64 to ~1e-5 relative). The kernel path also needs ``block`` a power of two <= 64.
+float64 to ~1e-5 relative). The kernel path also needs ``block`` a power of two <= 16.
 
 ``attend_cells(q, k_cache, v_cache, cells, *, scale=None, impl="auto") -> float32 [T, Hq, D]``: the attention part
 alone, over an explicit cell list int32 [T, C] (-1 = none; every row must list at least one cell): what the dense

@@ -10,9 +10,11 @@ cells on tensor-core tiles (Triton lowering on GPU; interpret mode elsewhere). T
    attends (a chosen block or its unfinished tail).
 3. `attend_kernel`, one program per (segment b, kv head g, tile of TQ query rows): the M = TQ * Gp (row, query
    head) pairs of the tile (the group's G heads padded to Gp, a power of two) run a flash-attention loop over the
-   key tiles in ascending order (a compile-time trip count), skipping the tiles no row of the tile attends: ``s = q K^T * scale`` ([M, D] x [D, TK]), each pair masked to its row's chosen blocks
-   and tail ``n_complete*block <= c < n_kv``, online softmax, ``acc += p V`` ([M, TK] x [TK, D]). A tile in which a
-   row attends nothing leaves that row's (m, l, acc) untouched (a select, not arithmetic).
+   key tiles of TK cells in ascending order (a compile-time trip count), skipping the tiles no row of the tile
+   attends: ``s = q K^T * scale`` ([M, D] x [D, TK]), each pair masked to its row's chosen blocks and tail
+   ``n_complete*block <= c < n_kv``, online softmax, ``acc += p V`` ([M, TK] x [TK, D]). A tile in which a row
+   attends nothing leaves that row's (m, l, acc) untouched (a select, not arithmetic). M and TK (`tiling`) keep
+   every float32 operand tile within `TILE_F32` elements.
 
 Row independence: the key tiles sit at fixed absolute cells ``j*TK .. j*TK+TK-1`` (aligned at cell 0), the tile
 shapes are compile-time constants, and the products' reduction orders depend on them only (D, Di, TK, NBT, not on
@@ -40,8 +42,9 @@ from strata_jax.pallas.qsa import reference as _ref
 from strata_jax.pallas.qsa.reference import NEG
 
 F32 = jnp.float32
-M_TILE = 64    # (row, query head) pairs per attention program
-TK = 64        # cells per key tile (at most 32 blocks: one int32 word of block bits)
+M_TILE = 64    # at most this many (row, query head) pairs per attention program
+TK = 64        # at most this many cells per key tile (and at most 32 blocks: one int32 word of block bits)
+TILE_F32 = 8192  # float32 elements per q / K / V operand tile at most (32 KB, the GDN chunked kernel's largest)
 TQS = 32       # rows per scores program
 NBT = 64       # blocks per scores program
 
@@ -50,14 +53,18 @@ def why_not(Hq: int, Hkv: int, D: int, n_cells: int, block: int, dtypes) -> str 
     r = _k.why_not(Hq, Hkv, D, n_cells, dtypes)
     if r is not None:
         return r
-    if not dispatch.is_pow2(block) or block > TK:
-        return f"block {block} is not a power of two <= {TK}"
+    if not dispatch.is_pow2(block) or block > 16:
+        return f"block {block} is not a power of two <= 16"
     return None
 
 
-def tiling(Hq: int, Hkv: int, block: int, m_tile: int = M_TILE, tk: int = TK):
-    """(Gp, TQ, TK): padded group, query rows and key cells per attention program (compile-time constants)."""
+def tiling(Hq: int, Hkv: int, D: int, block: int, m_tile: int | None = None, tk: int | None = None):
+    """(Gp, TQ, TK): the group padded to a power of two, query rows and key cells per attention program
+    (compile-time constants: D = 256 gives 2 rows of 16 heads x 32 cells, D = 128 4 x 16 x 64). m_tile / tk
+    override the pairs per program / cells per tile (launch variants)."""
     Gp = pl.next_power_of_2(Hq // Hkv)
+    m_tile = m_tile or min(M_TILE, max(16, TILE_F32 // D))
+    tk = tk or min(TK, max(16, TILE_F32 // D))
     return Gp, max(1, m_tile // Gp), min(tk, 32 * block)
 
 
@@ -163,7 +170,8 @@ def _attend_kernel(nkv_ref, nc_ref, base_ref, live_ref, words_ref, q_ref, k_ref,
 
 
 def qsa_prefill_kernel(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_base, *, top_blocks: int, block: int,
-                       scale: float, interpret: bool, m_tile: int = M_TILE, tk: int = TK, num_warps: int = 4):
+                       scale: float, interpret: bool, m_tile: int | None = None, tk: int | None = None,
+                       num_warps: int = 4):
     """Same contract as `api.qsa_prefill` (cell_base int32 [B]). Not jitted.
 
     m_tile / tk / num_warps: launch variants (for benchmarks); a row's bits depend on them."""
@@ -172,7 +180,7 @@ def qsa_prefill_kernel(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_b
     Hi, Di = iq.shape[2:]
     NB = pooled.shape[1]
     G = Hq // Hkv
-    Gp, TQ, TK_ = tiling(Hq, Hkv, block, m_tile, tk)
+    Gp, TQ, TK_ = tiling(Hq, Hkv, D, block, m_tile, tk)
     R = max(TQ, TQS)
     Tp = -(-T // R) * R
     if interpret and Tp == R:
