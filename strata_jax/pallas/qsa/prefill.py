@@ -8,9 +8,9 @@ cells on tensor-core tiles (Triton lowering on GPU; interpret mode elsewhere). T
    blocks, ties to the lower index), then `tile_words` packs each row's chosen blocks into one int32 word per key
    tile (bit i = block i of the tile), and `live_tiles` marks, per query tile, the key tiles that any of its rows
    attends (a chosen block or its unfinished tail).
-3. The attention kernel (`_attend_kernel`, launched by `qsa_prefill_kernel`), one program per (segment b, kv head g, tile of TQ query rows): the M = TQ * Gp (row, query
-   head) pairs of the tile (the group's G heads padded to Gp, a power of two) run a flash-attention loop over
-   the key tiles of TK cells in ascending order (a compile-time trip count), skipping the tiles no row of the tile
+3. The attention kernel (`_attend_kernel`, launched by `qsa_prefill_kernel`), one program per (segment b, kv
+   head g, tile of TQ query rows): the M = TQ * Gp (row, query head) pairs of the tile (the group's G heads padded
+   to Gp, a power of two) run a flash-attention loop over the key tiles of TK cells in ascending order (a compile-time trip count), skipping the tiles no row of the tile
    attends: ``s = q K^T * scale`` ([M, D] x [D, TK]), each pair masked to its row's chosen blocks and tail
    ``n_complete*block <= c < n_kv``, online softmax, ``acc += p V`` ([M, TK] x [TK, D]). A tile in which a row
    attends nothing leaves that row's (m, l, acc) untouched (a select, not arithmetic). M and TK (`tiling`) keep
