@@ -10,11 +10,12 @@ cells on tensor-core tiles (Triton lowering on GPU; interpret mode elsewhere). T
    attends (a chosen block or its unfinished tail).
 3. The attention kernel (`_attend_kernel`, launched by `qsa_prefill_kernel`), one program per (segment b, kv
    head g, tile of TQ query rows): the M = TQ * Gp (row, query head) pairs of the tile (the group's G heads padded
-   to Gp, a power of two) run a flash-attention loop over the key tiles of TK cells in ascending order (a compile-time trip count), skipping the tiles no row of the tile
-   attends: ``s = q K^T * scale`` ([M, D] x [D, TK]), each pair masked to its row's chosen blocks and tail
-   ``n_complete*block <= c < n_kv``, online softmax, ``acc += p V`` ([M, TK] x [TK, D]). A tile in which a row
-   attends nothing leaves that row's (m, l, acc) untouched (a select, not arithmetic). M and TK (`tiling`) keep
-   every float32 operand tile within `TILE_F32` elements.
+   to Gp, a power of two) run a flash-attention loop over the key tiles of TK cells in ascending order (a
+   compile-time trip count), skipping the tiles no row of the tile attends: ``s = q K^T * scale`` ([M, D] x
+   [D, TK]), each pair masked to its row's chosen blocks and tail ``n_complete*block <= c < n_kv``, online
+   softmax, ``acc += p V`` ([M, TK] x [TK, D]). A tile in which a row attends nothing leaves that row's (m, l,
+   acc) untouched (a select, not arithmetic). M and TK (`tiling`) keep every float32 operand tile within
+   `TILE_F32` elements.
 
 Row independence: the key tiles sit at fixed absolute cells ``j*TK .. j*TK+TK-1`` (aligned at cell 0), the tile
 shapes are compile-time constants, and the products' reduction orders depend on them only (D, Di, TK, NBT, not on
