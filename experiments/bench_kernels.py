@@ -29,6 +29,8 @@ synchronised with block_until_ready):
       gdn_prefill   GDN prefill at T = 128 / 512 / 2048 at the models' GDN shapes (configs/geometries): the step
                     recurrence kernel (gdn_scan) vs the chunked kernels (gdn/chunked.py, two launch variants) vs the
                     chunked jnp reference; also TFLOP/s of the chunked products.
+      qsa_prefill   QSA over a 512-row prefill chunk at 8192 cells (Flash-Next shapes): the prefill kernels
+                    (qsa/prefill.py, four launch variants) vs the verify-window path over the rows vs jnp.
   * each op and path: time, bytes the op must read at least (the weights as the path stores them -- GGUF bytes or
     the planar words -- once per call, plus activations), achieved GB/s and that as a fraction of the ceiling.
   * --budget_s: cases are started only while their section is within its share of the budget (formats 3, prefill
@@ -312,6 +314,46 @@ def bench_qsa(b: Bench, small: bool, rng):
               (q, k, v, iq, pooled, n_kv, n_complete))
 
 
+def bench_qsa_prefill(b: Bench, small: bool, rng):
+    """QSA over one sequence's prefill chunk of T = 512 rows at the end of N = 8192 cells, Flash-Next shapes (Hq =
+    24, Hkv = 2, D = 256, indexer 4 x 128, 512 blocks of 4 per row, bf16 K/V): ``prefill`` (`qsa/prefill.py`: tiled
+    scores, jnp selection, block-sparse flash attention; at D = 256 by default 32 (row, head) pairs x key tiles of
+    32 cells) and launch variants of it (8 warps; 64 pairs; 64 pairs x 64 cells: float32 operand tiles of 64 KB) vs
+    ``rows`` (the verify-window path over the T rows: per-row scores, a gathered cell list, flash decoding) and
+    ``jnp`` (the reference). The random indexer inputs select scattered blocks (about a quarter of every 64-cell
+    tile), so the prefill kernel runs nearly every tile: a model's clustered selections skip more. TFLOP/s counts
+    the dense q.k and p.v products over the T rows' causal cells (padded heads included)."""
+    from strata_jax.pallas.qsa import prefill as P, qsa_attention, qsa_prefill
+    if small:
+        N, T, Hq, Hkv, D, Hi, Di, top = 256, 64, 4, 2, 32, 2, 16, 8
+    else:
+        N, T, Hq, Hkv, D, Hi, Di, top = 8192, 512, 24, 2, 256, 4, 128, 512
+    it = b.interpret
+    k = jnp.asarray(rng.standard_normal((N, Hkv, D)), jnp.bfloat16)
+    v = jnp.asarray(rng.standard_normal((N, Hkv, D)), jnp.bfloat16)
+    pooled = jnp.asarray(rng.standard_normal((1, N // 4, Di)), jnp.float32)
+    q = jnp.asarray(rng.standard_normal((1, T, Hq, D)), jnp.float32)
+    iq = jnp.asarray(rng.standard_normal((1, T, Hi, Di)), jnp.float32)
+    n_kv = jnp.arange(N - T + 1, N + 1, dtype=jnp.int32)[None]
+    n_complete = n_kv // 4
+    base = jnp.zeros((1,), jnp.int32)
+    pre = lambda **kw: jax.jit(lambda q, k, v, iq, p, n, c: P.qsa_prefill_kernel(
+        q, k, v, iq, p, n, c, base, top_blocks=top, block=4, scale=D ** -0.5, interpret=it, **kw))
+    fns = {"prefill": pre()}
+    if not small:
+        fns["prefill_w8"] = pre(num_warps=8)
+        fns["prefill_m64"] = pre(m_tile=64)
+        fns["prefill_m64_tk64"] = pre(m_tile=64, tk=64)
+    fns["rows"] = jax.jit(lambda q, k, v, iq, p, n, c: qsa_attention(q[0], k, v, iq[0], p[0], n[0], c[0],
+                                                                      top_blocks=top, impl=b.kernel_impl))
+    fns["jnp"] = jax.jit(lambda *a: qsa_prefill(*a, top_blocks=top, impl="reference"))
+    cells = min(N, top * 4 + 3)
+    nbytes = {p: (N if p.startswith("prefill") else T * cells) * Hkv * D * 2 * 2 + pooled.size * 4 for p in fns}
+    flops = 2 * 2 * Hkv * P.tiling(Hq, Hkv, D, 4)[0] * D * float(np.sum(np.asarray(n_kv)))
+    b.add("qsa_prefill", f"N={N} T={T} Hq={Hq} Hkv={Hkv} D={D} top={top}", nbytes, fns,
+          (q, k, v, iq, pooled, n_kv, n_complete), flops=flops, extra={"T": T, "N": N})
+
+
 def sweep_qmatmul(b: Bench, small: bool, rng):
     """Time the qmatmul kernel over launch configurations (to choose `kernel.choose_config`)."""
     import itertools
@@ -529,7 +571,7 @@ def summary(b: Bench) -> list[dict]:
 SECTIONS = {"qmatmul": bench_qmatmul, "gdn": bench_gdn, "moe": bench_moe, "qsa": bench_qsa,
             "sweep_qmatmul": sweep_qmatmul, "formats": bench_formats, "head": bench_head, "prefill": bench_prefill,
             "moe_variants": bench_moe_variants, "sweep_planar": sweep_planar,
-            "gdn_prefill": bench_gdn_prefill}
+            "gdn_prefill": bench_gdn_prefill, "qsa_prefill": bench_qsa_prefill}
 DEFAULT_SECTIONS = "qmatmul,gdn,moe,qsa"
 SECTION_WEIGHT = {"formats": 3.0, "prefill": 1.5, "sweep_planar": 1.5}   # shares of --budget_s
 

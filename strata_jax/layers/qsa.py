@@ -27,10 +27,13 @@ query to the top ``budget / ratio`` complete blocks of ``ratio`` cells plus its 
     ``nb <= n_top`` every cell is attended.
 The selection only masks cells of the ordinary causal softmax attention (HF fills unselected cells with the dtype's
 minimum before the softmax), so the attention runs over the selected cells only: selection and attention are
-`strata_jax.pallas.qsa.qsa_attention` (``impl="auto"``: the Pallas flash-decoding kernel over the selected cells on
-a GPU, its plain-jnp reference elsewhere), called once for all B*T rows of a window or prefill chunk (each row
+`strata_jax.pallas.qsa.qsa_attention` in a window (``impl="auto"``: the Pallas flash-decoding kernel over the
+selected cells on a GPU, its plain-jnp reference elsewhere) and `strata_jax.pallas.qsa.qsa_prefill` in prefill
+mode (the kernel path: tiled indexer scores and a block-sparse flash-attention kernel over the chunk's rows on
+tensor cores; the reference path: the same reference as a window's), each called once for all B*T rows (each row
 reads its own slot's part of the flat caches). Both paths compute every row alone (the row does not depend on the
-other rows, T or B), in window and prefill mode alike.
+other rows, T or B), in window and prefill mode alike; on the kernel path a prefill row and a window row at the
+same position need not agree bit for bit (different kernels, each within ~1e-5 of float64).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from strata_jax.layers.gdn import qcall
 from strata_jax.layers.linear import QLinear, load_f32
 from strata_jax.layers.norms import RMSNorm
 from strata_jax.layers.rope import apply_rope
-from strata_jax.pallas.qsa import qsa_attention
+from strata_jax.pallas.qsa import qsa_attention, qsa_prefill
 from strata_jax.pallas.qsa.reference import select
 from strata_jax.state import Rows, write_cells
 
@@ -154,21 +157,27 @@ class GatedAttention(nnx.Module):
             iq, ik = self.indexer.project(x, pos, exact)
             ic = write_cells(kv[2], rows, ik, max_context)
             new_kv = (kc, vc, ic)
-            o = self._attend_indexed(q, iq, kc, vc, ic, rows, pos, max_context)
+            o = self._attend_indexed(q, iq, kc, vc, ic, rows, pos, max_context, mode == "prefill")
         o = (o * jax.nn.sigmoid(gate)).reshape(B, T, self.H * self.hd)
         return qcall(self.wo, o, exact), new_kv
 
-    def _attend_indexed(self, q, iq, kc, vc, ic, rows: Rows, pos, max_context: int):
-        """QSA attention (`qsa_attention`) of all B*T rows in one call; q [B, T, H, hd], iq [B, T, nI, dI]."""
+    def _attend_indexed(self, q, iq, kc, vc, ic, rows: Rows, pos, max_context: int, prefill: bool):
+        """QSA attention of all B*T rows in one call (`qsa_prefill` for a prefill chunk's segments, else
+        `qsa_attention` over the rows); q [B, T, H, hd], iq [B, T, nI, dI]."""
         B, T = q.shape[:2]
         idx = self.indexer
         pooled = idx.pooled(ic[rows.slot], max_context)  # [B, NB, dI]
         n_kv, n_complete = idx.row_limits(pos, max_context)
         per_slot = kc.shape[1]  # the flat caches [n_slots * (max_context + 1), Hkv, hd] (a free reshape)
+        flat = lambda c: c.reshape(-1, *c.shape[2:])
+        if prefill:
+            return qsa_prefill(q, flat(kc), flat(vc), iq, pooled, n_kv, n_complete, top_blocks=idx.n_top,
+                               block=idx.ratio, scale=self.hd ** -0.5, cell_base=rows.slot * per_slot,
+                               impl="auto")
         seg = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None], (B, T))
         base = jnp.broadcast_to((rows.slot * per_slot)[:, None], (B, T))
         rows_of = lambda a: a.reshape(B * T, *a.shape[2:])
-        o = qsa_attention(rows_of(q), kc.reshape(-1, *kc.shape[2:]), vc.reshape(-1, *vc.shape[2:]), rows_of(iq),
+        o = qsa_attention(rows_of(q), flat(kc), flat(vc), rows_of(iq),
                           pooled, rows_of(n_kv), rows_of(n_complete), top_blocks=idx.n_top, block=idx.ratio,
                           scale=self.hd ** -0.5, seg=rows_of(seg), cell_base=rows_of(base), impl="auto")
         return o.reshape(q.shape)

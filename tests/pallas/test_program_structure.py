@@ -78,7 +78,8 @@ def test_kernel_path_programs(monkeypatch):
         assert rep.kernels, f"{what}: no Pallas kernel on the kernel path"
         names = set(rep.kernels)
         gdn = ("gdn_chunk_prepare", "gdn_chunk_carry") if kind == "prefill" else ("gdn_scan",)
-        for fam in ("qmatmul_", *gdn, "qsa_attend", "rows_rms_norm"):
+        qsa = ("qsa_scores_prefill", "qsa_attend_prefill") if kind == "prefill" else ("qsa_attend",)
+        for fam in ("qmatmul_", *gdn, *qsa, "rows_rms_norm"):
             assert any(n.startswith(fam) for n in names), f"{what}: no {fam} kernel in {sorted(names)}"
         assert not rep.xla_while, f"{what}: XLA while loops (traced trip counts): {rep.xla_while}"
         assert not rep.xla_scan, f"{what}: XLA scans / maps of lengths {rep.xla_scan}"

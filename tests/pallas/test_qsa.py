@@ -7,7 +7,7 @@ import pytest
 
 from strata_jax.errors import UnsupportedError
 from strata_jax.pallas import dispatch
-from strata_jax.pallas.qsa import block_scores, qsa_attention, select_blocks
+from strata_jax.pallas.qsa import block_scores, qsa_attention, qsa_prefill, select_blocks
 
 from pallas_testlib import IMPLS, assert_bits_equal, assert_close_rel
 
@@ -42,13 +42,14 @@ def numpy_select(iq, pooled, n_complete, top):
 def attention64(q, k, v, iq, pooled, n_kv, n_complete, top=TOP):
     q, k, v = (np.asarray(jnp.asarray(a, jnp.float32), np.float64) for a in (q, k, v))
     sel = numpy_select(iq, pooled, n_complete, top)
-    G = HQ // HKV
+    Hq, Dh = q.shape[1:]
+    G = Hq // k.shape[1]
     o = np.zeros(q.shape)
     for t in range(q.shape[0]):
         cells = [b * BLOCK + i for b in sel[t] for i in range(BLOCK)]
         cells += list(range(int(n_complete[t]) * BLOCK, int(n_kv[t])))
-        for h in range(HQ):
-            s = k[cells, h // G] @ q[t, h] / np.sqrt(D)
+        for h in range(Hq):
+            s = k[cells, h // G] @ q[t, h] / np.sqrt(Dh)
             p = np.exp(s - s.max())
             o[t, h] = p @ v[cells, h // G] / p.sum()
     return o, sel
@@ -122,6 +123,126 @@ def test_errors(rng):
         qsa_attention(q, k, v, iq, pooled, n_kv[:1], n_complete)
     with pytest.raises(UnsupportedError):
         qsa_attention(q, k[..., :24], v[..., :24], iq, pooled, n_kv, n_complete)
+
+
+# --- prefill chunks (`qsa_prefill`): B segments of T rows at consecutive positions ----------------------------------
+PD, PDI, PTOP, PN = 64, 32, 8, 256   # head dim, indexer head dim, blocks kept of the 64 a full slot holds, cells
+
+
+def make_prefill(rng, T, pos0, dtype=np.float32):
+    """Segment b holds the rows pos0[b] .. pos0[b]+T-1 of slot b (cells b*PN .. b*PN+PN-1 of the flat caches).
+
+    The indexer inputs are multiples of 1/4 in [-3/4, 3/4]: every score is exact in float32 and float64 alike (so
+    the float64 selection is the kernel's), and equal scores are common (ties to the lower block index)."""
+    B = len(pos0)
+    q = rng.standard_normal((B, T, HQ, PD)).astype(np.float32)
+    k = rng.standard_normal((B * PN, HKV, PD)).astype(dtype)
+    v = rng.standard_normal((B * PN, HKV, PD)).astype(dtype)
+    iq = (rng.integers(-3, 4, (B, T, HI, PDI)) / 4).astype(np.float32)
+    pooled = (rng.integers(-3, 4, (B, PN // BLOCK, PDI)) / 4).astype(np.float32)
+    n_kv = np.asarray(pos0, np.int32)[:, None] + np.arange(1, T + 1, dtype=np.int32)
+    n_complete = n_kv // BLOCK
+    base = np.arange(B, dtype=np.int32) * PN
+    return [jnp.asarray(a) for a in (q, k, v, iq, pooled, n_kv, n_complete)], jnp.asarray(base)
+
+
+def prefill64(args, base):
+    q, k, v, iq, pooled, n_kv, n_complete = args
+    out, n_ties = [], 0
+    for b in range(q.shape[0]):
+        cells = slice(int(base[b]), int(base[b]) + PN)
+        o, _ = attention64(q[b], k[cells], v[cells], iq[b], pooled[b], n_kv[b], n_complete[b], top=PTOP)
+        out.append(o)
+        sc = np.maximum(np.asarray(iq[b], np.float64) @ np.asarray(pooled[b], np.float64).T, 0).sum(1)
+        for t in range(q.shape[1]):  # rows where the cut at the PTOP-th best block falls inside a tie
+            s = np.sort(sc[t, : int(n_complete[b, t])])[::-1]
+            n_ties += int(len(s) > PTOP and s[PTOP - 1] == s[PTOP])
+    return np.stack(out), n_ties
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_prefill_accuracy(impl, dtype, rng):
+    """Two segments: one from an empty cache (dense until 8 blocks complete, then sparse), one ending near its
+    slot's end (the selection keeps 8 of 60 blocks); against float64, with ties at the selection's cut."""
+    T = 40
+    args, base = make_prefill(rng, T, [0, PN - T - 3], dtype)
+    with dispatch.poison_outputs():
+        o = qsa_prefill(*args, top_blocks=PTOP, block=BLOCK, cell_base=base, impl=impl)
+    assert o.shape == (2, T, HQ, PD) and o.dtype == jnp.float32
+    want, n_ties = prefill64(args, base)
+    assert n_ties > 0, "no tie at the selection's cut: the inputs do not test the tie rule"
+    assert_close_rel(o, want, 1e-5, f"{impl} prefill ({np.dtype(dtype).name} cache)")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_prefill_rows_independent(impl, rng):
+    """A row's bits do not depend on the chunk's row count, its place in the chunk, padding rows, the other rows'
+    contents or the other segments: T = 48 rows vs the last 16 alone, vs the first 40, vs the last 37, vs 64 rows
+    (16 other rows at the end), vs other neighbours, vs its segment alone."""
+    T = 48
+    (q, k, v, iq, pooled, n_kv, nc), base = make_prefill(rng, T, [150, 30])
+    call = lambda q, iq, pooled, n_kv, nc, base: qsa_prefill(q, k, v, iq, pooled, n_kv, nc, top_blocks=PTOP,
+                                                            block=BLOCK, cell_base=base, impl=impl)
+    o = call(q, iq, pooled, n_kv, nc, base)
+    last = call(q[:, 32:], iq[:, 32:], pooled, n_kv[:, 32:], nc[:, 32:], base)
+    assert_bits_equal(last, o[:, 32:], "the last 16 rows alone")
+    first = call(q[:, :40], iq[:, :40], pooled, n_kv[:, :40], nc[:, :40], base)
+    assert_bits_equal(first, o[:, :40], "the first 40 rows")
+    mid = call(q[:, 11:], iq[:, 11:], pooled, n_kv[:, 11:], nc[:, 11:], base)  # other places in the row tiles
+    assert_bits_equal(mid, o[:, 11:], "rows 11..47")
+    (q2, _, _, iq2, _, n_kv2, nc2), _ = make_prefill(rng, 64, [150 - 16, 30 - 16])
+    pad = lambda a, a2: jnp.concatenate([a, a2[:, :16]], axis=1)
+    padded = call(pad(q, q2), pad(iq, iq2), pooled, pad(n_kv, n_kv2), pad(nc, nc2), base)
+    assert_bits_equal(padded[:, :T], o, "48 rows + 16 other rows at the end")
+    mixed = call(q2[:, :T].at[:, 5].set(q[:, 5]), iq2[:, :T].at[:, 5].set(iq[:, 5]), pooled, n_kv, nc, base)
+    assert_bits_equal(mixed[:, 5], o[:, 5], "row 5 with other neighbours")
+    one = call(q[1:], iq[1:], pooled[1:], n_kv[1:], nc[1:], base[1:])
+    assert_bits_equal(one, o[1:], "segment 1 alone")
+
+
+@pytest.mark.parametrize("impl", [i for i in IMPLS if i != "reference"])
+def test_prefill_tilings(impl, rng):
+    """Other tilings of the attention kernel (`prefill.tiling`: 16 (row, head) pairs x key tiles of 16 cells, 4
+    blocks per tile word; 32 pairs x 32 cells, the D = 256 default) are as close to float64, and row independent."""
+    from strata_jax.pallas.qsa import prefill as P
+
+    T = 24
+    (q, k, v, iq, pooled, n_kv, nc), base = make_prefill(rng, T, [PN - T - 1])
+    want, _ = prefill64((q, k, v, iq, pooled, n_kv, nc), base)
+    for m_tile, tk in ((16, 16), (32, 32)):
+        run = lambda sl: P.qsa_prefill_kernel(q[:, sl], k, v, iq[:, sl], pooled, n_kv[:, sl], nc[:, sl], base,
+                                              top_blocks=PTOP, block=BLOCK, scale=PD ** -0.5,
+                                              interpret=impl == "interpret", m_tile=m_tile, tk=tk)
+        o = run(slice(None))
+        assert_close_rel(o, want, 1e-5, f"{impl} m_tile={m_tile} tk={tk}")
+        assert_bits_equal(run(slice(5, None)), o[:, 5:], f"m_tile={m_tile} tk={tk}: rows 5.. alone")
+
+
+def test_prefill_tile_words():
+    """The block bits per key tile and the live key tiles of each query tile (`prefill.tile_words`,
+    `prefill.live_tiles`) on a hand-made selection: tiles of 8 cells = 2 blocks of 4."""
+    from strata_jax.pallas.qsa import prefill as P
+
+    blocks = jnp.asarray([[0, 3, 6, -1], [1, -1, -1, -1], [-1, -1, -1, -1], [2, 3, -1, -1]], jnp.int32)
+    words = P.tile_words(blocks, 4, 8, 4)
+    assert np.asarray(words).tolist() == [[1, 2, 0, 1], [2, 0, 0, 0], [0, 0, 0, 0], [0, 3, 0, 0]]
+    n_complete = jnp.asarray([7, 2, 0, 5], jnp.int32)
+    n_kv = jnp.asarray([30, 10, 0, 23], jnp.int32)  # tails: cells 28-29 (tile 3), 8-9 (tile 1), none, 20-22 (tile 2)
+    live = P.live_tiles(words, n_kv, n_complete, rows_per_tile=2, tk=8, block=4)
+    assert np.asarray(live).tolist() == [[1, 1, 0, 1], [0, 1, 1, 0]]
+
+
+def test_prefill_errors(rng):
+    (q, k, v, iq, pooled, n_kv, nc), base = make_prefill(rng, 8, [20])
+    with pytest.raises(UnsupportedError):
+        qsa_prefill(q[0], k, v, iq[0], pooled[0], n_kv[0], nc[0])  # rows without the segment axis
+    with pytest.raises(UnsupportedError):
+        qsa_prefill(q, k, v, iq, pooled, n_kv[:, :4], nc)
+    with pytest.raises(UnsupportedError):
+        qsa_prefill(q, k, v, iq, pooled, n_kv, nc, cell_base=jnp.zeros((2,), jnp.int32))
+    with pytest.raises(UnsupportedError):
+        qsa_prefill(q, k, v, iq, pooled, n_kv, nc, block=3, impl="interpret")  # kernel: block a power of two
 
 
 @pytest.mark.parametrize("window", [0, 5], ids=["causal", "sliding5"])

@@ -30,6 +30,17 @@ scores the blocks in a Pallas kernel (`kernel.block_scores_kernel`), selects in 
 exact integer work) and attends with a Pallas flash-decoding kernel over the selected cells. Each is
 row-independent (row t of a T-row call == the row alone, bit for bit); they agree to ~1e-5 relative.
 
+``qsa_prefill(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks=512, block=4, scale=None,
+cell_base=None, impl="auto") -> float32 [B, T, Hq, D]``: the same attention for prefill chunks, B segments of T
+rows (each the rows of one sequence, usually at consecutive positions): ``q`` [B, T, Hq, D], ``iq`` [B, T, Hi, Di],
+``pooled`` [B, NB, Di] (segment b's blocks), ``n_kv`` / ``n_complete`` [B, T] (as above, per row), ``cell_base``
+[B] (segment b's cell c is ``k_cache[cell_base[b] + c]``; None = 0). The reference path is `qsa_attention`'s over
+the B*T rows. The kernel path (`prefill`) scores the rows against the blocks as tiled products, selects in jnp and
+attends with a block-sparse flash-attention kernel over key tiles at fixed cells (tensor-core products for tiles of
+query rows). Row t's result depends only on its own inputs and the fixed tiling, not on T, B or the other rows; it
+need not equal the `qsa_attention` kernel path's bits for the same row (another summation order; both agree with
+float64 to ~1e-5 relative). The kernel path also needs ``block`` a power of two <= 16.
+
 ``attend_cells(q, k_cache, v_cache, cells, *, scale=None, impl="auto") -> float32 [T, Hq, D]``: the attention part
 alone, over an explicit cell list int32 [T, C] (-1 = none; every row must list at least one cell): what the dense
 (unindexed) attention layers run on the kernel path, with each row's causal cells listed
@@ -44,10 +55,12 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 
 from strata_jax.errors import UnsupportedError
 from strata_jax.pallas import dispatch
 from strata_jax.pallas.qsa import kernel as _k
+from strata_jax.pallas.qsa import prefill as _p
 from strata_jax.pallas.qsa import reference as _ref
 
 
@@ -99,6 +112,50 @@ def qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_bloc
         lambda: _k.why_not(q.shape[1], k_cache.shape[1], D, k_cache.shape[0], [q.dtype, k_cache.dtype, v_cache.dtype]))
     return _qsa(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, seg, cell_base, top_blocks=top_blocks,
                 block=block, scale=scale, path=path, poison=dispatch.poisoning())
+
+
+@functools.partial(jax.jit, static_argnames=("top_blocks", "block", "scale", "path", "poison"))
+def _qsa_prefill(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_base, *, top_blocks, block, scale, path,
+                 poison):
+    B, T = q.shape[:2]
+    if path == "reference":
+        rows = lambda a: a.reshape(B * T, *a.shape[2:])
+        seg = jnp.repeat(jnp.arange(B, dtype=jnp.int32), T)
+        o = _ref.qsa_attention(rows(q), k_cache, v_cache, rows(iq), pooled, rows(n_kv), rows(n_complete),
+                               top_blocks=top_blocks, block=block, scale=scale, seg=seg,
+                               cell_base=jnp.repeat(cell_base.astype(jnp.int32), T))
+        return o.reshape(q.shape)
+    with dispatch.poison_outputs(poison):
+        return _p.qsa_prefill_kernel(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_base,
+                                     top_blocks=top_blocks, block=block, scale=scale, interpret=path == "interpret")
+
+
+def qsa_prefill(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks: int = 512, block: int = 4,
+                scale: float | None = None, cell_base=None, impl: str = "auto"):
+    """float32 [B, T, Hq, D]: QSA attention of B prefill segments of T rows each (q [B, T, Hq, D], iq
+    [B, T, Hi, Di], pooled [B, NB, Di], n_kv / n_complete int32 [B, T], cell_base int32 [B] or None). See the
+    module docstring for the contract; `UnsupportedError` for shapes that do not fit."""
+    op = "qsa.qsa_prefill"
+    if q.ndim != 4 or iq.ndim != 4 or pooled.ndim != 3:
+        raise UnsupportedError(f"{op}: q {q.shape} must be [B, T, Hq, D], iq {iq.shape} [B, T, Hi, Di] and pooled "
+                               f"{pooled.shape} [B, NB, Di]")
+    B, T = q.shape[:2]
+    if iq.shape[:2] != (B, T) or pooled.shape[0] != B or n_kv.shape != (B, T) or n_complete.shape != (B, T) \
+            or (cell_base is not None and cell_base.shape != (B,)):
+        raise UnsupportedError(f"{op}: iq {iq.shape}, pooled {pooled.shape}, n_kv {n_kv.shape}, n_complete "
+                               f"{n_complete.shape}, cell_base {None if cell_base is None else cell_base.shape} do "
+                               f"not fit q {q.shape}")
+    rows = lambda a: jax.ShapeDtypeStruct((B * T, *a.shape[2:]), a.dtype)  # shapes only: no device work
+    _check(rows(q), k_cache, v_cache, rows(iq), pooled, rows(n_kv), rows(n_complete), top_blocks, block,
+           jax.ShapeDtypeStruct((B * T,), jnp.int32), None)
+    D = q.shape[3]
+    scale = float(D ** -0.5 if scale is None else scale)
+    cell_base = jnp.zeros((B,), jnp.int32) if cell_base is None else cell_base
+    path = dispatch.resolve(
+        op, impl, lambda: _p.why_not(q.shape[2], k_cache.shape[1], D, k_cache.shape[0], block,
+                                     [q.dtype, k_cache.dtype, v_cache.dtype]))
+    return _qsa_prefill(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_base, top_blocks=top_blocks,
+                        block=block, scale=scale, path=path, poison=dispatch.poisoning())
 
 
 def _attend_why_not(q, k_cache, v_cache):
