@@ -234,13 +234,21 @@ def main(argv) -> int:
                  step_logits=gen.step_logits, tokens=np.asarray(gen.tokens, np.int32))
     if FLAGS.stats_json:
         x = shared.XLA_CACHE
-        d = {**gen.stats.as_dict(), "model": str(engine.gguf.path), "load_seconds": engine.load_seconds,
+        d = {**gen.stats.as_dict(), **_run_facts(), "model": str(engine.gguf.path), "load_seconds": engine.load_seconds,
              "compiles": sum(c.compiles for c in caches), "compile_seconds": sum(c.compile_seconds for c in caches),
              "xla_cache": None if x is None else {"path": x.path, "read": x.hits, "written": x.written,
                                                   "requests": x.requests}}
         with open(FLAGS.stats_json, "w") as f:
             json.dump(d, f, indent=1)
     return 0
+
+
+def _run_facts() -> dict:
+    """What the figures of a --stats_json were measured under: JAX's backend and version, and ``XLA_FLAGS`` (which
+    shows whether --gpu_graphs' command buffers were in force)."""
+    import jax
+
+    return {"backend": jax.default_backend(), "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
 def run_batch(engine, lines) -> int:
@@ -355,7 +363,8 @@ def run_batch(engine, lines) -> int:
         write_jsonl(FLAGS.out_jsonl, results, tok)
     if FLAGS.stats_json:
         x = shared.XLA_CACHE
-        d = {"mode": res.mode, "batch": n_slots, "batch_flag": FLAGS.batch, "requests": len(results), "tokens": n,
+        d = {**_run_facts(), "mode": res.mode, "batch": n_slots, "batch_flag": FLAGS.batch, "requests": len(results),
+             "tokens": n,
              "seconds": dt,
              "tok_s": n_run / t_run if n_run > 0 and t_run > 0 else None,
              "tok_s_with_compiles": n / dt if dt > 0 else None,
