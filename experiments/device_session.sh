@@ -16,7 +16,7 @@
 # (experiments/bench_kernels.py: every quantized-matmul variant of issues 13/14 -- GGUF-bytes kernel, planar GEMV,
 # tensor-core GEMV, prefill GEMM precisions, grouped experts, launch configs -- in 210 s), decode (experiments/bench_decode.py on the
 # new path with the default kernels and with STRATA_QMATMUL=planar, command buffers on), profile_new
-# (experiments/profile_step.py, command buffers off), anchor (llama-bench tg128 / pp512), profile_old (the old
+# (experiments/profile_step.py, command buffers off), profile_prefill (the same for one prefill chunk), anchor (llama-bench tg128 / pp512), profile_old (the old
 # path's step profile, c6351ea: last, as its figures are on record from 2026-12-01), table. Also: probe
 # (compile_probe.py on the 1.5B file per op selection), shapes (each matrix of the file compiled alone),
 # compile_repeat, sampler (compile_sampler.py: the sampler's pieces alone), decode_stacked (STRATA_STACK_LAYERS=1),
@@ -105,6 +105,8 @@ case "$MODE" in
     part generate ${GENERATE_S:-150} $NEW STRATA_QMATMUL=${GEN_QMATMUL:-planar} python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" \
       --max_new_tokens 128 --stats_json "$OUT/generate.json"
     part profile_new 100 $NEW python3 experiments/profile_step.py --model $MODEL $PROF --out "$OUT/profile_new.json"
+    part profile_prefill 100 $NEW python3 experiments/profile_step.py --model $MODEL --kind prefill --steps 5 --warmup 2 \
+      --prompt_tokens 16 --out "$OUT/profile_prefill.json"
     if [ "$MODE" = run ]; then
       part anchor 100 bash .carry/anchor/anchor.sh bench $MODEL
     fi

@@ -36,7 +36,8 @@ def main() -> None:
                      "blocks of its shapes")
     src.add_argument("--geometry", help="configs/geometries/<name>.json: random weights made on the device")
     ap.add_argument("--n_layer", type=int, default=None, help="with --geometry: trunk layers")
-    ap.add_argument("--kind", default="step", help="step (T = 1, window + commit) or windowT (a T-row verify window)")
+    ap.add_argument("--kind", default="step", help="step (T = 1, window + commit), windowT (a T-row verify window) "
+                    "or prefill (one prompt chunk of the engine's prefill_chunk rows, last-row logits)")
     ap.add_argument("--steps", type=int, default=20, help="steps timed and traced")
     ap.add_argument("--warmup", type=int, default=3, help="steps run first (the first compiles)")
     ap.add_argument("--prompt_tokens", type=int, default=32)
@@ -66,7 +67,7 @@ def main() -> None:
         random_gguf.fill(args.random_from, path)
         model = path
     elif args.geometry:
-        from strata_jax.models.random_weights import VirtualGGUF, load_geometry
+        from strata_jax.testing.random_weights import VirtualGGUF, load_geometry
 
         model = VirtualGGUF(load_geometry(args.geometry), n_layer=args.n_layer)
     else:
@@ -76,8 +77,11 @@ def main() -> None:
     t0 = time.perf_counter()
     eng = Engine(model, max_context=args.max_context)
     load_s = time.perf_counter() - t0
-    T = 1 if args.kind == "step" else int(args.kind.removeprefix("window"))
-    kind = "step" if T == 1 else "window"
+    if args.kind == "prefill":
+        T, kind = eng.prefill_chunk, "prefill"
+    else:
+        T = 1 if args.kind == "step" else int(args.kind.removeprefix("window"))
+        kind = "step" if T == 1 else "window"
     rng = np.random.default_rng(0)
     prompt = rng.integers(100, min(eng.cfg.vocab_size, 30000), args.prompt_tokens).tolist()
     sp = SamplingParams(0.0)
@@ -94,7 +98,7 @@ def main() -> None:
         out = None
         for i in range(n):
             p = start + i if T == 1 else start
-            out, _ = eng.run(kind, tok, Rows.make([0], [p], [T]), samp)
+            out, _ = eng.run(kind, tok, Rows.make([0], [p], [T]), samp, logits="last" if kind == "prefill" else "all")
             if T == 1:
                 tok = out["picks"][:, :1]
         jax.block_until_ready((out, eng.states))
