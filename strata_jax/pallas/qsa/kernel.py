@@ -55,21 +55,28 @@ def _kernel(cells_ref, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, Hkv, D, Gp
 
     def body(j, carry):
         c = sp * cps + j
-        m, l, acc = carry
         cell = cells_ref[t * C + c * NC + lane]                                  # [NC]
-        ok = cell >= 0
-        off = (jnp.maximum(cell, 0)[:, None] * Hkv + g) * D + dcol               # [NC, D]
-        kk = k_ref[off].astype(jnp.float32)
-        s = lax.dot_general(qv, kk, (((1,), (1,)), ((), ())), precision=HP,
-                            preferred_element_type=jnp.float32) * scale                 # [Gp, NC]
-        s = jnp.where(ok[None, :], s, NEG)
-        m_new = jnp.maximum(m, jnp.max(s, axis=1))
-        alpha = jnp.exp(m - m_new)
-        p = jnp.where(ok[None, :], jnp.exp(s - m_new[:, None]), 0.0)
-        vv = v_ref[off].astype(jnp.float32)
-        acc = acc * alpha[:, None] + lax.dot_general(p, vv, (((1,), (0,)), ((), ())), precision=HP,
-                                                     preferred_element_type=jnp.float32)
-        return m_new, l * alpha + jnp.sum(p, axis=1), acc
+
+        def attend(carry):
+            m, l, acc = carry
+            ok = cell >= 0
+            off = (jnp.maximum(cell, 0)[:, None] * Hkv + g) * D + dcol           # [NC, D]
+            kk = k_ref[off].astype(jnp.float32)
+            s = lax.dot_general(qv, kk, (((1,), (1,)), ((), ())), precision=HP,
+                                preferred_element_type=jnp.float32) * scale             # [Gp, NC]
+            s = jnp.where(ok[None, :], s, NEG)
+            m_new = jnp.maximum(m, jnp.max(s, axis=1))
+            alpha = jnp.exp(m - m_new)
+            p = jnp.where(ok[None, :], jnp.exp(s - m_new[:, None]), 0.0)
+            vv = v_ref[off].astype(jnp.float32)
+            acc = acc * alpha[:, None] + lax.dot_general(p, vv, (((1,), (0,)), ((), ())), precision=HP,
+                                                         preferred_element_type=jnp.float32)
+            return m_new, l * alpha + jnp.sum(p, axis=1), acc
+
+        # A step of only -1 cells would leave (m, l, acc) as they are (alpha = 1, p = 0): skip its loads and dots.
+        # Dense attention lists a slot's cells in order with -1 past the causal limit, so a row's work follows its
+        # position, not the cache length; the result is the same bits either way.
+        return lax.cond(jnp.max(cell) >= 0, attend, lambda c_: c_, carry)
 
     init = (jnp.full((Gp,), NEG, jnp.float32), jnp.zeros((Gp,), jnp.float32), jnp.zeros((Gp, D), jnp.float32))
     m, l, acc = lax.fori_loop(0, cps, body, init)
