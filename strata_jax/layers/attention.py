@@ -5,11 +5,14 @@ Source: Vaswani et al. 2017; GQA (Ainslie et al. 2023): query head h reads KV he
 
 Two paths, chosen like a Pallas op's (`strata_jax.pallas.dispatch`, op ``qsa.attend_cells``):
 
-* the kernel path (GPU; ``STRATA_PALLAS_IMPL=interpret`` on a CPU): every row of a window or prefill chunk lists
-  the cells it may attend (its slot's causal, sliding-window-limited cells, as offsets into the flat caches) and
-  one call of `strata_jax.pallas.qsa.attend_cells` (split-KV flash decoding with a split layout fixed by the
-  cache length) attends them all: a row's arithmetic depends only on the cache length, never on B, T or the
-  other rows;
+* the kernel path (GPU; ``STRATA_PALLAS_IMPL=interpret`` on a CPU): every row of a verify window lists the cells
+  it may attend (its slot's causal, sliding-window-limited cells, as offsets into the flat caches) and one call of
+  `strata_jax.pallas.qsa.attend_cells` (split-KV flash decoding with a split layout fixed by the cache length)
+  attends them all: a row's arithmetic depends only on the cache length, never on B, T or the other rows. A
+  prefill chunk takes `strata_jax.pallas.qsa.attend_range` instead (each row's cell range ``[lo, hi)`` on
+  tensor-core tiles of fixed cells shared by the chunk's rows: a row's bits depend on its range only, not on T;
+  they are not the window path's bits, and need not be: a position is read by prefill or by a window, the same
+  way whatever the batch);
 * the reference path (XLA on a CPU): in a verify window each row is computed by itself (``lax.map`` over the
   window's row axis, the softmax's sum in `strata_jax.layers.exact`'s fixed order), so the arithmetic of a row
   never depends on how many rows its window holds or what they contain; prefill chunks use one large product.
@@ -21,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from strata_jax.layers.exact import softmax
-from strata_jax.pallas.qsa import attend_cells, attend_cells_path
+from strata_jax.pallas.qsa import attend_cells, attend_cells_path, attend_range, attend_range_path
 from strata_jax.state import Rows, kv_view
 
 _NEG = -1e30
@@ -82,9 +85,15 @@ def attend_prefill(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: R
     Args/Returns: as `attend_window`, with T the chunk length.
     """
     k_cache, v_cache = kv_view(k_cache), kv_view(v_cache)
-    path = _kernel_path(q, k_cache, v_cache)
-    if path != "reference":
-        return _attend_cells(q, k_cache, v_cache, rows, scale, max_context, window, path)
+    path = attend_range_path(q, _flat(k_cache), _flat(v_cache))
+    if path != "reference":  # tensor-core tiles shared by the chunk's rows, each row over its causal range
+        pos = rows.positions(q.shape[1])                                           # [B, T]
+        hi = jnp.minimum(pos + 1, max_context)
+        lo = jnp.zeros_like(pos) if isinstance(window, int) and window == 0 else \
+            jnp.where(window > 0, jnp.maximum(pos - window + 1, 0), 0)
+        per_slot = k_cache.shape[1]
+        return attend_range(q, _flat(k_cache), _flat(v_cache), lo, hi, rows.slot * per_slot, n_cells=per_slot,
+                            scale=scale, impl=path)
     B, T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     g = Hq // Hkv

@@ -7,7 +7,7 @@ import pytest
 
 from strata_jax.errors import UnsupportedError
 from strata_jax.pallas import dispatch
-from strata_jax.pallas.qsa import block_scores, qsa_attention, qsa_prefill, select_blocks
+from strata_jax.pallas.qsa import attend_range, block_scores, qsa_attention, qsa_prefill, select_blocks
 
 from pallas_testlib import IMPLS, assert_bits_equal, assert_close_rel
 
@@ -248,8 +248,10 @@ def test_prefill_errors(rng):
 @pytest.mark.parametrize("window", [0, 5], ids=["causal", "sliding5"])
 def test_dense_attention_kernel_path(window, rng, monkeypatch):
     """The dense attention layer on the kernel path (`strata_jax.layers.attention`, ``STRATA_PALLAS_IMPL=interpret``,
-    compiled on a GPU: every row's causal cells listed for `attend_cells`): close to float64, a window of 3
-    segments x 4 rows gives each row the bits of the row alone (B = 1, T = 1), whatever the other rows hold."""
+    compiled on a GPU). Verify windows (every row's causal cells listed for `attend_cells`): close to float64, a
+    window of 3 segments x 4 rows gives each row the bits of the row alone (B = 1, T = 1), whatever the other rows
+    hold. Prefill chunks (`attend_range`, tensor-core tiles): close to float64, a row's bits the same in a chunk of
+    3 segments x 4 rows and in a 2-row chunk of its own segment."""
     from strata_jax.layers.attention import attend_prefill, attend_window
     from strata_jax.state import Rows
 
@@ -260,23 +262,60 @@ def test_dense_attention_kernel_path(window, rng, monkeypatch):
     q = jnp.asarray(rng.standard_normal((3, T, Hq, Dh)).astype(np.float32))
     slots, pos0 = [2, 0, 3], [9, 30, 0]
     rows = Rows.make(slots, pos0, [T] * 3)
-    o = attend_window(q, kc, vc, rows, scale=Dh ** -0.5, max_context=mc, window=window)
     G = Hq // Hkv
-    for b in range(3):
-        for t in range(T):
-            p = pos0[b] + t
-            cells = np.arange(mc + 1)
-            ok = (cells <= p) & (cells < mc) & ((window <= 0) | (cells > p - window))
-            K = np.asarray(kc[slots[b]], np.float64)[ok]
-            V = np.asarray(vc[slots[b]], np.float64)[ok]
-            for h in range(Hq):
-                s = K[:, h // G] @ np.asarray(q[b, t, h], np.float64) * Dh ** -0.5
-                e = np.exp(s - s.max())
-                assert_close_rel(o[b, t, h], e @ V[:, h // G] / e.sum(), 1e-5, f"row ({b}, {t}) head {h}")
+
+    def check64(o, what):
+        for b in range(3):
+            for t in range(T):
+                p = pos0[b] + t
+                cells = np.arange(mc + 1)
+                ok = (cells <= p) & (cells < mc) & ((window <= 0) | (cells > p - window))
+                K = np.asarray(kc[slots[b]], np.float64)[ok]
+                V = np.asarray(vc[slots[b]], np.float64)[ok]
+                for h in range(Hq):
+                    s = K[:, h // G] @ np.asarray(q[b, t, h], np.float64) * Dh ** -0.5
+                    e = np.exp(s - s.max())
+                    assert_close_rel(o[b, t, h], e @ V[:, h // G] / e.sum(), 1e-5, f"{what} row ({b}, {t}) head {h}")
+
+    o = attend_window(q, kc, vc, rows, scale=Dh ** -0.5, max_context=mc, window=window)
+    check64(o, "window")
     for b, t in ((0, 0), (1, 3), (2, 2)):
         one = attend_window(q[b:b + 1, t:t + 1], kc, vc, Rows.make([slots[b]], [pos0[b] + t], [1]), scale=Dh ** -0.5,
                             max_context=mc, window=window)
         assert_bits_equal(one[0, 0], o[b, t], f"row ({b}, {t}) alone")
-    # a prefill chunk of one segment: the same kernel, rows independent of the chunk's other rows
-    pre = attend_prefill(q[1:2], kc, vc, Rows.make([0], [30], [T]), scale=Dh ** -0.5, max_context=mc, window=window)
-    assert_bits_equal(pre, o[1:2], "prefill rows vs window rows")
+    pre = attend_prefill(q, kc, vc, rows, scale=Dh ** -0.5, max_context=mc, window=window)
+    check64(pre, "prefill")
+    part = attend_prefill(q[1:2, 2:], kc, vc, Rows.make([0], [32], [2]), scale=Dh ** -0.5, max_context=mc,
+                          window=window)
+    assert_bits_equal(part[0], pre[1, 2:], "prefill rows 2..3 of segment 1 alone")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_attend_range_segments_and_errors(impl, rng):
+    """attend_range over two segments of one flat cache (the second with a sliding lower bound, rows past 64 cells:
+    several key tiles, some skipped): close to float64; a bad shape raises."""
+    B, T, S = 2, 24, 150
+    k = jnp.asarray(rng.standard_normal((B * S, HKV, D)).astype(np.float32))
+    v = jnp.asarray(rng.standard_normal((B * S, HKV, D)).astype(np.float32))
+    q = jnp.asarray(rng.standard_normal((B, T, HQ, D)).astype(np.float32))
+    pos = np.stack([np.arange(T) + 3, np.arange(T) + 110])
+    hi = pos + 1
+    lo = np.stack([np.zeros(T, np.int64), np.maximum(0, pos[1] - 70)])
+    base = np.asarray([0, S], np.int32)
+    with dispatch.poison_outputs():
+        o = attend_range(q, k, v, jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32), jnp.asarray(base),
+                         n_cells=S, impl=impl)
+    k64, v64, q64 = (np.asarray(a, np.float64) for a in (k, v, q))
+    G = HQ // HKV
+    want = np.zeros(q.shape)
+    for b in range(B):
+        for t in range(T):
+            cells = base[b] + np.arange(lo[b, t], hi[b, t])
+            for h in range(HQ):
+                s = k64[cells, h // G] @ q64[b, t, h] / np.sqrt(D)
+                e = np.exp(s - s.max())
+                want[b, t, h] = e @ v64[cells, h // G] / e.sum()
+    assert_close_rel(o, want, 1e-5, f"{impl} attend_range")
+    with pytest.raises(UnsupportedError):
+        attend_range(q, k, v, jnp.asarray(lo[:, :3], jnp.int32), jnp.asarray(hi, jnp.int32), jnp.asarray(base),
+                     n_cells=S, impl=impl)

@@ -187,3 +187,47 @@ def attend_cells(q, k_cache, v_cache, cells, *, scale: float | None = None, impl
     scale = float(q.shape[2] ** -0.5 if scale is None else scale)
     path = attend_cells_path(q, k_cache, v_cache, impl)
     return _attend_cells(q, k_cache, v_cache, cells, scale=scale, path=path, poison=dispatch.poisoning())
+
+
+def attend_range_path(q, k_cache, v_cache, impl: str = "auto") -> str:
+    """The path `attend_range` takes: "reference", "kernel" or "interpret" (q [B, T, Hq, D])."""
+    B, T, Hq, D = q.shape
+    return dispatch.resolve("qsa.attend_range", impl,
+                            lambda: _k.why_not(Hq, k_cache.shape[1], D, k_cache.shape[0],
+                                               [q.dtype, k_cache.dtype, v_cache.dtype]))
+
+
+@functools.partial(jax.jit, static_argnames=("n_cells", "scale", "path", "poison"))
+def _attend_range(q, k_cache, v_cache, lo, hi, cell_base, *, n_cells, scale, path, poison):
+    if path == "reference":
+        B, T, Hq, D = q.shape
+        c = jnp.arange(n_cells, dtype=jnp.int32)
+        ok = (c >= lo[..., None]) & (c < hi[..., None])                            # [B, T, n_cells]
+        cells = jnp.where(ok, cell_base[:, None, None] + c, -1).reshape(B * T, n_cells)
+        return _ref.attend(q.reshape(B * T, Hq, D), k_cache, v_cache, cells, scale).reshape(q.shape)
+    with dispatch.poison_outputs(poison):
+        return _p.attend_range_kernel(q, k_cache, v_cache, lo, hi, cell_base, n_cells=n_cells, scale=scale,
+                                      interpret=path == "interpret")
+
+
+def attend_range(q, k_cache, v_cache, lo, hi, cell_base, *, n_cells: int, scale: float | None = None,
+                 impl: str = "auto"):
+    """float32 [B, T, Hq, D]: dense attention of B prefill segments (q [B, T, Hq, D]) over the flat caches
+    [N, Hkv, D]: row (b, t) attends cells ``lo[b, t] <= c < hi[b, t]`` (int32 [B, T], at least one cell, hi <=
+    n_cells) of its segment, cache cell ``cell_base[b] + c`` (int32 [B]). What the dense attention layers run for a
+    prefill chunk on the kernel path (`prefill.attend_range_kernel`: tensor-core tiles shared by the chunk's rows;
+    a row's bits never depend on T or the other rows); the reference lists the cells for `reference.attend`.
+
+    Raises:
+      UnsupportedError: shapes that do not fit, or impl="kernel"/"interpret" where the kernel cannot serve."""
+    if q.ndim != 4 or k_cache.ndim != 3 or v_cache.shape != k_cache.shape or q.shape[3] != k_cache.shape[2] \
+            or q.shape[2] % k_cache.shape[1] or lo.shape != q.shape[:2] or hi.shape != q.shape[:2] \
+            or cell_base.shape != q.shape[:1]:
+        raise UnsupportedError(f"qsa.attend_range: q {q.shape} [B, T, Hq, D], caches {k_cache.shape} / "
+                               f"{v_cache.shape} [N, Hkv, D], lo {lo.shape} / hi {hi.shape} [B, T] and cell_base "
+                               f"{cell_base.shape} [B] do not fit")
+    scale = float(q.shape[3] ** -0.5 if scale is None else scale)
+    path = attend_range_path(q, k_cache, v_cache, impl)
+    return _attend_range(q, k_cache, v_cache, lo.astype(jnp.int32), hi.astype(jnp.int32),
+                         cell_base.astype(jnp.int32), n_cells=int(n_cells), scale=scale, path=path,
+                         poison=dispatch.poisoning())

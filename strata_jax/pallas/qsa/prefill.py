@@ -211,3 +211,45 @@ def qsa_prefill_kernel(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_b
                 k_cache.reshape(-1), v_cache.reshape(-1))
     o = o.reshape(B, Hkv, Tp, Gp, D)[:, :, :T, :G]
     return jnp.transpose(o, (0, 2, 1, 3, 4)).reshape(B, T, Hq, D)
+
+
+def attend_range_kernel(q, k_cache, v_cache, lo, hi, cell_base, *, n_cells: int, scale: float, interpret: bool):
+    """Dense (causal, optionally sliding-window) attention of B prefill segments on the tiles of `_attend_kernel`:
+    row (b, t) attends the cells ``lo[b, t] <= c < hi[b, t]`` of its segment (cache cell ``cell_base[b] + c``).
+
+    q float32 [B, T, Hq, D]; k_cache, v_cache [N, Hkv, D] (the slots' caches, flat); lo, hi int32 [B, T]
+    (0 <= lo < hi <= n_cells: at least one cell); cell_base int32 [B]; n_cells: cells per segment (a slot's cache
+    length). Returns float32 [B, T, Hq, D]. Not jitted.
+
+    The same kernel as QSA's prefill with no chosen blocks and the whole range as the "tail": key tiles at fixed
+    cells from 0, the tiles outside every row's range of a query tile skipped, so a row's bits depend only on its
+    own (lo, hi), D and the tiling, never on T or the other rows. (They are not the bits of `kernel.attend_kernel`,
+    the verify-window path: another summation order.)"""
+    B, T, Hq, D = q.shape
+    n_flat, Hkv, _ = k_cache.shape
+    G = Hq // Hkv
+    Gp, TQ, TK_ = tiling(Hq, Hkv, D, block=TK)
+    Tp = -(-T // TQ) * TQ
+    if interpret and Tp == TQ:
+        Tp = 2 * TQ  # interpret mode folds a grid of one program into code that rounds differently (see gemv)
+    padt = lambda a: jnp.pad(a.astype(jnp.int32), [(0, 0), (0, Tp - T)])         # padded rows: no cells
+    lo_f, hi_f = padt(lo).reshape(-1), padt(hi).reshape(-1)
+    NT = -(-int(n_cells) // TK_)
+    NQT = Tp // TQ
+    tiles = jnp.arange(NT, dtype=jnp.int32)[None, None, :] * TK_
+    rlo, rhi = lo_f.reshape(B * NQT, TQ, 1), hi_f.reshape(B * NQT, TQ, 1)
+    live = jnp.any((tiles < rhi) & (tiles + TK_ > rlo) & (rhi > rlo), axis=1).astype(jnp.int32)  # [B*NQT, NT]
+    words = jnp.zeros((B * Tp * NT,), jnp.int32)
+    qg = jnp.pad(q.reshape(B, T, Hkv, G, D), [(0, 0), (0, Tp - T), (0, 0), (0, Gp - G), (0, 0)])
+    qg = jnp.transpose(qg, (0, 2, 1, 3, 4)).reshape(B, Hkv, Tp * Gp, D)
+    full = pl.no_block_spec
+    call = dispatch.pallas_call(
+        functools.partial(_attend_kernel, Hkv=Hkv, D=D, Gp=Gp, TQ=TQ, TK=TK_, Tp=Tp, NT=NT, NQT=NQT, n_flat=n_flat,
+                          block=1, scale=float(scale), interpret=interpret),
+        out_shape=[jax.ShapeDtypeStruct((B, Hkv, Tp * Gp, D), F32)], grid=(B, Hkv, NQT), in_specs=[full] * 8,
+        out_specs=[full], interpret=interpret, num_warps=4, num_stages=1, name="attend_range_prefill")
+    # block = 1: the kernel's tail range is [nc * block, nkv) = [lo, hi); no block words are set
+    (o,) = call(hi_f, lo_f, cell_base.astype(jnp.int32), live.reshape(-1), words, qg, k_cache.reshape(-1),
+                v_cache.reshape(-1))
+    o = o.reshape(B, Hkv, Tp, Gp, D)[:, :, :T, :G]
+    return jnp.transpose(o, (0, 2, 1, 3, 4)).reshape(B, T, Hq, D)
