@@ -53,7 +53,10 @@ def test_batch_chat_system_stats_json(model_path, tmp_path):
     solo_st = tmp_path / "solo.json"
     solo = _run(*common, "--prompt", "What is 2+2?", "--stats_json", str(solo_st))
     assert solo.returncode == 0, solo.stderr[-2000:]
-    assert json.loads(solo_st.read_text())["prompt_tokens"] == recs["chat"]["prompt_tokens"]
+    ds = json.loads(solo_st.read_text())
+    assert ds["prompt_tokens"] == recs["chat"]["prompt_tokens"] and ds["tokens"] == recs["chat"]["tokens"]
+    assert ds["text"].strip() == solo.stdout.strip() and ds["sampling"]["temperature"] == 0.0
+    assert ds["backend"] == "cpu" and ds["jax"]
     chat_lines = [ln.split("] ", 1)[1] for ln in proc.stdout.splitlines() if ln.startswith("[chat] ")]
     assert solo.stdout.strip() == " ".join(chat_lines).strip()
 

@@ -142,6 +142,13 @@ def test_stats_json_is_a_folder(tmp_path):
                        "--stats_json", "is a folder")
 
 
+def test_one_file_for_two_outputs(tmp_path):
+    f = tmp_path / "out.npz"
+    assert_clean_error(run_cli("--model", NO_MODEL, "--prompt", "hi", "--dump_logits", str(f), "--stats_json",
+                               str(tmp_path / "." / "out.npz")), "--stats_json", "same file as --dump_logits")
+    assert not f.exists()
+
+
 def test_prompt_file_not_utf8(tmp_path):
     p = tmp_path / "latin1.txt"
     p.write_bytes("caf\xe9".encode("latin-1"))

@@ -14,6 +14,7 @@ the traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -115,8 +116,14 @@ def _check_flags(argv) -> dict:
         fail("--stop '': a stop string must not be empty")
     if FLAGS.system is not None and not FLAGS.chat and not FLAGS.prompts_file:
         fail("--system needs --chat")  # with --prompts_file it applies to the lines with "chat": true too
+    seen: dict[str, str] = {}
     for name in ("dump_logits", "stats_json", "out_jsonl"):
         path = getattr(FLAGS, name, None)
+        if path:
+            key = os.path.realpath(path)
+            if key in seen:
+                fail(f"--{name} {path}: the same file as --{seen[key]} (one would overwrite the other)")
+            seen[key] = name
         if path is not None:
             if not path:
                 fail(f"--{name}: empty path")
@@ -235,6 +242,8 @@ def main(argv) -> int:
     if FLAGS.stats_json:
         x = shared.XLA_CACHE
         d = {**gen.stats.as_dict(), **_run_facts(), "model": str(engine.gguf.path), "load_seconds": engine.load_seconds,
+             "sampling": dataclasses.asdict(shared.default_sampling()), "tokens": [int(t) for t in gen.tokens],
+             "text": tok.decode(gen.tokens, skip_special=True) if tok is not None else None,
              "compiles": sum(c.compiles for c in caches), "compile_seconds": sum(c.compile_seconds for c in caches),
              "xla_cache": None if x is None else {"path": x.path, "read": x.hits, "written": x.written,
                                                   "requests": x.requests}}
