@@ -513,6 +513,7 @@ def test_serve_flag_errors_before_load():
             (["--batch", "2", "--batch_groups", "3"], ["--batch_groups 3", "1..2"]),
             (["--api_key", " "], ["--api_key", "empty key"]),
             (["--top_p", "0"], ["--top_p 0", "(0, 1]"]),
+            (["--temperature", "5"], ["--temperature 5.0", "[0, 2]"]),
             (["--port", str(busy.getsockname()[1])], ["cannot listen there"]),
             (["--port", "0", "stray"], ["unexpected argument 'stray'"]),
             (["--port", "0"], ["no such file", "no-such-model"]),  # the flags pass: the model is the first error

@@ -115,6 +115,9 @@ def main(argv) -> int:
              f"takes one value")
     shared.check_spec_flag()
     shared.check_shared_flags(batch=True)
+    if not 0.0 <= FLAGS.temperature <= 2.0:  # the default of requests, which must lie in OpenAI's range too
+        fail(f"--temperature {FLAGS.temperature}: strata-serve's default temperature must lie in [0, 2] (0 is greedy), "
+             "the range a request may ask for")
     api_key = FLAGS.api_key if FLAGS.api_key is not None else os.environ.get("STRATA_API_KEY")
     if api_key is not None and not api_key.strip():
         fail("--api_key: empty key (leave the flag out for an open server)")
