@@ -198,7 +198,7 @@ def record_acceptance(args) -> int:
             refs.update(got["refs"])
             print(f"  {len(refs)} reference(s) kept from {partial}", flush=True)
     print(f"recording: target {target_path} (the engine), {hi} tokens per request", flush=True)
-    from strata_jax.pipeline.engine import PREFILL_CHUNK, Engine
+    from strata_jax.pipeline.engine import Engine
     from strata_jax.pipeline.solo import generate
     from strata_jax.proposers import LookupProposer
     from strata_jax.sampling import RowSampling
@@ -225,7 +225,7 @@ def record_acceptance(args) -> int:
         """The draft's greedy pick after every position of ``ids`` (teacher-forced: prefill chunks, all rows)."""
         deng.reset_slot(0)
         picks = []
-        C = PREFILL_CHUNK
+        C = deng.prefill_chunk
         for c in range(0, len(ids), C):
             chunk = ids[c:c + C]
             toks = np.zeros((1, C), np.int32)

@@ -20,8 +20,9 @@ default: the engine's choice).
 
   python experiments/compile_probe.py --geometry qwen3.6-35b-a3b --n_layer 8 --kinds step --structure --stack 1
 
-Kinds: ``prefill`` (one `PREFILL_CHUNK`-row chunk, last-row logits), ``step`` (T = 1), ``windowT`` (a T-row verify
-window, all logits), ``mtp_prefill`` / ``mtp_windowT`` (the MTP layer's catch-up + draft chain of ``--mtp`` drafts).
+Kinds: ``prefill`` (one chunk of ``--prefill_chunk`` rows, default `PREFILL_CHUNK`, last-row logits), ``step``
+(T = 1), ``windowT`` (a T-row verify window, all logits), ``mtp_prefill`` / ``mtp_windowT`` (the MTP layer's
+catch-up + draft chain of ``--mtp`` drafts).
 Prints one line per pair: lower seconds, compile seconds (or ``timeout``), and the HLO size.
 """
 
@@ -41,7 +42,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 
 def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, lower_for: str | None = None,
-         structure: bool = False, profile_top: int = 0) -> dict:
+         structure: bool = False, profile_top: int = 0, prefill_chunk: int | None = None) -> dict:
     """Lower and compile one function in this process; returns timings. With ``lower_for`` (e.g. ``"cuda"``) the
     function is only lowered, for that platform (works on a CPU-only machine), with the kernel path forced, and the
     Pallas kernels it holds are listed with the size of their IR."""
@@ -52,7 +53,7 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, low
 
     from strata_jax.models.registry import build_stage, config_from_gguf, mtp_head
     from strata_jax.testing.random_weights import VirtualGGUF, load_geometry
-    from strata_jax.pipeline.engine import PREFILL_CHUNK
+    from strata_jax.pipeline.engine import PREFILL_CHUNK, check_prefill_chunk
     from strata_jax.pipeline.stages import build_mtp_fn, build_stage_fn, make_stage
     from strata_jax.sampling import RowSampling, SamplingParams
     from strata_jax.state import Rows
@@ -86,7 +87,8 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, low
     cfg = config_from_gguf(v)
     samp = RowSampling.make([SamplingParams(0.0)])
     mode = "prefill" if kind.endswith("prefill") else "window"
-    T = PREFILL_CHUNK if mode == "prefill" else (1 if kind == "step" else int(kind.rsplit("window", 1)[1]))
+    chunk = check_prefill_chunk(PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, max_context)
+    T = chunk if mode == "prefill" else (1 if kind == "step" else int(kind.rsplit("window", 1)[1]))
     rows = Rows.make([0], [0], [T])
     t0 = time.perf_counter()
     if kind.startswith("mtp"):
@@ -171,6 +173,8 @@ def main() -> None:
     ap.add_argument("--kinds", default="prefill,step,window4", help="comma list (see the module docstring)")
     ap.add_argument("--ops", default="none,all", help="comma list of kernel selections (see the module docstring)")
     ap.add_argument("--max_context", type=int, default=1024)
+    ap.add_argument("--prefill_chunk", type=int, default=None, help="rows of the prefill kinds' chunk (the engine's "
+                    "--prefill_chunk; default: its default)")
     ap.add_argument("--mtp", type=int, default=3, help="drafts in the MTP chain (mtp_* kinds)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per (selection, kind) subprocess")
     ap.add_argument("--lower_for", default=None, help="only lower, for this platform (e.g. cuda, on a CPU-only "
@@ -189,8 +193,11 @@ def main() -> None:
     args = ap.parse_args()
     if args._child:
         print(json.dumps(_one(args.geometry, args.n_layer, args._child, args.max_context, args.mtp, args.lower_for,
-                              args.structure, args.profile_top)))
+                              args.structure, args.profile_top, args.prefill_chunk)))
         return
+    from strata_jax.pipeline.engine import PREFILL_CHUNK
+
+    chunk = PREFILL_CHUNK if args.prefill_chunk is None else args.prefill_chunk  # recorded with each prefill kind
     variants = [v.split("=", 1) if "=" in v else (v, "") for v in args.xla_variants.split("|") if v] or [("", "")]
     pairs = [(ops + (f"/{vn}" if vn else ""), kind, vf) for vn, vf in variants for ops in args.ops.split(",") if ops
              for kind in args.kinds.split(",") if kind]
@@ -223,6 +230,8 @@ def main() -> None:
             cmd += ["--structure"]
         if args.profile_top:
             cmd += ["--profile_top", str(args.profile_top)]
+        if args.prefill_chunk is not None:
+            cmd += ["--prefill_chunk", str(args.prefill_chunk)]
         t0 = time.perf_counter()
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -232,7 +241,8 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             r = {"timeout_s": args.timeout}
         ops = label
-        r.update(ops=ops, kind=kind, xla_flags=xla_extra, wall_s=round(time.perf_counter() - t0, 1))
+        r.update(ops=ops, kind=kind, xla_flags=xla_extra, prefill_chunk=chunk if kind.endswith("prefill") else None,
+                 wall_s=round(time.perf_counter() - t0, 1))
         if "structure" in r:
             st = r["structure"]
             cp = ", ".join(f"{k} {v['count']} ({v['bytes'] / 1e6:.1f} MB)" for k, v in r["copies"].items()) or "none"

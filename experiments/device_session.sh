@@ -20,8 +20,9 @@
 # path's step profile, c6351ea: last, as its figures are on record from 2026-12-01), table. Also: probe
 # (compile_probe.py on the 1.5B file per op selection), shapes (each matrix of the file compiled alone),
 # compile_repeat, sampler (compile_sampler.py: the sampler's pieces alone), decode_stacked (STRATA_STACK_LAYERS=1),
-# generate (strata-generate, the user path). Pick parts with PARTS="random_gguf probe ..." (time limits: DECODE_S,
-# GENERATE_S, PROBE_S, REPEAT_S, SAMPLER_S; BUDGET for the whole call). The device tool returns only a few files:
+# prefill (experiments/bench_prefill.py: prompts 512 / 2048 / 8192 x --prefill_chunk 128 / 256 / 512, compile and
+# peak memory per chunk size), generate (strata-generate, the user path). Pick parts with PARTS="random_gguf probe
+# ..." (time limits: DECODE_S, GENERATE_S, PREFILL_S, PROBE_S, REPEAT_S, SAMPLER_S; BUDGET for the whole call). The device tool returns only a few files:
 # the parts' logs and JSON come back in $OUT/parts.tgz beside $OUT/session.log.
 set -uo pipefail
 MODE=${1:-}
@@ -101,6 +102,11 @@ case "$MODE" in
       part decode_bytes 80 $NEW STRATA_QMATMUL=bytes python3 experiments/bench_decode.py --model $MODEL \
         --prompt_tokens 64 --decode_tokens 32 --out "$OUT/decode_bytes.json"
     fi
+    PREFILL_S=${PREFILL_S:-150}; PB=$(left); [ "$PB" -gt "$PREFILL_S" ] && PB=$PREFILL_S  # the part's own limit
+    if [ "$MODE" = run ]; then PF="--prompts 512,2048,8192 --chunks 128,256,512"
+    else PF="--prompts 40,100 --chunks 16,32 --max_context 128"; fi
+    part prefill "$PREFILL_S" $NEW python3 experiments/bench_prefill.py --model $MODEL $PF --repeats 2 \
+      --budget_s $(( PB - 15 )) --out "$OUT/prefill.json"
     IDS=$(python3 -c "print(','.join(str(1 + 37 * i % 500) for i in range(64)))")
     part generate ${GENERATE_S:-150} $NEW STRATA_QMATMUL=${GEN_QMATMUL:-planar} python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" \
       --max_new_tokens 128 --stats_json "$OUT/generate.json"
@@ -153,7 +159,17 @@ try:
     for ln in rows:
         print("llama.cpp " + " ".join(ln.split()))
 except OSError:
-    pass
+    rows = []
+p = load("prefill.json")
+if p:
+    for ln in p.get("table", []):
+        print(ln)
+    pp = [float(m.group(1)) for ln in rows for m in [re.search(r"\|\s*pp512\s*\|\s*([\d.]+)", ln)] if m]
+    r512 = [c for c in p.get("cases", []) if c["prompt"] == 512]
+    if pp and r512 and not p.get("llamacpp_pp512"):
+        best = max(r512, key=lambda c: c["tok_s"])
+        print(f"prefill vs llama.cpp pp512 {pp[0]:.0f} tok/s: best 512-token prefill {best['tok_s']:.1f} tok/s "
+              f"(chunk {best['chunk']}) = {best['tok_s'] / pp[0]:.3f} of it")
 EOF
     # the device tool returns a handful of files: everything but this log goes back in one archive
     tar czf "$OUT/parts.tgz" -C "$OUT" --exclude=parts.tgz --exclude=session.log . 2>/dev/null &&

@@ -19,7 +19,6 @@ import jax
 import numpy as np
 import pytest
 
-from strata_jax.pipeline.engine import PREFILL_CHUNK
 from strata_jax.pipeline.groups import resolve_groups
 from strata_jax.pipeline.scheduler import BatchScheduler, Request
 from strata_jax.pipeline.stages import slot_axes
@@ -181,7 +180,7 @@ def test_prefill_chunks_flag_names_the_chunk(engine_for):
     from strata_jax.cli import flags
     from strata_jax.errors import StrataError
 
-    assert f"({PREFILL_CHUNK} tokens each)" in flags.FLAGS["batch_prefill_chunks"].help
+    assert "(--prefill_chunk tokens each)" in flags.FLAGS["batch_prefill_chunks"].help
     eng = _engine(engine_for, n_slots=3)
     with pytest.raises(StrataError, match="must be >= 0"):
         BatchScheduler(eng, resolve_groups(3, 1), prefill_chunks=-1)

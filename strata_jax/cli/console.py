@@ -203,3 +203,33 @@ class LabelledLines:
         cont = self._cont.pop(rid, False)
         if buf or rid not in self._printed:
             self._emit(rid, buf, cont)
+
+
+PROMPT_BAR_MIN_CHUNKS = 4  # a prompt of more chunks than this gets a progress line
+
+
+def prompt_progress(n_tokens: int, chunk: int, file=None, min_chunks: int = PROMPT_BAR_MIN_CHUNKS):
+    """An ``on_chunk(read, total)`` callback for `strata_jax.pipeline.engine.Engine.prefill` that shows ``reading
+    prompt: 8192/32768 [00:05<00:15, 1638.40 tok/s]`` on ``file`` (default stderr; a terminal only, as the load bar;
+    cleared at the end) while a prompt of more than ``min_chunks`` chunks of ``chunk`` tokens is read; None for a
+    shorter prompt. The line starts after the first chunk (which compiles the prefill program and announces it), so
+    its rate is that of the warm chunks. Never writes to stdout."""
+    if -(-int(n_tokens) // int(chunk)) <= min_chunks:
+        return None
+    bar = None
+
+    def on_chunk(read: int, total: int) -> None:
+        nonlocal bar
+        from tqdm import tqdm
+
+        if bar is None:
+            if read >= total:
+                return
+            bar = tqdm(total=total, initial=read, desc="reading prompt", unit=" tok", file=file or sys.stderr,
+                       leave=False, disable=None, dynamic_ncols=True)
+            return
+        bar.update(read - bar.n)
+        if read >= total:
+            bar.close()
+
+    return on_chunk

@@ -16,6 +16,7 @@ from absl import flags
 
 from strata_jax.cli.console import CONSOLE
 from strata_jax.errors import StrataError
+from strata_jax.pipeline.engine import PREFILL_CHUNK, PREFILL_CHUNK_STEP
 from strata_jax.sampling import TOP_K_MAX
 
 FLAGS = flags.FLAGS
@@ -48,6 +49,15 @@ flags.DEFINE_enum("weights", "auto", ["auto", "blocks", "f32"],
                   "How weights are held: blocks = in their GGUF block formats, dequantized inside every matmul (what "
                   "the GPU kernels read); f32 = dequantized once at load (same values, >= 4x the memory, several "
                   "times faster decode on a CPU); auto = f32 on a CPU when it takes at most 40% of RAM, else blocks.")
+flags.DEFINE_integer("prefill_chunk", PREFILL_CHUNK, f"Prompt tokens read per prefill program call (rows per "
+                     f"chunk): a positive multiple of {PREFILL_CHUNK_STEP} up to --max_context (or the default). "
+                     f"Larger chunks give the matmuls more rows per weight read (faster long prompts, up to the "
+                     f"device's limit) and hold more temporary memory per call (attention scores grow with chunk x "
+                     f"context); each size is its own compiled program (compiled once); the last chunk is padded, "
+                     f"so a short prompt wastes up to a chunk of work. The hybrids with GDN layers (qwen3next, "
+                     f"qwen35, qwen35moe, qwen4exp) read a chunk in 64-row pieces: a multiple of 64 wastes nothing "
+                     f"there. Logits may differ in their last bits between chunk sizes (sums in another order), "
+                     f"never between runs of one size.")
 flags.DEFINE_integer("compile_cache_size", 32, "Most compiled window functions kept (LRU).", lower_bound=1)
 flags.DEFINE_string("xla_cache_dir", None, "JAX's persistent compilation cache: compiled programs are kept here "
                     "and read back by later runs of the same model and shapes (the stats line counts the programs "
@@ -89,10 +99,11 @@ flags.DEFINE_string("batch_groups", "auto", "Slot groups on a layer split: 1 (se
                     "G divides --batch) or auto (one group per stage).")
 flags.DEFINE_bool("batch_mtp", False, "Batch proposals: each slot's token + 1 proposal per serial window.")
 flags.DEFINE_integer("piped_mtp", 0, "Proposals per window in pipelined groups of one slot, 0..7 (0 = off).")
-flags.DEFINE_integer("batch_prefill_chunks", 1, "Batch slots: prompt chunks (128 tokens each) read between two "
-                     "decode windows while a new request's prompt is read beside decoding slots (oldest request "
-                     "first), so they keep streaming during a long read; 0 = each prompt whole before the next "
-                     "window (they wait). Every request's tokens are the same either way.", lower_bound=0)
+flags.DEFINE_integer("batch_prefill_chunks", 1, "Batch slots: prompt chunks (--prefill_chunk tokens each) read "
+                     "between two decode windows while a new request's prompt is read beside decoding slots "
+                     "(oldest request first), so they keep streaming during a long read; 0 = each prompt whole "
+                     "before the next window (they wait). Every request's tokens are the same either way.",
+                     lower_bound=0)
 flags.DEFINE_float("memory_limit_gib", None, "Device memory per stage for the batch-fit check (default: the "
                    "device's own limit where known).")
 
@@ -125,19 +136,21 @@ def n_stages() -> int:
 
 def check_shared_flags(*, batch: bool) -> None:
     """The checks of the shared flags that need no model (run before anything is loaded or downloaded): request
-    defaults by `strata_jax.cli.requests.check_request_values`, ``--spec_min_p``, the compilation cache folder
-    (`xla_cache_path`, created), ``--draft`` / ``--draft_model``, and with ``batch`` the group flags
-    (`resolve_groups`).
+    defaults by `strata_jax.cli.requests.check_request_values`, ``--prefill_chunk``, ``--spec_min_p``, the
+    compilation cache folder (`xla_cache_path`, created), ``--draft`` / ``--draft_model``, and with ``batch`` the
+    group flags (`resolve_groups`).
 
     Raises:
       StrataError: the first bad value.
     """
     from strata_jax.cli.requests import check_request_values
+    from strata_jax.pipeline.engine import check_prefill_chunk
     from strata_jax.pipeline.groups import resolve_groups
 
     check_request_values({"max_new_tokens": FLAGS.max_new_tokens, "temperature": FLAGS.temperature,
                           "top_k": FLAGS.top_k, "top_p": FLAGS.top_p, "min_p": FLAGS.min_p, "seed": FLAGS.seed},
                          flag_label)
+    check_prefill_chunk(FLAGS.prefill_chunk, FLAGS.max_context)
     if not (math.isfinite(FLAGS.spec_min_p) and 0.0 <= FLAGS.spec_min_p <= 1.0):
         fail(f"--spec_min_p {FLAGS.spec_min_p}: must lie in [0, 1] (0 = off)")
     xla = xla_cache_path()
@@ -250,7 +263,8 @@ def load_engine():
         XLA_CACHE = use_persistent_cache(xla)  # before anything compiles: JAX decides at the first compile
     engine = Engine(path, max_context=FLAGS.max_context, layer_split=FLAGS.layer_split,
                     kv_dtype=jnp.bfloat16 if FLAGS.kv_dtype == "bfloat16" else jnp.float32,
-                    compile_cache_size=FLAGS.compile_cache_size, progress=True, weights=FLAGS.weights)
+                    compile_cache_size=FLAGS.compile_cache_size, progress=True, weights=FLAGS.weights,
+                    prefill_chunk=FLAGS.prefill_chunk)
     engine.cache.notify = CONSOLE.compile_notifier(len(engine.stages), xla=XLA_CACHE)
     if len(engine.stages) > 1:
         for line in memory_lines(engine):

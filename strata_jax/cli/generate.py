@@ -194,6 +194,7 @@ def main(argv) -> int:
     shared.quiet_logs()
     import numpy as np
 
+    from strata_jax.cli.console import prompt_progress
     from strata_jax.pipeline.sequence import stop_strings
     from strata_jax.pipeline.solo import generate
     from strata_jax.proposers import SpecPolicy, make_proposer
@@ -231,7 +232,8 @@ def main(argv) -> int:
     gen = generate(engine, ids, max_new_tokens=FLAGS.max_new_tokens, sampling=shared.default_sampling(), eos_ids=eos,
                    stop=stop_strings(tok, FLAGS.stop), on_token=on_token, dump_logits=FLAGS.dump_logits is not None,
                    proposer=proposer, spec=spec if proposer is not None else 0, spec_min_p=FLAGS.spec_min_p,
-                   policy=SpecPolicy() if proposer is not None else None)
+                   policy=SpecPolicy() if proposer is not None else None,
+                   on_prefill_chunk=prompt_progress(len(ids), engine.prefill_chunk))  # stderr, a terminal only
     if tok is not None:
         con.text(dec.flush())
     con.text("\n")

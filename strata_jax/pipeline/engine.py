@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +41,26 @@ from strata_jax.state import Rows
 
 log = logging.getLogger("strata_jax")
 
-PREFILL_CHUNK = 128
+PREFILL_CHUNK = 128  # the default of --prefill_chunk (rows per prefill chunk)
+PREFILL_CHUNK_STEP = 16  # chunks are a multiple of this: the row tiles of the prefill kernels (GEMM, QSA) divide it
+
+
+def check_prefill_chunk(chunk, max_context: int) -> int:
+    """``chunk`` as an int when it is a valid prefill chunk: a positive multiple of `PREFILL_CHUNK_STEP` up to
+    ``max_context``, or the default `PREFILL_CHUNK` whatever the context (on a shorter one its chunk is padded, as
+    a short prompt's is: a chosen size past the context is refused as a mistake, the default must not be).
+
+    Raises:
+      StrataError: one line naming the flag, otherwise.
+    """
+    try:
+        c = int(chunk)
+    except (TypeError, ValueError):
+        c = 0
+    if c != chunk or c <= 0 or c % PREFILL_CHUNK_STEP or (c > max_context and c != PREFILL_CHUNK):
+        raise StrataError(f"--prefill_chunk {chunk}: must be a positive multiple of {PREFILL_CHUNK_STEP} up to "
+                          f"--max_context {max_context} (or the default {PREFILL_CHUNK})")
+    return c
 
 
 @dataclasses.dataclass
@@ -63,12 +83,14 @@ class PromptRead:
     Attributes:
       slot, ids (list[int]), start (position of ``ids[0]``), chunk (rows per chunk, C), read (prompt tokens read
       so far), n_chunks (chunks in all), chunks_read (chunks read so far), pick (int: the pick after the last
-      prompt token, set by the last `step`; None before).
+      prompt token, set by the last `step`; None before), on_chunk (None, or ``on_chunk(read, len(ids))`` called
+      after each chunk's pick has been read: a progress line).
     """
 
     def __init__(self, engine: "Engine", slot: int, ids: list[int], sampling: SamplingParams, start: int,
-                 all_logits: bool):
+                 all_logits: bool, on_chunk: Callable[[int, int], None] | None = None):
         self.engine = engine
+        self.on_chunk = on_chunk
         self.slot, self.ids, self.start = int(slot), ids, int(start)
         self.chunk = int(engine.prefill_chunk)
         self.n_chunks = -(-len(ids) // self.chunk)
@@ -115,6 +137,8 @@ class PromptRead:
         self.chunks_read += 1
         if last:
             self.pick = pick
+        if self.on_chunk is not None:
+            self.on_chunk(self.read, n)
         return self.done
 
     def logits(self) -> np.ndarray | None:
@@ -139,22 +163,28 @@ class Engine:
         the same values, >= 4x the memory, much faster decode with XLA on a CPU), or ``"auto"``: ``"f32"`` when
         every stage is on a CPU and the float32 copy takes at most `F32_RAM_FRACTION` of the machine's memory (the
         cgroup's limit when lower), else ``"blocks"``. The choice is in ``self.weights``.
+      prefill_chunk: rows per prefill chunk (`check_prefill_chunk`: a positive multiple of 16 up to
+        ``max_context``, or the default `PREFILL_CHUNK`). Each chunk size is its own compiled prefill program; a prompt
+        is read in [1, prefill_chunk] chunks, the last one padded. Models with GDN layers solve the delta rule in
+        64-row pieces inside a chunk (`strata_jax.pallas.gdn.reference.CHUNK`): a chunk that is not a multiple of
+        64 is padded with rows that leave the state unchanged there (the same result, the padded rows' work wasted).
 
     Attributes:
       cfg, family, gguf, stages, states (per stage, its state pytree on its device), cache (`CompileCache` of every
       jitted call: stage windows, commits, slot resets, the MTP chain), n_slots, max_context, weights, kv_dtype,
       load_seconds; ple (`PleHost`, qwen4exp only, else None); mtp (`MtpChain`); prefill_chunk (rows per prefill
-      chunk, `PREFILL_CHUNK`: every read of a prompt uses it, so a test may lower it on an engine to make a short
-      prompt span several chunks, for its solo reference and its batch run alike).
+      chunk: every read of a prompt started after it is set uses it, so a test may lower it on an engine to make a
+      short prompt span several chunks, for its solo reference and its batch run alike; setting it checks it as
+      the argument is checked).
 
     Raises:
       StrataError: bad file, unsupported architecture or block format, bad split, context too large, unknown
-        ``weights``.
+        ``weights``, a bad ``prefill_chunk`` (before any weights load).
     """
 
     def __init__(self, model_path, *, max_context: int = 4096, n_slots: int = 1, layer_split: str | None = None,
                  devices=None, kv_dtype=jnp.float32, compile_cache_size: int = 32, progress: bool = False,
-                 weights: str = "auto"):
+                 weights: str = "auto", prefill_chunk: int = PREFILL_CHUNK):
         t0 = time.perf_counter()
         # a path, or an already open GGUF-like object (e.g. strata_jax.testing.random_weights.VirtualGGUF)
         self.gguf = model_path if hasattr(model_path, "tensors") else open_gguf(model_path)
@@ -163,6 +193,7 @@ class Engine:
         if max_context < 2:
             raise StrataError(f"--max_context {max_context}: must be at least 2")
         self.max_context = int(max_context)
+        self.prefill_chunk = prefill_chunk  # checked (the property's setter)
         self.n_slots = int(n_slots)
         devices = list(devices) if devices is not None else jax.devices()
         ranges = parse_layer_split(layer_split, self.cfg.n_layer, len(devices))
@@ -182,11 +213,19 @@ class Engine:
         self.cache = CompileCache(compile_cache_size)
         self.ple = PleHost.for_stages(self.gguf, self.cfg, self.stages, self.n_slots)  # qwen4exp, else None
         self.mtp = MtpChain(self)  # the MTP draft chain, off until `MtpChain.enable`
-        self.prefill_chunk = PREFILL_CHUNK
         self.load_seconds = time.perf_counter() - t0
         self._tokenizer = None
 
     # ---- facts -------------------------------------------------------------------------------------------------
+    @property
+    def prefill_chunk(self) -> int:
+        """Rows per prefill chunk (see the class docstring)."""
+        return self._prefill_chunk
+
+    @prefill_chunk.setter
+    def prefill_chunk(self, chunk: int) -> None:
+        self._prefill_chunk = check_prefill_chunk(chunk, self.max_context)
+
     @property
     def tokenizer(self):
         if self._tokenizer is None:
@@ -263,9 +302,10 @@ class Engine:
             self.commit_stage(i, rows, pending, keep)
 
     def prefill(self, slot: int, ids: list[int], sampling: SamplingParams, *, start: int = 0,
-                all_logits: bool = False) -> tuple[int, np.ndarray | None]:
+                all_logits: bool = False,
+                on_chunk: Callable[[int, int], None] | None = None) -> tuple[int, np.ndarray | None]:
         """Read ``ids`` into ``slot`` at positions ``start..`` in chunks of ``self.prefill_chunk`` rows: a
-        `PromptRead` (`start_prefill`) run to its end.
+        `PromptRead` (`start_prefill`) run to its end; ``on_chunk(read, len(ids))`` after each chunk (progress).
 
         Returns:
           (the pick after the last prompt token, the prompt's logits [len(ids), V] float32 if ``all_logits``).
@@ -273,15 +313,17 @@ class Engine:
         Raises:
           StrataError: the prompt does not fit in the context.
         """
-        read = self.start_prefill(slot, ids, sampling, start=start, all_logits=all_logits)
+        read = self.start_prefill(slot, ids, sampling, start=start, all_logits=all_logits, on_chunk=on_chunk)
         while not read.done:
             read.step()
         return read.pick, read.logits()
 
     def start_prefill(self, slot: int, ids: list[int], sampling: SamplingParams, *, start: int = 0,
-                      all_logits: bool = False) -> "PromptRead":
+                      all_logits: bool = False,
+                      on_chunk: Callable[[int, int], None] | None = None) -> "PromptRead":
         """Begin reading ``ids`` into ``slot`` at positions ``start..``: checks the length and, for a new sequence
-        (``start`` 0), zeroes the slot; nothing is launched until `PromptRead.step`. The batch scheduler steps it
+        (``start`` 0), zeroes the slot; nothing is launched until `PromptRead.step` (``on_chunk``: see
+        `PromptRead`). The batch scheduler steps it
         between other slots' decode windows (they never touch this slot's cells); `prefill` steps it to the end.
 
         Raises:
@@ -295,7 +337,7 @@ class Engine:
                               f"(it needs at least {start + n + 1})")
         if start == 0:
             self.reset_slot(slot)  # a new sequence: recurrent state from zero (K/V cells are overwritten)
-        return PromptRead(self, slot, list(ids), sampling, start, all_logits)
+        return PromptRead(self, slot, list(ids), sampling, start, all_logits, on_chunk)
 
     def window(self, tokens: np.ndarray, rows: Rows, sampling: RowSampling, kind: str = "window") -> WindowResult:
         """One verify window for B segments of T rows; the host reads picks and keep counts."""

@@ -170,7 +170,8 @@ class _Round:
 def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256,
              sampling: SamplingParams = SamplingParams(), eos_ids=(), stop: Callable[[list[int]], bool] | None = None,
              on_token: Callable[[int], None] | None = None, slot: int = 0, dump_logits: bool = False,
-             proposer=None, spec: int = 0, spec_min_p: float = 0.0, policy=None) -> Generation:
+             proposer=None, spec: int = 0, spec_min_p: float = 0.0, policy=None,
+             on_prefill_chunk: Callable[[int, int], None] | None = None) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` in ``slot``.
 
     Args:
@@ -187,6 +188,7 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
       spec_min_p: cut proposals at the first one whose proposer probability is below this (0 = off).
       policy: a `strata_jax.proposers.SpecPolicy` letting the proposer step aside when it does not pay
         (None: always ask it).
+      on_prefill_chunk: ``on_prefill_chunk(read, len(prompt_ids))`` after each prompt chunk (`Engine.prefill`).
 
     Returns:
       `Generation`.
@@ -199,11 +201,13 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
             raise StrataError(f"--spec {spec}: the window cap must lie in 2..{MAX_WINDOW}")
         return _generate_spec(engine, prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling, eos_ids=eos_ids,
                               stop=stop, on_token=on_token, slot=slot, dump_logits=dump_logits, proposer=proposer,
-                              spec=int(spec), spec_min_p=float(spec_min_p), policy=policy)
+                              spec=int(spec), spec_min_p=float(spec_min_p), policy=policy,
+                              on_prefill_chunk=on_prefill_chunk)
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
     t0 = time.perf_counter()
     c0 = engine.cache.compiles
-    first, prefill_logits = engine.prefill(slot, list(prompt_ids), sampling, all_logits=dump_logits)
+    first, prefill_logits = engine.prefill(slot, list(prompt_ids), sampling, all_logits=dump_logits,
+                                           on_chunk=on_prefill_chunk)
     stats.prefill_seconds = time.perf_counter() - t0
     stats.prefill_compiled = engine.cache.compiles != c0
     step_logits: list[np.ndarray] = []
@@ -256,7 +260,8 @@ def _launch_step(engine: Engine, slot: int, token, pos: int, samp: RowSampling):
 
 
 def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sampling, eos_ids, stop, on_token, slot,
-                   dump_logits, proposer, spec: int, spec_min_p: float, policy) -> Generation:
+                   dump_logits, proposer, spec: int, spec_min_p: float, policy,
+                   on_prefill_chunk=None) -> Generation:
     """The speculative solo loop: each window is the last accepted token + up to ``spec - 1``
     proposals at consecutive positions; the engine's exact-match ``n_keep`` decides the kept prefix, which is then
     cut at EOS / max tokens / context end (`Sequence.push_window`) and at a stop string (`Sequence.flush`, after
@@ -284,7 +289,8 @@ def _generate_spec(engine: Engine, prompt_ids: list[int], *, max_new_tokens, sam
         proposer.bind(slot)  # proposers that keep per-slot state on the device (MTP)
     t0 = time.perf_counter()
     c_pre = n_compiles()
-    first, prefill_logits = engine.prefill(slot, list(prompt_ids), sampling, all_logits=dump_logits)
+    first, prefill_logits = engine.prefill(slot, list(prompt_ids), sampling, all_logits=dump_logits,
+                                           on_chunk=on_prefill_chunk)
     stats.prefill_seconds = time.perf_counter() - t0
     stats.prefill_compiled = n_compiles() != c_pre
     step_logits: list[np.ndarray] = []
