@@ -35,6 +35,8 @@ from strata_jax.cli.requests import check_prompt_ids_vocab, check_request_values
 from strata_jax.errors import StrataError
 from strata_jax.sampling import SamplingParams
 
+MAX_TEMPERATURE = 2.0  # OpenAI's range of a request's temperature is [0, 2]
+
 CHAT, COMPLETION = "chat", "completion"
 
 _COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
@@ -295,7 +297,7 @@ def parse_request(body, kind: str, *, tokenizer, max_context: int, vocab_size: i
     if mt is not None:
         values["max_new_tokens"] = mt
     _check(values, names)
-    if "temperature" in values and not 0.0 <= values["temperature"] <= 2.0:  # OpenAI's range; the CLI takes any
+    if "temperature" in values and not 0.0 <= values["temperature"] <= MAX_TEMPERATURE:  # the CLI takes any
         raise bad("temperature", f"'temperature' {values['temperature']}: must lie in [0, 2] (0 is greedy)")
     d = defaults.sampling
     sampling = SamplingParams(float(values.get("temperature", d.temperature)), int(values.get("top_k", d.top_k)),

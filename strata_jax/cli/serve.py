@@ -115,7 +115,9 @@ def main(argv) -> int:
              f"takes one value")
     shared.check_spec_flag()
     shared.check_shared_flags(batch=True)
-    if not 0.0 <= FLAGS.temperature <= 2.0:  # the default of requests, which must lie in OpenAI's range too
+    from strata_jax.cli.openai_api import MAX_TEMPERATURE
+
+    if not 0.0 <= FLAGS.temperature <= MAX_TEMPERATURE:  # the default of requests: the range a request may ask for
         fail(f"--temperature {FLAGS.temperature}: strata-serve's default temperature must lie in [0, 2] (0 is greedy), "
              "the range a request may ask for")
     api_key = FLAGS.api_key if FLAGS.api_key is not None else os.environ.get("STRATA_API_KEY")

@@ -191,10 +191,8 @@ def attend_cells(q, k_cache, v_cache, cells, *, scale: float | None = None, impl
 
 def attend_range_path(q, k_cache, v_cache, impl: str = "auto") -> str:
     """The path `attend_range` takes: "reference", "kernel" or "interpret" (q [B, T, Hq, D])."""
-    B, T, Hq, D = q.shape
     return dispatch.resolve("qsa.attend_range", impl,
-                            lambda: _k.why_not(Hq, k_cache.shape[1], D, k_cache.shape[0],
-                                               [q.dtype, k_cache.dtype, v_cache.dtype]))
+                            _attend_why_not(jax.ShapeDtypeStruct(q.shape[1:], q.dtype), k_cache, v_cache))
 
 
 @functools.partial(jax.jit, static_argnames=("n_cells", "scale", "path", "poison"))

@@ -177,15 +177,10 @@ def qsa_prefill_kernel(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_b
 
     m_tile / tk / num_warps: launch variants (for benchmarks); a row's bits depend on them."""
     B, T, Hq, D = q.shape
-    n_flat, Hkv, _ = k_cache.shape
     Hi, Di = iq.shape[2:]
     NB = pooled.shape[1]
-    G = Hq // Hkv
-    Gp, TQ, TK_ = tiling(Hq, Hkv, D, block, m_tile, tk)
-    R = max(TQ, TQS)
-    Tp = -(-T // R) * R
-    if interpret and Tp == R:
-        Tp = 2 * R  # interpret mode folds a grid of one program into code that rounds differently (see gemv)
+    Gp, TQ, TK_ = tiling(Hq, k_cache.shape[1], D, block, m_tile, tk)
+    Tp = _padded_rows(T, max(TQ, TQS), interpret)
     padt = lambda a: jnp.pad(a, [(0, 0), (0, Tp - T)] + [(0, 0)] * (a.ndim - 2))
     nkv = padt(n_kv.astype(jnp.int32)).reshape(-1)                               # padded rows: no cells
     nc = padt(n_complete.astype(jnp.int32)).reshape(-1)
@@ -198,15 +193,35 @@ def qsa_prefill_kernel(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_b
     NT = -(-(NB + 1) * block // TK_)                                              # every cell < (NB + 1) * block
     words = tile_words(blocks, NT, TK_, block)
     live = live_tiles(words, nkv, nc, rows_per_tile=TQ, tk=TK_, block=block)
+    return _attend_call(q, k_cache, v_cache, nkv, nc, cell_base, live, words, Gp=Gp, TQ=TQ, TK=TK_, Tp=Tp, NT=NT,
+                        block=block, scale=scale, interpret=interpret, num_warps=num_warps, name="qsa_attend_prefill")
+
+
+def _padded_rows(T: int, R: int, interpret: bool) -> int:
+    """T rounded up to a multiple of R (the rows of a program's tile)."""
+    Tp = -(-T // R) * R
+    if interpret and Tp == R:
+        Tp = 2 * R  # interpret mode folds a grid of one program into code that rounds differently (see gemv)
+    return Tp
+
+
+def _attend_call(q, k_cache, v_cache, nkv, nc, cell_base, live, words, *, Gp, TQ, TK, Tp, NT, block, scale, interpret,
+                 num_warps, name):
+    """Launch `_attend_kernel` over q [B, T, Hq, D] (rows padded to Tp, the group's heads to Gp) and return float32
+    [B, T, Hq, D]: nkv / nc int32 [B * Tp] (each row's tail ``nc * block <= c < nkv``), live int32 [B * Tp // TQ,
+    NT] and words int32 [B * Tp, NT] (`live_tiles`, `tile_words`)."""
+    B, T, Hq, D = q.shape
+    n_flat, Hkv, _ = k_cache.shape
+    G = Hq // Hkv
     NQT = Tp // TQ
     qg = jnp.pad(q.reshape(B, T, Hkv, G, D), [(0, 0), (0, Tp - T), (0, 0), (0, Gp - G), (0, 0)])
     qg = jnp.transpose(qg, (0, 2, 1, 3, 4)).reshape(B, Hkv, Tp * Gp, D)          # pair (t, h) at t * Gp + h
     full = pl.no_block_spec
     call = dispatch.pallas_call(
-        functools.partial(_attend_kernel, Hkv=Hkv, D=D, Gp=Gp, TQ=TQ, TK=TK_, Tp=Tp, NT=NT, NQT=NQT, n_flat=n_flat,
+        functools.partial(_attend_kernel, Hkv=Hkv, D=D, Gp=Gp, TQ=TQ, TK=TK, Tp=Tp, NT=NT, NQT=NQT, n_flat=n_flat,
                           block=block, scale=float(scale), interpret=interpret),
         out_shape=[jax.ShapeDtypeStruct((B, Hkv, Tp * Gp, D), F32)], grid=(B, Hkv, NQT), in_specs=[full] * 8,
-        out_specs=[full], interpret=interpret, num_warps=num_warps, num_stages=1, name="qsa_attend_prefill")
+        out_specs=[full], interpret=interpret, num_warps=num_warps, num_stages=1, name=name)
     (o,) = call(nkv, nc, cell_base.astype(jnp.int32), live.reshape(-1), words.reshape(-1), qg,
                 k_cache.reshape(-1), v_cache.reshape(-1))
     o = o.reshape(B, Hkv, Tp, Gp, D)[:, :, :T, :G]
@@ -226,30 +241,15 @@ def attend_range_kernel(q, k_cache, v_cache, lo, hi, cell_base, *, n_cells: int,
     own (lo, hi), D and the tiling, never on T or the other rows. (They are not the bits of `kernel.attend_kernel`,
     the verify-window path: another summation order.)"""
     B, T, Hq, D = q.shape
-    n_flat, Hkv, _ = k_cache.shape
-    G = Hq // Hkv
-    Gp, TQ, TK_ = tiling(Hq, Hkv, D, block=TK)
-    Tp = -(-T // TQ) * TQ
-    if interpret and Tp == TQ:
-        Tp = 2 * TQ  # interpret mode folds a grid of one program into code that rounds differently (see gemv)
+    Gp, TQ, TK_ = tiling(Hq, k_cache.shape[1], D, block=TK)
+    Tp = _padded_rows(T, TQ, interpret)
     padt = lambda a: jnp.pad(a.astype(jnp.int32), [(0, 0), (0, Tp - T)])         # padded rows: no cells
     lo_f, hi_f = padt(lo).reshape(-1), padt(hi).reshape(-1)
     NT = -(-int(n_cells) // TK_)
-    NQT = Tp // TQ
     tiles = jnp.arange(NT, dtype=jnp.int32)[None, None, :] * TK_
-    rlo, rhi = lo_f.reshape(B * NQT, TQ, 1), hi_f.reshape(B * NQT, TQ, 1)
-    live = jnp.any((tiles < rhi) & (tiles + TK_ > rlo) & (rhi > rlo), axis=1).astype(jnp.int32)  # [B*NQT, NT]
-    words = jnp.zeros((B * Tp * NT,), jnp.int32)
-    qg = jnp.pad(q.reshape(B, T, Hkv, G, D), [(0, 0), (0, Tp - T), (0, 0), (0, Gp - G), (0, 0)])
-    qg = jnp.transpose(qg, (0, 2, 1, 3, 4)).reshape(B, Hkv, Tp * Gp, D)
-    full = pl.no_block_spec
-    call = dispatch.pallas_call(
-        functools.partial(_attend_kernel, Hkv=Hkv, D=D, Gp=Gp, TQ=TQ, TK=TK_, Tp=Tp, NT=NT, NQT=NQT, n_flat=n_flat,
-                          block=1, scale=float(scale), interpret=interpret),
-        out_shape=[jax.ShapeDtypeStruct((B, Hkv, Tp * Gp, D), F32)], grid=(B, Hkv, NQT), in_specs=[full] * 8,
-        out_specs=[full], interpret=interpret, num_warps=4, num_stages=1, name="attend_range_prefill")
+    rlo, rhi = lo_f.reshape(-1, TQ, 1), hi_f.reshape(-1, TQ, 1)
+    live = jnp.any((tiles < rhi) & (tiles + TK_ > rlo) & (rhi > rlo), axis=1).astype(jnp.int32)  # [B*Tp/TQ, NT]
+    words = jnp.zeros((B * Tp, NT), jnp.int32)
     # block = 1: the kernel's tail range is [nc * block, nkv) = [lo, hi); no block words are set
-    (o,) = call(hi_f, lo_f, cell_base.astype(jnp.int32), live.reshape(-1), words, qg, k_cache.reshape(-1),
-                v_cache.reshape(-1))
-    o = o.reshape(B, Hkv, Tp, Gp, D)[:, :, :T, :G]
-    return jnp.transpose(o, (0, 2, 1, 3, 4)).reshape(B, T, Hq, D)
+    return _attend_call(q, k_cache, v_cache, hi_f, lo_f, cell_base, live, words, Gp=Gp, TQ=TQ, TK=TK_, Tp=Tp, NT=NT,
+                        block=1, scale=scale, interpret=interpret, num_warps=4, name="attend_range_prefill")
