@@ -45,6 +45,7 @@ from strata_jax.pallas.grouped_experts import reference as _ref
 from strata_jax.pallas.quant_matmul import api as _qapi
 from strata_jax.pallas.quant_matmul import gemv as _gemv
 from strata_jax.pallas.quant_matmul import kernel as _qk
+from strata_jax.pallas.quant_matmul import planar as _qplanar
 from strata_jax.pallas.quant_matmul.api import check_args
 
 
@@ -73,8 +74,13 @@ def _check(x, topk_ids, topk_w, gate, up, down, qtypes):
 def _planar(gate, up, down, qtypes) -> bool:
     """Whether all three stacks go to the planar kernels (one family per call)."""
     H, n_ff = down.shape[1], gate.shape[1]
-    flags = [_qapi.uses_planar_kernels(w, q, kk) for q, w, kk in zip(qtypes, (gate, up, down), (H, H, n_ff))]
+    stacks, ks = (gate, up, down), (H, H, n_ff)
+    flags = [_qapi.uses_planar_kernels(w, q, kk) for q, w, kk in zip(qtypes, stacks, ks)]
     if any(flags) and not all(flags):
+        # Float stacks follow the repacked ones; with none repacked (float experts whose K is not a multiple of
+        # 32 on one side) the call goes to the bytes family, which takes any K.
+        if not any(_qplanar.is_planar(w, q) for q, w in zip(qtypes, stacks)):
+            return False
         raise UnsupportedError("grouped_experts.moe_experts: gate/up/down must all be planar or all GGUF bytes")
     return all(flags)
 
