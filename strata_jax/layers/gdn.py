@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from strata_jax.layers.linear import QLinear, load_f32
+from strata_jax.layers.linear import QLinear, load_f32, project_shared
 from strata_jax.layers.norms import rms_norm
 from strata_jax.pallas import rows as row_ops
 from strata_jax.pallas.gdn import gdn_chunked, gdn_commit, gdn_window
@@ -137,7 +137,7 @@ class GatedDeltaNet(nnx.Module):
             r = self.Hv // self.Hk
             ba = qcall(self.wba, x, exact).reshape(B, T, self.Hk, 2 * r)
             return ba[..., :r].reshape(B, T, self.Hv), ba[..., r:].reshape(B, T, self.Hv)
-        return qcall(self.wb, x, exact), qcall(self.wa, x, exact)
+        return project_shared(x, (self.wb, self.wa), exact)
 
     def _to_v_heads(self, a):
         """[B, T, Hk, Dk] -> [B, T, Hv, Dk] in the GGUF's v-head order."""

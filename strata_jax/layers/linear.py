@@ -35,7 +35,7 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from strata_jax.errors import StrataError, UnsupportedError
 from strata_jax.gguf import blocks
-from strata_jax.pallas.quant_matmul import dequantize_weight, prepare_weight, qmatmul
+from strata_jax.pallas.quant_matmul import dequantize_weight, prepare_weight, qmatmul, qmatmul_shared
 from strata_jax.state import Rows
 
 _FLOAT_DTYPES = {Q.F32: np.float32, Q.F16: np.float16}
@@ -247,6 +247,31 @@ class QLinear(nnx.Module):
         if self.b is not None:
             y = y + self.b[...]
         return y
+
+
+def project_shared(x: jax.Array, linears, exact_rows: bool = True) -> tuple:
+    """``tuple(lin(x, exact_rows) for lin in linears)``, bit for bit, where the projections of one format and
+    shape (a gated MLP's gate and up; K and V of one format) share one kernel launch and one read of ``x``
+    (`strata_jax.pallas.quant_matmul.qmatmul_shared`: the planar GEMV of 1..8 rows or row groups; every other path
+    makes the separate calls).
+
+    Args: x float [..., n_in] (every linear's ``n_in``); linears: a sequence of `QLinear`.
+    Returns: a tuple of float32 [..., n_out] in the order of ``linears``.
+    """
+    lead = x.shape[:-1]
+    out = [None] * len(linears)
+    groups: dict = {}
+    for i, lin in enumerate(linears):
+        w = lin.w[...]
+        groups.setdefault((int(lin.qtype), lin.n_out, lin.n_in, w.dtype, w.shape), []).append(i)
+    for (_, n_out, n_in, _, _), idx in groups.items():
+        x2 = x.reshape(-1, n_in)
+        ys = qmatmul_shared(x2, [linears[i].w[...] for i in idx], linears[idx[0]].qtype, n_out, n_in,
+                            row_groups=exact_rows)
+        for i, y in zip(idx, ys):
+            y = y.reshape(*lead, n_out)
+            out[i] = y + linears[i].b[...] if linears[i].b is not None else y
+    return tuple(out)
 
 
 class Embedding(nnx.Module):

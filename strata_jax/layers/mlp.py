@@ -15,7 +15,7 @@ import jax
 from flax import nnx
 
 from strata_jax.config import shape_dims
-from strata_jax.layers.linear import QLinear
+from strata_jax.layers.linear import QLinear, project_shared
 from strata_jax.layers.moe import MoE
 
 MLP_ACTS = ("silu", "gelu_tanh")
@@ -45,7 +45,8 @@ class GatedMLP(nnx.Module):
 
     def __call__(self, x: jax.Array, exact_rows: bool) -> jax.Array:
         """x float32 [..., D] -> float32 [..., D]; ``exact_rows`` as `QLinear.__call__`."""
-        return self.down(mlp_act(self.act)(self.gate(x, exact_rows)) * self.up(x, exact_rows), exact_rows)
+        gate, up = project_shared(x, (self.gate, self.up), exact_rows)
+        return self.down(mlp_act(self.act)(gate) * up, exact_rows)
 
 
 def make_ffn(g, prefix: str, cfg, device=None):

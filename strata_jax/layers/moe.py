@@ -30,7 +30,7 @@ from flax import nnx
 
 from strata_jax.layers.exact import row_sum
 from strata_jax.layers.gdn import qcall, rowwise
-from strata_jax.layers.linear import QLinear, load_f32, load_raw
+from strata_jax.layers.linear import QLinear, load_f32, load_raw, project_shared
 from strata_jax.pallas import rows as row_ops
 from strata_jax.pallas.grouped_experts import moe_experts
 from strata_jax.pallas.quant_matmul import prepare_weight
@@ -100,7 +100,8 @@ class MoE(nnx.Module):
         y = self.routed(x.reshape(B * T, D), w.reshape(B * T, -1), ids.reshape(B * T, -1),
                         prefill=not exact_rows).reshape(B, T, D)
         if self.has_shared:
-            hs = jax.nn.silu(qcall(self.sh_gate, x, exact_rows)) * qcall(self.sh_up, x, exact_rows)
+            sg, su = project_shared(x, (self.sh_gate, self.sh_up), exact_rows)
+            hs = jax.nn.silu(sg) * su
             s = qcall(self.sh_down, hs, exact_rows)
             gate = rowwise(jax.nn.sigmoid, row_ops.row_sum(x * self.sh_w[...]), exact_rows)
             y = y + gate * s

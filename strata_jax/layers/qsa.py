@@ -45,7 +45,7 @@ from flax import nnx
 from strata_jax.layers.attention import attend_prefill, attend_window
 from strata_jax.layers.exact import row_sum
 from strata_jax.layers.gdn import qcall
-from strata_jax.layers.linear import QLinear, load_f32
+from strata_jax.layers.linear import QLinear, load_f32, project_shared
 from strata_jax.layers.norms import RMSNorm
 from strata_jax.layers.rope import apply_rope
 from strata_jax.pallas.qsa import qsa_attention, qsa_prefill
@@ -138,10 +138,11 @@ class GatedAttention(nnx.Module):
         """x float32 [B, T, D]; kv (k_cache, v_cache[, indexer_cache]). Returns (out float32 [B, T, D], new kv)."""
         B, T, _ = x.shape
         exact = mode == "window"
-        qg = qcall(self.wq, x, exact).reshape(B, T, self.H, 2 * self.hd)
+        qg, k, v = project_shared(x, (self.wq, self.wk, self.wv), exact)
+        qg = qg.reshape(B, T, self.H, 2 * self.hd)
         q, gate = qg[..., :self.hd], qg[..., self.hd:]
-        k = qcall(self.wk, x, exact).reshape(B, T, self.Hkv, self.hd)
-        v = qcall(self.wv, x, exact).reshape(B, T, self.Hkv, self.hd)
+        k = k.reshape(B, T, self.Hkv, self.hd)
+        v = v.reshape(B, T, self.Hkv, self.hd)
         q, k = self.q_norm(q), self.k_norm(k)
         pos = rows.positions(T)
         q = apply_rope(q, pos, self.rope_dim, self.theta, True)

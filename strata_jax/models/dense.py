@@ -23,7 +23,7 @@ from flax import nnx
 from strata_jax.config import MAX_LAYERS, MAX_WIDTH, ModelConfig, base_fields, shape_dims
 from strata_jax.gguf.metadata import get_int
 from strata_jax.layers.attention import attend_prefill, attend_window
-from strata_jax.layers.linear import Embedding, QLinear, head_logits, load_f32
+from strata_jax.layers.linear import Embedding, QLinear, head_logits, load_f32, project_shared
 from strata_jax.layers.mlp import make_ffn
 from strata_jax.layers.norms import RMSNorm
 from strata_jax.layers.rope import apply_rope
@@ -78,9 +78,10 @@ class DenseBlock(nnx.Module):
         B, T, _ = h.shape
         ex = mode == "window"  # row-exact matmuls in windows; prefill chunks take the GEMM
         a = self.attn_norm(h)
-        q = self.wq(a, ex).reshape(B, T, cfg.n_head, cfg.head_dim)
-        k = self.wk(a, ex).reshape(B, T, cfg.n_head_kv, cfg.head_dim)
-        v = self.wv(a, ex).reshape(B, T, cfg.n_head_kv, cfg.head_dim)
+        q, k, v = project_shared(a, (self.wq, self.wk, self.wv), ex)
+        q = q.reshape(B, T, cfg.n_head, cfg.head_dim)
+        k = k.reshape(B, T, cfg.n_head_kv, cfg.head_dim)
+        v = v.reshape(B, T, cfg.n_head_kv, cfg.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         pos = rows.positions(T)

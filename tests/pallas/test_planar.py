@@ -12,9 +12,9 @@ from gguf import quants as gq
 from gguf.constants import GGMLQuantizationType as Q
 
 from strata_jax.errors import UnsupportedError
-from strata_jax.pallas import dispatch
+from strata_jax.pallas import dispatch, structure
 from strata_jax.pallas.grouped_experts import moe_experts
-from strata_jax.pallas.quant_matmul import gemm, planar, prepare_weight, qmatmul
+from strata_jax.pallas.quant_matmul import gemm, planar, prepare_weight, qmatmul, qmatmul_shared
 
 from pallas_testlib import IMPLS, assert_bits_equal, random_weight
 
@@ -102,6 +102,48 @@ def test_gemv_rows_independent(impl, gemv, rng, monkeypatch):
     f64_check(Y, X, w64, 1e-5, f"{gemv} accuracy")
     X2 = X.at[1:].set(X[1:] * 100 + 1)
     assert_bits_equal(qmatmul(X2[:3], w, qtype, n_out, k_in, impl=impl)[0], alone[0], "row 0, other neighbours")
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q8_0, Q.BF16], ids=lambda q: q.name)
+def test_shared_launch_matches_separate_calls(impl, qtype, rng, monkeypatch):
+    """`qmatmul_shared` (two weights of one format and shape in one launch: a gated MLP's gate and up) gives each
+    output the bits of its own `qmatmul` call, at 1, 3 and 8 rows and with row groups (M = 12); outputs poisoned
+    first, so an unwritten element shows; within 1e-5 of float64."""
+    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    monkeypatch.setenv("STRATA_QMATMUL_GEMV", "fma")
+    n_out, k_in = 40, 512
+    (w1, w1_64), (w2, w2_64) = _weight(rng, qtype, n_out, k_in), _weight(rng, qtype, n_out, k_in)
+    for M, rg in ((1, False), (3, False), (8, False), (12, True)):
+        x = jnp.asarray(rng.standard_normal((M, k_in)).astype(np.float32))
+        with dispatch.poison_outputs():
+            got = qmatmul_shared(x, (w1, w2), qtype, n_out, k_in, impl=impl, row_groups=rg)
+            want = [qmatmul(x, w, qtype, n_out, k_in, impl=impl, row_groups=rg) for w in (w1, w2)]
+        for g, w, w64, name in zip(got, want, (w1_64, w2_64), ("gate", "up")):
+            assert_bits_equal(g, w, f"{qtype.name} M={M} {name}: shared launch vs its own call")
+            f64_check(g, x, w64, 1e-5, f"{qtype.name} M={M} {name}")
+
+
+def test_shared_launch_program(rng, monkeypatch):
+    """On the kernel path the shared form is one Pallas call (traced as on a GPU); a weight of another shape is
+    refused with the shape error (`project_shared` groups projections by format and shape)."""
+    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    monkeypatch.setenv("STRATA_QMATMUL_GEMV", "fma")
+    monkeypatch.setattr(dispatch, "on_gpu", lambda: True)
+    qtype, k_in = Q.Q4_K, 256
+    w1, _ = _weight(rng, qtype, 32, k_in)
+    w2, _ = _weight(rng, qtype, 32, k_in)
+    w3, _ = _weight(rng, qtype, 48, k_in)
+    x = jnp.asarray(rng.standard_normal((2, k_in)).astype(np.float32))
+
+    def kernels(ws, n):
+        jx = jax.make_jaxpr(lambda x, *ws: qmatmul_shared(x, ws, qtype, n, k_in, impl="kernel"))(x, *ws)
+        return structure.jaxpr_report(jx).kernels
+    assert kernels((w1, w2), 32) == ["qmatmul_planar_Q4_K_x2"]
+    monkeypatch.setenv("STRATA_QMATMUL_SHARED", "0")
+    assert kernels((w1, w2), 32) == ["qmatmul_planar_Q4_K"] * 2
+    with pytest.raises(UnsupportedError, match="expected"):
+        qmatmul_shared(x, (w1, w3), qtype, 32, k_in, impl="kernel")
 
 
 # 32-value units with a min, 16-value units, 8-bit codes, a float weight, a 4-bit table lookup

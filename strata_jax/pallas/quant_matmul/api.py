@@ -37,6 +37,10 @@ reference path a planar weight is decoded by `planar.dequantize` (the same value
 every block format of `planar.FORMATS` (Q4_0 ... Q6_K and IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
 IQ4_NL, IQ4_XS).
 
+``qmatmul_shared(x, ws, qtype, n_out, k_in, ...)``: the same products for several weights of one format and
+shape that read the same ``x`` (a gated MLP's gate and up, K and V of one format); on the planar float32 GEMV they
+share one launch (``STRATA_QMATMUL_SHARED=0``: one call each), each output the bits of its own `qmatmul` call.
+
 Errors: `strata_jax.errors.UnsupportedError` for shape mismatches, formats `strata_jax.gguf.blocks` cannot decode,
 or impl="kernel"/"interpret" where the kernel cannot serve (format without a kernel, K not a multiple of the
 sub-block, a weight of 2 GiB or more); `StrataError` from `blocks.dequantize` for a wrong byte width.
@@ -88,6 +92,12 @@ def gemv_variant() -> str:
     tensor-core GEMV, 16-row tiles, activation pieces cut once outside the kernel), both at `precision`. The
     grouped experts take ``tc`` as is and serve ``tc16`` with ``fma``."""
     return _env("STRATA_QMATMUL_GEMV", "fma", GEMV_VARIANTS)
+
+
+def shared_launch() -> bool:
+    """``STRATA_QMATMUL_SHARED``: ``1`` (default) lets `qmatmul_shared` put projections of one format and shape
+    in one launch; ``0`` makes one call each (the same bits: for timing the two side by side)."""
+    return _env("STRATA_QMATMUL_SHARED", "1", ("0", "1")) == "1"
 
 
 def precision() -> str:
@@ -180,6 +190,38 @@ def _qmatmul(x, w_raw, *, qtype, n_out, k_in, path, gemm, poison):
     with dispatch.poison_outputs(poison):
         return _k.qmatmul_kernel(x, _as_float_weight(w_raw, qtype, k_in), qtype, n_out, k_in,
                                  interpret=path == "interpret", gemm=gemm)
+
+
+@functools.partial(jax.jit, static_argnames=("qtype", "n_out", "k_in", "interpret", "poison"))
+def _gemv_shared(x, ws, *, qtype, n_out, k_in, interpret, poison):
+    ws = tuple(_as_float_weight(w, qtype, k_in) for w in ws)
+    with dispatch.poison_outputs(poison):
+        return _gemv.gemv(x, ws, qtype, n_out, k_in, interpret=interpret)
+
+
+def qmatmul_shared(x, ws, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_groups: bool = False) -> tuple:
+    """``tuple(qmatmul(x, w, qtype, n_out, k_in, ...) for w in ws)``, bit for bit, for several weights of one format
+    and shape that read the same activations (a gated MLP's gate and up): on the planar float32 GEMV (1..8 rows,
+    or row groups) the matrices share one launch and one read of ``x`` (`gemv.grouped_gemv` with a tuple of
+    stacks: each output has the instructions of its own call); every other path makes the separate calls.
+
+    Args: x float [M, k_in]; ws: a sequence of weights as `qmatmul` takes them, all of ``qtype`` and
+    [n_out, ...]. Returns: a tuple of float32 [M, n_out]. Raises: as `qmatmul`.
+    """
+    ws = tuple(ws)
+    qtype = blocks.check_supported(qtype)
+    for w in ws:
+        check_args(x, w, qtype, n_out, k_in, "quant_matmul.qmatmul_shared")
+    gemv_rows = x.shape[0] <= _gemv.M_MAX or row_groups
+    if (len(ws) > 1 and gemv_rows and gemv_variant() == "fma" and shared_launch()
+            and all(uses_planar_kernels(w, qtype, k_in) for w in ws)
+            and len({(w.dtype, w.shape) for w in ws}) == 1):
+        path = dispatch.resolve("quant_matmul.qmatmul", impl,
+                                lambda: _gemv.why_not(qtype, n_out, k_in, ws[0].dtype))
+        if path != "reference":
+            return tuple(_gemv_shared(x, ws, qtype=qtype, n_out=n_out, k_in=k_in, interpret=path == "interpret",
+                                      poison=dispatch.poisoning()))
+    return tuple(qmatmul(x, w, qtype, n_out, k_in, impl=impl, row_groups=row_groups) for w in ws)
 
 
 def qmatmul(x, w_raw, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_groups: bool = False):

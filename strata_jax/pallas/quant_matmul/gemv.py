@@ -270,12 +270,18 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
 
 def gemv(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, cfg: Config | None = None):
     """x [M, K] times one weight [n_out, K]^T -> float32 [M, n_out]; M <= 8, or any M as 8-row groups in one
-    launch (the weight read once per group), each row with the instructions of the row alone. Not jitted."""
+    launch (the weight read once per group), each row with the instructions of the row alone. ``w`` a tuple of
+    weights of one format and shape: a tuple of outputs from one launch (`grouped_gemv`'s tuple of stacks, each
+    output the bits of its own call). Not jitted."""
     M = x.shape[0]
-    w1 = w[None]
+    fused = isinstance(w, (tuple, list))
+    w1 = tuple(wi[None] for wi in w) if fused else w[None]
     if M <= M_MAX:
-        return grouped_gemv(x, w1, jnp.zeros((1,), jnp.int32), qtype, n_out, k_in, interpret=interpret, cfg=cfg)[0]
+        y = grouped_gemv(x, w1, jnp.zeros((1,), jnp.int32), qtype, n_out, k_in, interpret=interpret, cfg=cfg)
+        return tuple(yi[0] for yi in y) if fused else y[0]
     G = -(-M // M_MAX)
     xg = jnp.pad(x, [(0, G * M_MAX - M), (0, 0)]).reshape(G, M_MAX, k_in)
     y = grouped_gemv(xg, w1, jnp.zeros((G,), jnp.int32), qtype, n_out, k_in, interpret=interpret, cfg=cfg)
-    return y.reshape(G * M_MAX, n_out)[:M]
+    ys = y if fused else (y,)
+    out = tuple(yi.reshape(G * M_MAX, n_out)[:M] for yi in ys)
+    return out if fused else out[0]
