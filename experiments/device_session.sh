@@ -21,7 +21,9 @@
 # (compile_probe.py on the 1.5B file per op selection), shapes (each matrix of the file compiled alone),
 # compile_repeat, sampler (compile_sampler.py: the sampler's pieces alone), decode_stacked (STRATA_STACK_LAYERS=1),
 # prefill (experiments/bench_prefill.py: prompts 512 / 2048 / 8192 x --prefill_chunk 128 / 256 / 512, compile and
-# peak memory per chunk size), generate (strata-generate, the user path). Pick parts with PARTS="random_gguf probe
+# peak memory per chunk size), generate (strata-generate, the user path), generate_1k (the same at --max_context 1024,
+# bench_decode's), decode_unshared (STRATA_QMATMUL_SHARED=0: one launch per matrix), fullsize (bench_fullsize.py on
+# the Qwen3.8-Flash-Next shape, one GPU; FULL_S, FULL_LAYERS). Pick parts with PARTS="random_gguf probe
 # ..." (time limits: DECODE_S, GENERATE_S, PREFILL_S, PROBE_S, REPEAT_S, SAMPLER_S; BUDGET for the whole call). The device tool returns only a few files:
 # the parts' logs and JSON come back in $OUT/parts.tgz beside $OUT/session.log.
 set -uo pipefail
@@ -101,6 +103,8 @@ case "$MODE" in
     if [ "$MODE" = run ]; then
       part decode_bytes 80 $NEW STRATA_QMATMUL=bytes python3 experiments/bench_decode.py --model $MODEL \
         --prompt_tokens 64 --decode_tokens 32 --out "$OUT/decode_bytes.json"
+      part decode_unshared 80 $NEW STRATA_QMATMUL_SHARED=0 python3 experiments/bench_decode.py --model $MODEL \
+        --prompt_tokens 64 --decode_tokens 32 --out "$OUT/decode_unshared.json"
     fi
     PREFILL_S=${PREFILL_S:-150}; PB=$(left); [ "$PB" -gt "$PREFILL_S" ] && PB=$PREFILL_S  # the part's own limit
     if [ "$MODE" = run ]; then PF="--prompts 512,2048,8192 --chunks 128,256,512"
@@ -110,6 +114,13 @@ case "$MODE" in
     IDS=$(python3 -c "print(','.join(str(1 + 37 * i % 500) for i in range(64)))")
     part generate ${GENERATE_S:-150} $NEW STRATA_QMATMUL=${GEN_QMATMUL:-planar} python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" \
       --max_new_tokens 128 --stats_json "$OUT/generate.json"
+    # the user path at bench_decode's --max_context (1024; strata-generate's default is 4096)
+    part generate_1k ${GENERATE_S:-150} $NEW python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" \
+      --max_new_tokens 128 --max_context 1024 --stats_json "$OUT/generate_1k.json"
+    if [ "$MODE" = run ]; then  # the Qwen3.8-Flash-Next shape on one GPU (random weights made on the device)
+      part fullsize ${FULL_S:-300} $NEW python3 experiments/bench_fullsize.py --geometry qwen3.8-flash-next \
+        --devices 1 ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --out "$OUT/fullsize.json"
+    fi
     part profile_new 100 $NEW python3 experiments/profile_step.py --model $MODEL $PROF --out "$OUT/profile_new.json"
     part profile_prefill 100 $NEW python3 experiments/profile_step.py --model $MODEL --kind prefill --steps 5 --warmup 2 \
       --prompt_tokens 16 --out "$OUT/profile_prefill.json"
@@ -137,16 +148,21 @@ for label, name in (("old (base package)", "profile_old.json"), ("new (kernels, 
           f"{r['trace']['launches']:8.0f} {c.get('D2H', {}).get('count', 0):9.1f} "
           f"{d2d['count']:6.1f} {d2d['bytes'] / 1e6:7.2f} MB")
 for label, name in (("new, default kernels (planar)", "decode_new.json"), ("new, STRATA_QMATMUL=bytes", "decode_bytes.json"),
+                    ("new, one launch per matrix (STRATA_QMATMUL_SHARED=0)", "decode_unshared.json"),
                     ("new, layers stacked (STRATA_STACK_LAYERS=1)", "decode_stacked.json")):
     d = load(name)
     if d:
         print(f"bench_decode ({label}, command buffers on): decode {d['decode_tok_s']:.1f} tok/s, prefill "
               f"{d['prefill_tok_s']:.1f} tok/s, {d['fraction_of_ceiling']:.3f} of the ceiling")
-g = load("generate.json")
-if g:
-    print(f"strata-generate (user path, 1 stream): decode {g.get('decode_tok_s') or 0:.1f} tok/s, prefill "
-          f"{g.get('prefill_tok_s') or 0:.1f} tok/s, load {g.get('load_seconds') or 0:.1f} s, "
-          f"{g.get('compiles')} compiles in {g.get('compile_seconds') or 0:.1f} s")
+for label, name in (("", "generate.json"), (", --max_context 1024", "generate_1k.json")):
+    g = load(name)
+    if g:
+        print(f"strata-generate (user path, 1 stream{label}): decode {g.get('decode_tok_s') or 0:.1f} tok/s, prefill "
+              f"{g.get('prefill_tok_s') or 0:.1f} tok/s, load {g.get('load_seconds') or 0:.1f} s, "
+              f"{g.get('compiles')} compiles in {g.get('compile_seconds') or 0:.1f} s")
+f = load("fullsize.json")
+if f:
+    print("Flash-Next shape, 1 GPU: " + json.dumps({k: v for k, v in f.items() if not isinstance(v, (dict, list))})[:400])
 k = load("kernels.json")
 if k and k.get("summary"):
     print(f"kernels (fraction of the {k.get('ceiling_GBps') or 0:.0f} GB/s ceiling; {len(k.get('skipped', []))} cases "

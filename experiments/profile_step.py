@@ -132,6 +132,8 @@ def main() -> None:
           f"{cp('D2H'):>14s} {cp('D2D'):>14s} {c.get('copy_kernel', {}).get('count', 0):10.1f}")
     print("top kernels (ms/step, calls/step): " + "; ".join(f"{k[:40]} {t:.3f} x{n:.1f}"
                                                            for k, t, n in s["top_kernels"][:6]))
+    print("launches by kind (calls/step, ms/step): " + "; ".join(f"{k[:40]} x{n:.1f} {t:.3f}"
+                                                                 for k, t, n in s.get("kernel_families", [])[:16]))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(r, f, indent=1, default=str)

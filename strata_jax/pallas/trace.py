@@ -87,7 +87,9 @@ def summarize(events: list[dict], n_steps: int, top: int = 10) -> dict:
       dict: ``device`` ("gpu" or "cpu"), ``busy_ms`` (union of the device's event intervals, per step),
       ``span_ms`` (first device event start to last end, per step), ``launches`` (kernels per step), ``copies``
       ({kind: {"count", "bytes"}} per step; kinds of `copy_kind`), ``top_kernels`` ([(name, ms per step, calls per
-      step)] by time), ``unclassified`` (the most frequent event names on the device, to check the rules).
+      step)] by time), ``kernel_families`` (the same with names stripped of their trailing numbers --
+      ``loop_add_fusion_12`` and ``loop_add_fusion.3`` count as ``loop_add_fusion`` -- by calls: what the launches
+      of a step are), ``unclassified`` (the most frequent event names on the device, to check the rules).
     """
     procs, threads = {}, {}
     for e in events:
@@ -130,5 +132,17 @@ def summarize(events: list[dict], n_steps: int, top: int = 10) -> dict:
         "copies": {k: {"count": c / n, "bytes": b / n} for k, (c, b) in sorted(copies.items())},
         "top_kernels": [(k, t / 1e3 / n, c / n) for k, (t, c) in
                         sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]],
+        "kernel_families": [(k, t / 1e3 / n, c / n) for k, (t, c) in
+                            sorted(_families(kernels).items(), key=lambda kv: -kv[1][1])[:4 * top]],
         "unclassified": names.most_common(top),
     }
+
+
+def _families(kernels: dict) -> dict:
+    """{name: [us, calls]} -> the same summed over names that differ only in trailing numbers."""
+    out = collections.defaultdict(lambda: [0.0, 0])
+    for name, (t, c) in kernels.items():
+        fam = re.sub(r"([._]\d+)+$", "", name)
+        out[fam][0] += t
+        out[fam][1] += c
+    return out

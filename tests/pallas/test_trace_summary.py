@@ -35,6 +35,9 @@ def test_gpu_style_trace():
     assert s["busy_ms"] == pytest.approx((40 + 2 + 8 + 5) / 1e3)  # union: [0, 40) + memcpys + copy kernel
     assert s["span_ms"] == pytest.approx((100 + 75) / 2 / 1e3)
     assert s["top_kernels"][0][0] == "qmatmul_Q4_K" and s["top_kernels"][0][1] == pytest.approx(0.03)
+    fams = {k: (t, c) for k, t, c in s["kernel_families"]}  # fusion_3 -> fusion, copy_fusion.1 -> copy_fusion
+    assert fams == {"qmatmul_Q4_K": (pytest.approx(0.03), 1), "fusion": (pytest.approx(0.02), 1),
+                    "copy_fusion": (pytest.approx(0.005), 1)}
 
 
 @pytest.mark.parametrize("name,kind", [("MemcpyH2D", "H2D"), ("Memcpy DtoH (Device -> Pinned)", "D2H"),
