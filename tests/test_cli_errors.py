@@ -259,3 +259,15 @@ def test_verbose_adds_the_traceback_and_still_exits_2(tmp_path):
     err = proc.stderr.strip().splitlines()
     assert "Traceback (most recent call last):" in proc.stderr and "StrataError" in proc.stderr, proc.stderr
     assert err[-1].startswith("error: ") and "not a GGUF file" in err[-1], err[-1]
+
+
+def test_sampling_flags_with_greedy_warn():
+    """--top_k / --seed with greedy decoding (the default --temperature 0) get one warning line naming them, before
+    the model is opened (here a missing file then fails); with --temperature > 0, or without them, no warning."""
+    proc = run_cli("--model", "nowhere.gguf", "--prompt_ids", "1,2", "--top_k", "5", "--seed", "3")
+    assert_clean_error(proc, "nowhere.gguf")
+    assert "warning: --top_k, --seed have no effect with greedy decoding (--temperature 0)" in proc.stderr
+    for extra in (("--top_k", "5", "--temperature", "0.7"), ()):
+        proc = run_cli("--model", "nowhere.gguf", "--prompt_ids", "1,2", *extra)
+        assert_clean_error(proc, "nowhere.gguf")
+        assert "warning" not in proc.stderr, proc.stderr

@@ -84,6 +84,11 @@ def _check_flags(argv) -> dict:
             if on:
                 fail(f"--{name} needs --prompts_file (batch mode)"
                      + (": for one prompt use --stats_json" if name == "out_jsonl" else ""))
+        ignored = [f"--{n}" for n in ("top_k", "top_p", "min_p", "seed") if FLAGS[n].present]
+        if ignored and FLAGS.temperature <= 0:  # batch requests may set a temperature: their defaults matter
+            shared.CONSOLE.note(f"warning: {', '.join(ignored)} {'has' if len(ignored) == 1 else 'have'} no effect "
+                                f"with greedy decoding (--temperature {FLAGS.temperature:g}); give --temperature > 0 "
+                                f"to sample")
         if FLAGS.prompt_ids is not None:
             if FLAGS.chat:
                 fail("--chat needs text: it cannot be combined with --prompt_ids")
