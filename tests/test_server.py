@@ -34,7 +34,7 @@ import openai  # noqa: E402
 
 from strata_jax.cli import openai_api as oa  # noqa: E402
 from strata_jax.cli.requests import chat_messages  # noqa: E402
-from strata_jax.sampling import SamplingParams  # noqa: E402
+from strata_jax.sampling import SEED_MAX, SamplingParams  # noqa: E402
 
 CTX = 96
 N_NEW = 6
@@ -567,3 +567,21 @@ def test_warmup_compiles_what_a_lone_request_runs(served, monkeypatch):
             assert not describe_key(key).startswith("("), key
     finally:
         assert loop.close(timeout=60)
+
+
+def test_unseeded_sampled_requests_draw_fresh_seeds():
+    """A server started without --seed (`Defaults.fresh_seeds`) gives each sampled request without a seed a fresh
+    random one (OpenAI clients expect unseeded requests to vary); a request's seed, greedy requests and a server
+    --seed stay as given."""
+    def sampling(body, fresh, default=SamplingParams(0.0, seed=7)):
+        d = oa.Defaults(8, default, fresh_seeds=fresh)
+        return oa.parse_request({"prompt": [1, 2, 3], **body}, oa.COMPLETION, tokenizer=None, max_context=64,
+                                vocab_size=100, defaults=d).sampling
+
+    seeds = {sampling({"temperature": 0.7}, True).seed for _ in range(8)}
+    assert len(seeds) >= 7 and all(0 <= s <= SEED_MAX for s in seeds), seeds
+    assert sampling({"temperature": 0.7, "seed": 5}, True).seed == 5
+    assert sampling({}, True).seed == 7                                   # greedy: the seed is not used
+    assert sampling({"temperature": 0.7}, False).seed == 7                # the server's --seed
+    hot = SamplingParams(0.8, seed=7)                                     # the server's --temperature 0.8
+    assert len({sampling({}, True, hot).seed for _ in range(8)}) >= 7

@@ -79,7 +79,8 @@ flags.DEFINE_integer("top_k", 40, f"Keep the k most likely tokens, 1..{TOP_K_MAX
                      f"its 50k-260k logits per row (30-130 ms per row on a CPU).")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: keep the smallest set with this much probability.")
 flags.DEFINE_float("min_p", 0.0, "Keep tokens with p >= min_p * p_max.")
-flags.DEFINE_integer("seed", 0, "Sampling seed, 0..2**32-1; draws are keyed by (seed, position).")
+flags.DEFINE_integer("seed", 0, "Sampling seed, 0..2**32-1; draws are keyed by (seed, position). strata-serve: "
+                     "without it, each sampled request that gives no seed draws a fresh random one.")
 
 # ---- proposals and batch slots ---------------------------------------------------------------------------------------
 flags.DEFINE_enum("draft", "none", ["none", "lookup", "model", "mtp"], "Speculative decoding proposals: none, "

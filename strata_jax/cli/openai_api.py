@@ -10,7 +10,9 @@ an OpenAI-style body ``{"error": {"message", "type", "param", "code"}}`` naming 
   ``top_k``, ``min_p``, ``seed``, ``stop`` (a string or a list), ``stream``, ``stream_options.include_usage``; ``return_token_ids``
   (an extension, as vLLM's) adds the generated ids to each choice. Missing sampling fields take the server's flag
   values (``--temperature`` ...), so a request without them decodes as ``strata-generate`` does; each value follows
-  the command line's rule (`strata_jax.cli.requests.check_request_values`).
+  the command line's rule (`strata_jax.cli.requests.check_request_values`). One exception: a sampled request
+  without a ``seed`` on a server started without ``--seed`` draws a fresh random seed (`Defaults.fresh_seeds`),
+  so unseeded requests vary as OpenAI clients expect; a ``seed`` makes a request reproducible.
 * Known but not honoured, refused with 400 when set to anything but their neutral value: ``n`` > 1, ``logprobs``,
   ``top_logprobs``, ``tools`` / ``tool_choice`` / ``functions`` / ``function_call``, non-zero
   ``frequency_penalty`` / ``presence_penalty``, ``repetition_penalty`` != 1, ``logit_bias``, a non-text
@@ -28,12 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import secrets
 import time
 from typing import Any
 
 from strata_jax.cli.requests import check_prompt_ids_vocab, check_request_values
 from strata_jax.errors import StrataError
-from strata_jax.sampling import SamplingParams
+from strata_jax.sampling import SEED_MAX, SamplingParams
 
 MAX_TEMPERATURE = 2.0  # OpenAI's range of a request's temperature is [0, 2]
 
@@ -80,10 +83,13 @@ def bad(param: str | None, message: str) -> ApiError:
 
 @dataclasses.dataclass
 class Defaults:
-    """The server's defaults for fields a request leaves out (the engine flags' values)."""
+    """The server's defaults for fields a request leaves out (the engine flags' values). ``fresh_seeds``: a sampled
+    request (temperature > 0) without a ``seed`` draws a fresh random one instead of ``sampling.seed`` (the server
+    was started without ``--seed``: OpenAI clients expect unseeded requests to vary)."""
 
     max_tokens: int = 256
     sampling: SamplingParams = SamplingParams()
+    fresh_seeds: bool = False
 
 
 @dataclasses.dataclass
@@ -300,9 +306,12 @@ def parse_request(body, kind: str, *, tokenizer, max_context: int, vocab_size: i
     if "temperature" in values and not 0.0 <= values["temperature"] <= MAX_TEMPERATURE:  # the CLI takes any
         raise bad("temperature", f"'temperature' {values['temperature']}: must lie in [0, 2] (0 is greedy)")
     d = defaults.sampling
-    sampling = SamplingParams(float(values.get("temperature", d.temperature)), int(values.get("top_k", d.top_k)),
-                              float(values.get("top_p", d.top_p)), float(values.get("min_p", d.min_p)),
-                              int(values.get("seed", d.seed)))
+    temperature = float(values.get("temperature", d.temperature))
+    seed = values.get("seed", d.seed)
+    if "seed" not in values and defaults.fresh_seeds and temperature > 0:
+        seed = secrets.randbelow(SEED_MAX + 1)
+    sampling = SamplingParams(temperature, int(values.get("top_k", d.top_k)), float(values.get("top_p", d.top_p)),
+                              float(values.get("min_p", d.min_p)), int(seed))
     stop = body.get("stop")
     if stop is None:
         stop = []

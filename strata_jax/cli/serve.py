@@ -158,7 +158,8 @@ def main(argv) -> int:
         shared.CONSOLE.note(f"warmed up in {time.perf_counter() - t0:.1f} s: {shared.compile_summary(caches)}")
     app = create_app(loop, tok, model_id=_model_id(), max_context=engine.max_context,
                      vocab_size=engine.cfg.vocab_size,
-                     defaults=oa.Defaults(FLAGS.max_new_tokens, shared.default_sampling()), eos_ids=tok.eos_ids,
+                     defaults=oa.Defaults(FLAGS.max_new_tokens, shared.default_sampling(),
+                                          fresh_seeds=not FLAGS["seed"].present), eos_ids=tok.eos_ids,
                      api_key=api_key, metrics=metrics, on_shutdown=lambda: loop.close(drain=True))
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
