@@ -29,9 +29,7 @@ from flax import struct
 
 from strata_jax.pallas import rows
 
-TOP_K_MAX = 1024
-TOP_K_DEFAULT = 64  # what top_k 0 means (Strata's cap)
-SEED_MAX = 2 ** 32 - 1  # seeds are 32-bit (the device key); the command line refuses others
+from strata_jax.limits import TOP_K_DEFAULT, TOP_K_MAX
 
 
 @dataclasses.dataclass(frozen=True)

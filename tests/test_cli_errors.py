@@ -271,3 +271,15 @@ def test_sampling_flags_with_greedy_warn():
         proc = run_cli("--model", "nowhere.gguf", "--prompt_ids", "1,2", *extra)
         assert_clean_error(proc, "nowhere.gguf")
         assert "warning" not in proc.stderr, proc.stderr
+
+
+def test_help_does_not_import_jax():
+    """The CLI modules define their flags without importing JAX (`strata_jax.limits` holds the numbers the flags
+    need), so `--help` and flag errors answer at once; --help still documents the engine flags."""
+    code = ("import sys, strata_jax.cli.generate, strata_jax.cli.serve; "
+            "print(sorted(m for m in ('jax', 'flax', 'numpy') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "'jax'" not in proc.stdout and "'flax'" not in proc.stdout, proc.stdout
+    proc = run_cli("--help")
+    assert proc.returncode == 0 and "--prefill_chunk" in proc.stdout and "multiple of 16" in proc.stdout

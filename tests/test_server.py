@@ -34,7 +34,8 @@ import openai  # noqa: E402
 
 from strata_jax.cli import openai_api as oa  # noqa: E402
 from strata_jax.cli.requests import chat_messages  # noqa: E402
-from strata_jax.sampling import SEED_MAX, SamplingParams  # noqa: E402
+from strata_jax.limits import SEED_MAX  # noqa: E402
+from strata_jax.sampling import SamplingParams  # noqa: E402
 
 CTX = 96
 N_NEW = 6

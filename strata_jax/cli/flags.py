@@ -16,8 +16,7 @@ from absl import flags
 
 from strata_jax.cli.console import CONSOLE
 from strata_jax.errors import StrataError
-from strata_jax.pipeline.engine import PREFILL_CHUNK, PREFILL_CHUNK_STEP
-from strata_jax.sampling import TOP_K_MAX
+from strata_jax.limits import PREFILL_CHUNK, PREFILL_CHUNK_STEP, TOP_K_MAX
 
 FLAGS = flags.FLAGS
 DEFAULT_SPEC = 4

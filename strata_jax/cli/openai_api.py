@@ -36,7 +36,8 @@ from typing import Any
 
 from strata_jax.cli.requests import check_prompt_ids_vocab, check_request_values
 from strata_jax.errors import StrataError
-from strata_jax.sampling import SEED_MAX, SamplingParams
+from strata_jax.limits import SEED_MAX
+from strata_jax.sampling import SamplingParams
 
 MAX_TEMPERATURE = 2.0  # OpenAI's range of a request's temperature is [0, 2]
 

@@ -13,7 +13,8 @@ import numpy as np
 
 from strata_jax.errors import StrataError
 from strata_jax.pipeline.scheduler import Request, RequestResult
-from strata_jax.sampling import SEED_MAX, TOP_K_MAX, SamplingParams
+from strata_jax.limits import SEED_MAX, TOP_K_MAX
+from strata_jax.sampling import SamplingParams
 
 REQUEST_KEYS = ("prompt", "prompt_ids", "chat", "max_new_tokens", "seed", "temperature", "top_k", "top_p", "min_p",
                 "arrival", "id")

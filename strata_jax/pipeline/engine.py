@@ -29,6 +29,7 @@ from strata_jax.config import ModelConfig
 from strata_jax.errors import StrataError
 from strata_jax.gguf import open_gguf
 from strata_jax.layers.linear import blocks_as_f32, load_progress
+from strata_jax.limits import PREFILL_CHUNK, PREFILL_CHUNK_STEP
 from strata_jax.models.registry import check_stages, family_of
 from strata_jax.pipeline.memory import memory_bytes
 from strata_jax.pipeline.mtp_chain import MtpChain
@@ -40,9 +41,6 @@ from strata_jax.sampling import RowSampling, SamplingParams
 from strata_jax.state import Rows
 
 log = logging.getLogger("strata_jax")
-
-PREFILL_CHUNK = 128  # the default of --prefill_chunk (rows per prefill chunk)
-PREFILL_CHUNK_STEP = 16  # chunks are a multiple of this: the row tiles of the prefill kernels (GEMM, QSA) divide it
 
 
 def check_prefill_chunk(chunk, max_context: int) -> int:
