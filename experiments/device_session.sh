@@ -23,7 +23,8 @@
 # prefill (experiments/bench_prefill.py: prompts 512 / 2048 / 8192 x --prefill_chunk 128 / 256 / 512, compile and
 # peak memory per chunk size), generate (strata-generate, the user path), generate_1k (the same at --max_context 1024,
 # bench_decode's), decode_unshared (STRATA_QMATMUL_SHARED=0: one launch per matrix), fullsize (bench_fullsize.py on
-# the Qwen3.8-Flash-Next shape, one GPU; FULL_S, FULL_LAYERS). Pick parts with PARTS="random_gguf probe
+# the Qwen3.8-Flash-Next shape, one GPU; FULL_S, FULL_LAYERS; FULL_ENV, e.g. "STRATA_ROW_MAP=xla"), pallas_rowmap_xla
+# (the layers' compiled exactness tests with STRATA_ROW_MAP=xla). Pick parts with PARTS="random_gguf probe
 # ..." (time limits: DECODE_S, GENERATE_S, PREFILL_S, PROBE_S, REPEAT_S, SAMPLER_S; BUDGET for the whole call). The device tool returns only a few files:
 # the parts' logs and JSON come back in $OUT/parts.tgz beside $OUT/session.log.
 set -uo pipefail
@@ -75,6 +76,9 @@ case "$MODE" in
       part random_gguf 60 python3 -m strata_jax.testing.random_gguf fill experiments/data/qwen2.5-coder-1.5b.header.xz $MODEL
       part pallas ${PALLAS_S:-150} env STRATA_TEST_GPU=1 python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/pallas \
         -k "not hlo_loops and not interpret"
+      # are the layers row-exact on the GPU with XLA's own elementwise code for the narrow rows (no rows_map launches)?
+      part pallas_rowmap_xla ${PALLAS_S:-150} env STRATA_ROW_MAP=xla STRATA_TEST_GPU=1 python3 -m pytest -q -rf --tb=short \
+        -p no:cacheprovider tests/pallas/test_layers_kernel_path.py -k "not interpret"
       part kernels 230 python3 experiments/bench_kernels.py --only head,moe_variants,prefill,formats,sweep_planar \
         --budget_s 210 --out "$OUT/kernels.json"
     else
@@ -118,7 +122,7 @@ case "$MODE" in
     part generate_1k ${GENERATE_S:-150} $NEW python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" \
       --max_new_tokens 128 --max_context 1024 --stats_json "$OUT/generate_1k.json"
     if [ "$MODE" = run ]; then  # the Qwen3.8-Flash-Next shape on one GPU (random weights made on the device)
-      part fullsize ${FULL_S:-300} $NEW python3 experiments/bench_fullsize.py --geometry qwen3.8-flash-next \
+      part fullsize ${FULL_S:-300} $NEW ${FULL_ENV:-} python3 experiments/bench_fullsize.py --geometry qwen3.8-flash-next \
         --devices 1 ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --out "$OUT/fullsize.json"
     fi
     part profile_new 100 $NEW python3 experiments/profile_step.py --model $MODEL $PROF --out "$OUT/profile_new.json"

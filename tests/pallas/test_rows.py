@@ -58,3 +58,20 @@ def test_errors_and_fallback(monkeypatch, capsys):
     assert "cannot serve" in capsys.readouterr().err
     with pytest.raises(UnsupportedError):
         rows.softmax(x.astype(jnp.float32), impl="bogus")
+
+
+def test_row_map_in_xla_switch(monkeypatch, rng):
+    """``STRATA_ROW_MAP=xla`` takes the Pallas launch out of `row_map` on the compiled kernel path only (traced as
+    on a GPU): the values are ``fn(x)``'s; interpret and reference keep their paths; a bad value is refused."""
+    monkeypatch.setattr(dispatch, "on_gpu", lambda: True)
+    x = jnp.asarray(rng.standard_normal((5, 6)).astype(np.float32))
+    count = lambda impl: str(jax.make_jaxpr(lambda x: rows.row_map(jax.nn.sigmoid, x, impl=impl))(x)).count(
+        "pallas_call")
+    assert count("kernel") == 1
+    monkeypatch.setenv("STRATA_ROW_MAP", "xla")
+    assert count("kernel") == 0 and count("interpret") == 1
+    y = rows.row_map(jax.nn.sigmoid, x, impl="kernel")
+    assert_close_rel(np.asarray(y), _sigmoid64(np.asarray(x, np.float64)), 1e-6)
+    monkeypatch.setenv("STRATA_ROW_MAP", "pallas")
+    with pytest.raises(UnsupportedError, match="STRATA_ROW_MAP"):
+        rows.row_map(jax.nn.sigmoid, x, impl="kernel")

@@ -26,10 +26,12 @@ cannot serve (a non-float dtype, a row wider than `MAX_WIDTH`).
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
 
+from strata_jax.errors import UnsupportedError
 from strata_jax.pallas import dispatch
 from strata_jax.pallas.rows import kernel as _k
 from strata_jax.pallas.rows import reference as _ref
@@ -102,7 +104,21 @@ def _row_map(x, *, fn, path, poison):
         return _k.row_map(fn, _rows(x), interpret=path == "interpret").reshape(x.shape)
 
 
+def row_map_in_xla() -> bool:
+    """``STRATA_ROW_MAP=xla``: on the compiled kernel path (a GPU) `row_map` leaves ``fn`` to XLA's fusions instead
+    of one Pallas launch (the narrow-row hazard is XLA:CPU's vector remainder; whether XLA:GPU's elementwise code
+    is as row-invariant is what the switch lets a device run check, with the launches it saves). Default
+    ``kernel``."""
+    v = os.environ.get("STRATA_ROW_MAP", "kernel") or "kernel"
+    if v not in ("kernel", "xla"):
+        raise UnsupportedError(f"STRATA_ROW_MAP={v!r} is not one of ('kernel', 'xla')")
+    return v == "xla"
+
+
 def row_map(fn, x, *, impl: str = "auto"):
-    """float32 [..., n]: ``fn`` (elementwise, hashable: e.g. ``jax.nn.sigmoid``) applied one row at a time."""
+    """float32 [..., n]: ``fn`` (elementwise, hashable: e.g. ``jax.nn.sigmoid``) applied one row at a time
+    (on the compiled kernel path under ``STRATA_ROW_MAP=xla``: ``fn(x)`` as XLA fuses it)."""
     path = dispatch.resolve("rows.row_map", impl, _why_not(x))
+    if path == "kernel" and row_map_in_xla():
+        return fn(x.astype(jnp.float32))
     return _row_map(x, fn=fn, path=path, poison=dispatch.poisoning())
