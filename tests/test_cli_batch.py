@@ -40,11 +40,11 @@ def test_batch_chat_system_stats_json(model_path, tmp_path):
     common = ["--model", m, "--max_new_tokens", "3", "--max_context", "64", "--chat", "--system", "Be brief."]
     proc = _run(*common, "--prompts_file", str(f), "--batch", "2", "--stats_json", str(st), "--out_jsonl", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    recs = {r["rid"]: r for r in map(json.loads, out.read_text().splitlines())}
+    recs = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert recs["plain"]["prompt_tokens"] == 1 and recs["chat"]["prompt_tokens"] > 15  # system + user template
     d = json.loads(st.read_text())
     assert d["requests"] == 2 and d["tokens"] == sum(len(r["tokens"]) for r in recs.values())
-    assert {r["rid"] for r in d["per_request"]} == {"chat", "plain"} and "tok_s" in d and "rate_rule" in d
+    assert {r["id"] for r in d["per_request"]} == {"chat", "plain"} and "tok_s" in d and "rate_rule" in d
     # time to first token: per request (arrival to first token) and its median / max on the batch line
     ttfts = sorted(r["ttft_s"] for r in d["per_request"])
     assert ttfts[0] > 0 and d["ttft_s"]["max"] == ttfts[-1] and ttfts[0] <= d["ttft_s"]["median"] <= ttfts[-1]
@@ -76,7 +76,7 @@ def test_batch_stop_string_equals_solo(model_path, tmp_path):
     out = tmp_path / "out.jsonl"
     proc = _run(*common, "--prompts_file", str(f), "--batch", "2", "--out_jsonl", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    recs = {r["rid"]: r for r in map(json.loads, out.read_text().splitlines())}
+    recs = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert recs["a"]["stop_reason"] == "stop string"
     assert recs["a"]["text"].strip() == solo.stdout.strip()
 
@@ -104,7 +104,7 @@ def test_batch_rate_leaves_out_arrival_waits(model_path, tmp_path):
                 "2", "--max_context", "16", "--stats_json", str(st), "--xla_cache_dir", "")
     assert proc.returncode == 0, proc.stderr[-2000:]
     d = json.loads(st.read_text())
-    req = {r["rid"]: r for r in d["per_request"]}
+    req = {r["id"]: r for r in d["per_request"]}
     gap = req["b"]["arrival_s"] - req["a"]["finished_s"]  # > 0 unless request a took longer than 10 s
     assert abs(d["idle_seconds"] - max(gap, 0.0)) < 0.3, (d["idle_seconds"], gap)
     if gap > 0.1:
@@ -138,7 +138,7 @@ def test_batch_streams_labelled_lines_and_sizes_the_slots(model_path, tmp_path):
     assert "batch: 2 requests: 2 slots instead of --batch 8" in proc.stderr
     d = json.loads(st.read_text())
     assert d["batch"] == 2 and d["batch_flag"] == 8
-    recs = {r["rid"]: r for r in map(json.loads, out.read_text().splitlines())}
+    recs = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert proc.stdout.splitlines()[0].startswith("[short]"), proc.stdout
     texts = _reassemble(proc.stdout)
     assert set(texts) == {"long", "short"}

@@ -119,6 +119,8 @@ def _jsonl(tmp_path, *lines, name="reqs.jsonl"):
     (["--prompt", "hi", "--batch", "2"], ["--batch 2 needs --prompts_file"]),
     (["--prompt_ids", ","], ["--prompt_ids ','", "no token ids"]),
     (["--prompt_ids", "1,x"], ["--prompt_ids '1,x'", "comma-separated integers"]),
+    (["--prompt_ids", "1,,3"], ["--prompt_ids '1,,3'", "an empty item"]),
+    (["--prompt_ids", "1,2,"], ["--prompt_ids '1,2,'", "an empty item"]),
     (["--prompt_ids", "1,-3"], ["--prompt_ids", ">= 0"]),
     (["--prompt", "hi", "--draft", "model", "--draft_model", "llama-9000"], ["--draft_model", "unknown model"]),
     (["--prompt", "hi", "--out_jsonl", "x.jsonl"], ["--out_jsonl needs --prompts_file"]),
@@ -267,6 +269,9 @@ def test_sampling_flags_with_greedy_warn():
     proc = run_cli("--model", "nowhere.gguf", "--prompt_ids", "1,2", "--top_k", "5", "--seed", "3")
     assert_clean_error(proc, "nowhere.gguf")
     assert "warning: --top_k, --seed have no effect with greedy decoding (--temperature 0)" in proc.stderr
+    proc = run_cli("--model", "nowhere.gguf", "--prompt_ids", "1,2", "--top_k", "-1")  # a bad value: its error only
+    assert_clean_error(proc, "--top_k -1")
+    assert "warning" not in proc.stderr, proc.stderr
     for extra in (("--top_k", "5", "--temperature", "0.7"), ()):
         proc = run_cli("--model", "nowhere.gguf", "--prompt_ids", "1,2", *extra)
         assert_clean_error(proc, "nowhere.gguf")

@@ -527,6 +527,17 @@ def test_serve_flag_errors_before_load():
         busy.close()
 
 
+def test_serve_refuses_a_model_without_tokenizer():
+    """A GGUF whose tokenizer cannot be built (the qwen35 fixture's toy vocabulary) is refused from its header with
+    one line naming the cause, before the weights load."""
+    fix = os.path.join(os.path.dirname(__file__), "fixtures", "hybrid", "qwen35_q8_0.gguf")
+    proc = _serve("--model", fix, "--max_context", "64", "--port", "0", "--nowarmup")
+    line = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert line.startswith("error: strata-serve needs the model's tokenizer") and "cannot build it" in line, line
+    assert "loaded in" not in proc.stderr, proc.stderr
+
+
 def test_serve_help_lists_its_flags_and_the_shared_ones():
     proc = _serve("--help")
     assert proc.returncode == 0

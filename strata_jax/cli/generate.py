@@ -84,17 +84,15 @@ def _check_flags(argv) -> dict:
             if on:
                 fail(f"--{name} needs --prompts_file (batch mode)"
                      + (": for one prompt use --stats_json" if name == "out_jsonl" else ""))
-        ignored = [f"--{n}" for n in ("top_k", "top_p", "min_p", "seed") if FLAGS[n].present]
-        if ignored and FLAGS.temperature <= 0:  # batch requests may set a temperature: their defaults matter
-            shared.CONSOLE.note(f"warning: {', '.join(ignored)} {'has' if len(ignored) == 1 else 'have'} no effect "
-                                f"with greedy decoding (--temperature {FLAGS.temperature:g}); give --temperature > 0 "
-                                f"to sample")
         if FLAGS.prompt_ids is not None:
             if FLAGS.chat:
                 fail("--chat needs text: it cannot be combined with --prompt_ids")
             parts = [p.strip() for p in FLAGS.prompt_ids.split(",")]
             if not any(parts):
                 fail(f"--prompt_ids {FLAGS.prompt_ids!r}: no token ids (expected comma-separated integers, e.g. "
+                     f"1,2,3)")
+            if not all(parts):  # "1,,3" or a trailing comma: a typo, not a shorter prompt
+                fail(f"--prompt_ids {FLAGS.prompt_ids!r}: an empty item (expected comma-separated integers, e.g. "
                      f"1,2,3)")
             try:
                 ids = [int(p) for p in parts if p]
@@ -139,6 +137,11 @@ def _check_flags(argv) -> dict:
                 fail(f"--{name} {path}: cannot write there ({d} is not a writable folder)")
     if batch:
         plan["lines"] = read_prompts_file(FLAGS.prompts_file)
+    ignored = [f"--{n}" for n in ("top_k", "top_p", "min_p", "seed") if FLAGS[n].present]
+    if ignored and FLAGS.temperature <= 0 and not batch:  # batch requests may set a temperature: defaults matter
+        shared.CONSOLE.note(f"warning: {', '.join(ignored)} {'has' if len(ignored) == 1 else 'have'} no effect "
+                            f"with greedy decoding (--temperature {FLAGS.temperature:g}); give --temperature > 0 "
+                            f"to sample")
     return plan
 
 

@@ -213,7 +213,8 @@ def build_requests(lines: list[PromptLine], tokenizer, *, default_max_new: int, 
 
 
 def write_jsonl(path: str, results: list[RequestResult], tokenizer=None) -> None:
-    """One JSON object per request: id, tokens, text (when a tokenizer is given), stop reason, slot, timings."""
+    """One JSON object per request: ``id`` (the prompts file's ``id``, else its line index), tokens, text (when a
+    tokenizer is given), stop reason, slot, timings (`RequestResult.as_dict`)."""
     import json
 
     with open(path, "w", encoding="utf-8") as f:

@@ -11,8 +11,9 @@ Routes: POST /v1/chat/completions, POST /v1/completions (streaming with "stream"
 batch mode comes from the same flags as strata-generate's: --batch, --batch_groups, --batch_mtp, --piped_mtp, and a
 request alone decodes on the solo path with --draft's proposals up to --spec). A greedy or seeded request gets
 exactly the tokens strata-generate gives for the same prompt and settings, whatever runs beside it; sampling fields
-a request leaves out take the flags' values (--temperature, --top_k, --top_p, --min_p, --seed, --max_new_tokens).
-Bad requests get a 400 with an OpenAI-style error naming the field; a full queue (--max_queue) a 429 with
+a request leaves out take the flags' values (--temperature, --top_k, --top_p, --min_p, --seed, --max_new_tokens);
+without --seed, a sampled request that gives no seed draws a fresh one. The model must carry a usable tokenizer
+(checked from the file's header before the weights load). Bad requests get a 400 with an OpenAI-style error naming the field; a full queue (--max_queue) a 429 with
 Retry-After. SIGTERM (or Ctrl-C) stops accepting connections, lets the running requests finish, and exits.
 """
 
@@ -103,6 +104,19 @@ def _warmup(loop, engine, tokenizer) -> None:
             s.wait()
 
 
+class _Header:
+    """A GGUF header seen as `usable_tokenizer` sees an engine: ``.tokenizer`` built from its metadata."""
+
+    def __init__(self, g):
+        self.gguf = g
+
+    @property
+    def tokenizer(self):
+        from strata_jax.tokenizer import Tokenizer
+
+        return Tokenizer.from_gguf(self.gguf)
+
+
 def main(argv) -> int:
     shared.quiet_logs()
     import logging
@@ -130,15 +144,18 @@ def main(argv) -> int:
         fail(f"strata-serve needs the 'serve' extra ({', '.join(missing)} missing): pip install -e '.[serve]'")
     import uvicorn
     sock = _bind()
-    engine = shared.load_engine()
-    from strata_jax.cli import openai_api as oa
     from strata_jax.cli.requests import usable_tokenizer
-    from strata_jax.cli.server import Metrics, create_app
-    from strata_jax.pipeline.loop import EngineLoop
+    from strata_jax.gguf import open_gguf
+    from strata_jax.models_registry import resolve_model
 
-    tok, why = usable_tokenizer(engine)
+    # the tokenizer from the file's header, before any weights load (chat and text prompts need it)
+    tok, why = usable_tokenizer(_Header(open_gguf(resolve_model(FLAGS.model, FLAGS.cache_dir))))
     if tok is None:
         fail(f"strata-serve needs the model's tokenizer, and this model has no usable one ({why})")
+    engine = shared.load_engine()
+    from strata_jax.cli import openai_api as oa
+    from strata_jax.cli.server import Metrics, create_app
+    from strata_jax.pipeline.loop import EngineLoop
     if tok.chat_template_source != "gguf":
         shared.CONSOLE.note(f"warning: this file has no chat template; /v1/chat/completions uses a generic one "
                             f"({tok.chat_template_source}), which a base model may not follow")

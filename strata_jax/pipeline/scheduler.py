@@ -148,7 +148,10 @@ class RequestResult:
         return self.first_token_s - self.arrival_s if self.first_token_s >= 0 else None
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self) | {"ttft_s": self.ttft_s}
+        """The fields as a JSON-ready dict, the request's id under ``id`` (the prompts file's and the server's
+        name for it), plus ``ttft_s``."""
+        d = dataclasses.asdict(self)
+        return {"id": d.pop("rid"), **d, "ttft_s": self.ttft_s}
 
 
 @dataclasses.dataclass
