@@ -56,6 +56,18 @@ def print_once(op: str, message: str) -> None:
     print(f"strata_jax.pallas.{op}: {message}", file=sys.stderr, flush=True)
 
 
+def env_choice(name: str, default: str, allowed) -> str:
+    """The value of environment variable ``name`` (``default`` when unset or empty), one of ``allowed``.
+
+    Raises:
+      UnsupportedError: another value, naming the variable and the choices.
+    """
+    v = os.environ.get(name, default) or default
+    if v not in allowed:
+        raise UnsupportedError(f"{name}={v!r} is not one of {tuple(allowed)}")
+    return v
+
+
 def on_gpu() -> bool:
     """True when JAX's default backend is a GPU (CUDA or ROCm)."""
     return jax.default_backend() in ("gpu", "cuda", "rocm")

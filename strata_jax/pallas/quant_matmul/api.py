@@ -49,7 +49,6 @@ sub-block, a weight of 2 GiB or more); `StrataError` from `blocks.dequantize` fo
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -71,19 +70,12 @@ VARIANTS = ("bytes", "planar")
 GEMV_VARIANTS = ("fma", "tc", "tc16")
 
 
-def _env(name: str, default: str, allowed) -> str:
-    v = os.environ.get(name, default) or default
-    if v not in allowed:
-        raise UnsupportedError(f"{name}={v!r} is not one of {tuple(allowed)}")
-    return v
-
-
 def variant() -> str:
     """``STRATA_QMATMUL``: ``planar`` (default: weights repacked at load, `prepare_weight`; the planar kernels) or
     ``bytes`` (the kernel on the GGUF bytes). Read at load and when a call is traced. Planar is the default since
     the H200 run of 2026-12-02 (1.5B shape, same call: decode 229.7 vs 212.2 tok/s, prefill 1,527 vs 1,109 tok/s;
     experiments/RESULTS.md)."""
-    return _env("STRATA_QMATMUL", "planar", VARIANTS)
+    return dispatch.env_choice("STRATA_QMATMUL", "planar", VARIANTS)
 
 
 def gemv_variant() -> str:
@@ -91,18 +83,18 @@ def gemv_variant() -> str:
     cores, default), ``tc`` (`gemm`'s tensor-core tiles, 8-row groups padded to 16) or ``tc16`` (`tcgemv`: the
     tensor-core GEMV, 16-row tiles, activation pieces cut once outside the kernel), both at `precision`. The
     grouped experts take ``tc`` as is and serve ``tc16`` with ``fma``."""
-    return _env("STRATA_QMATMUL_GEMV", "fma", GEMV_VARIANTS)
+    return dispatch.env_choice("STRATA_QMATMUL_GEMV", "fma", GEMV_VARIANTS)
 
 
 def shared_launch() -> bool:
     """``STRATA_QMATMUL_SHARED``: ``1`` (default) lets `qmatmul_shared` put projections of one format and shape
     in one launch; ``0`` makes one call each (the same bits: for timing the two side by side)."""
-    return _env("STRATA_QMATMUL_SHARED", "1", ("0", "1")) == "1"
+    return dispatch.env_choice("STRATA_QMATMUL_SHARED", "1", ("0", "1")) == "1"
 
 
 def precision() -> str:
     """``STRATA_QMATMUL_PRECISION``: the activations' bfloat16 pieces in the planar tensor-core kernels (`gemm`)."""
-    return _env("STRATA_QMATMUL_PRECISION", _gemm.DEFAULT_PRECISION, _gemm.PRECISIONS)
+    return dispatch.env_choice("STRATA_QMATMUL_PRECISION", _gemm.DEFAULT_PRECISION, _gemm.PRECISIONS)
 
 
 def prepare_weight(w, qtype, n_cols: int):

@@ -26,12 +26,10 @@ cannot serve (a non-float dtype, a row wider than `MAX_WIDTH`).
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
 
-from strata_jax.errors import UnsupportedError
 from strata_jax.pallas import dispatch
 from strata_jax.pallas.rows import kernel as _k
 from strata_jax.pallas.rows import reference as _ref
@@ -109,10 +107,7 @@ def row_map_in_xla() -> bool:
     of one Pallas launch (the narrow-row hazard is XLA:CPU's vector remainder; whether XLA:GPU's elementwise code
     is as row-invariant is what the switch lets a device run check, with the launches it saves). Default
     ``kernel``."""
-    v = os.environ.get("STRATA_ROW_MAP", "kernel") or "kernel"
-    if v not in ("kernel", "xla"):
-        raise UnsupportedError(f"STRATA_ROW_MAP={v!r} is not one of ('kernel', 'xla')")
-    return v == "xla"
+    return dispatch.env_choice("STRATA_ROW_MAP", "kernel", ("kernel", "xla")) == "xla"
 
 
 def row_map(fn, x, *, impl: str = "auto"):
