@@ -27,9 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from strata_jax.pallas import rows
-
 from strata_jax.limits import TOP_K_DEFAULT, TOP_K_MAX
+from strata_jax.pallas import rows
 
 
 @dataclasses.dataclass(frozen=True)

@@ -95,7 +95,7 @@ def _check_flags(argv) -> dict:
                 fail(f"--prompt_ids {FLAGS.prompt_ids!r}: an empty item (expected comma-separated integers, e.g. "
                      f"1,2,3)")
             try:
-                ids = [int(p) for p in parts if p]
+                ids = [int(p) for p in parts]
             except ValueError:
                 fail(f"--prompt_ids {FLAGS.prompt_ids!r}: expected comma-separated integers, e.g. 1,2,3")
             check_request_values({"prompt_ids": ids}, flag_label)

@@ -94,11 +94,15 @@ def check_prompt_ids_vocab(ids, vocab_size: int, name: str) -> None:
         raise StrataError(f"{name}: token ids must lie in 0..{vocab_size - 1} (got {bad[:3]})")
 
 
-def usable_tokenizer(engine):
+def usable_tokenizer(source):
     """``(tokenizer, None)``, or ``(None, reason)`` when the model's tokenizer cannot be built (no tokenizer in the
-    file, or one the tokenizer library refuses)."""
+    file, or one the tokenizer library refuses). ``source``: an `Engine` (its ``tokenizer``) or an open GGUF file
+    (`strata_jax.tokenizer.Tokenizer.from_gguf` on its header, before any weights load)."""
+    from strata_jax.gguf.reader import GGUFFile
+    from strata_jax.tokenizer import Tokenizer
+
     try:
-        return engine.tokenizer, None
+        return (Tokenizer.from_gguf(source) if isinstance(source, GGUFFile) else source.tokenizer), None
     except StrataError as e:
         return None, str(e)
     except Exception as e:  # the tokenizers library's own errors (e.g. "Error while initializing BPE")

@@ -13,8 +13,8 @@ request alone decodes on the solo path with --draft's proposals up to --spec). A
 exactly the tokens strata-generate gives for the same prompt and settings, whatever runs beside it; sampling fields
 a request leaves out take the flags' values (--temperature, --top_k, --top_p, --min_p, --seed, --max_new_tokens);
 without --seed, a sampled request that gives no seed draws a fresh one. The model must carry a usable tokenizer
-(checked from the file's header before the weights load). Bad requests get a 400 with an OpenAI-style error naming the field; a full queue (--max_queue) a 429 with
-Retry-After. SIGTERM (or Ctrl-C) stops accepting connections, lets the running requests finish, and exits.
+(checked from the file's header before the weights load). Bad requests get a 400 with an OpenAI-style error naming
+the field; a full queue (--max_queue) a 429 with Retry-After. SIGTERM (or Ctrl-C) stops accepting connections, lets the running requests finish, and exits.
 """
 
 from __future__ import annotations
@@ -104,19 +104,6 @@ def _warmup(loop, engine, tokenizer) -> None:
             s.wait()
 
 
-class _Header:
-    """A GGUF header seen as `usable_tokenizer` sees an engine: ``.tokenizer`` built from its metadata."""
-
-    def __init__(self, g):
-        self.gguf = g
-
-    @property
-    def tokenizer(self):
-        from strata_jax.tokenizer import Tokenizer
-
-        return Tokenizer.from_gguf(self.gguf)
-
-
 def main(argv) -> int:
     shared.quiet_logs()
     import logging
@@ -149,7 +136,7 @@ def main(argv) -> int:
     from strata_jax.models_registry import resolve_model
 
     # the tokenizer from the file's header, before any weights load (chat and text prompts need it)
-    tok, why = usable_tokenizer(_Header(open_gguf(resolve_model(FLAGS.model, FLAGS.cache_dir))))
+    tok, why = usable_tokenizer(open_gguf(resolve_model(FLAGS.model, FLAGS.cache_dir)))
     if tok is None:
         fail(f"strata-serve needs the model's tokenizer, and this model has no usable one ({why})")
     engine = shared.load_engine()
