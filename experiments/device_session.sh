@@ -79,6 +79,9 @@ case "$MODE" in
       # are the layers row-exact on the GPU with XLA's own elementwise code for the narrow rows (no rows_map launches)?
       part pallas_rowmap_xla ${PALLAS_S:-150} env STRATA_ROW_MAP=xla STRATA_TEST_GPU=1 python3 -m pytest -q -rf --tb=short \
         -p no:cacheprovider tests/pallas/test_layers_kernel_path.py -k "not interpret"
+      # the timings below need quiet host cores: wait here for the llama.cpp build (16 cores compiling slowed
+      # bench_decode by ~25% on 2026-12-02); the compiled tests above run beside it
+      want anchor && { bash .carry/anchor/anchor.sh wait > "$OUT/anchor_wait.log" 2>&1; echo "=== llama.cpp build done ($(( $(date +%s) - T0 )) s elapsed)"; }
       part kernels 230 python3 experiments/bench_kernels.py --only head,moe_variants,prefill,formats,sweep_planar \
         --budget_s 210 --out "$OUT/kernels.json"
     else
@@ -111,7 +114,7 @@ case "$MODE" in
         --prompt_tokens 64 --decode_tokens 32 --out "$OUT/decode_unshared.json"
     fi
     PREFILL_S=${PREFILL_S:-150}; PB=$(left); [ "$PB" -gt "$PREFILL_S" ] && PB=$PREFILL_S  # the part's own limit
-    if [ "$MODE" = run ]; then PF="--prompts 512,2048,8192 --chunks 128,256,512"
+    if [ "$MODE" = run ]; then PF="--prompts ${PREFILL_PROMPTS:-512,2048,8192} --chunks ${PREFILL_CHUNKS:-128,256,512}"
     else PF="--prompts 40,100 --chunks 16,32 --max_context 128"; fi
     part prefill "$PREFILL_S" $NEW python3 experiments/bench_prefill.py --model $MODEL $PF --repeats 2 \
       --budget_s $(( PB - 15 )) --out "$OUT/prefill.json"
@@ -126,6 +129,9 @@ case "$MODE" in
         --devices 1 ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --out "$OUT/fullsize.json"
     fi
     part profile_new 100 $NEW python3 experiments/profile_step.py --model $MODEL $PROF --out "$OUT/profile_new.json"
+    # the same step at strata-generate's default context (4096 cells; bench_decode's is 1024)
+    part profile_4k 100 $NEW python3 experiments/profile_step.py --model $MODEL $PROF --max_context 4096 \
+      --out "$OUT/profile_4k.json"
     part profile_prefill 100 $NEW python3 experiments/profile_step.py --model $MODEL --kind prefill --steps 5 --warmup 2 \
       --prompt_tokens 16 --out "$OUT/profile_prefill.json"
     if [ "$MODE" = run ]; then
@@ -141,7 +147,8 @@ def load(name):
     except (OSError, ValueError):
         return None
 print(f"{'path':28s} {'ms/step':>8s} {'tok/s':>7s} {'busy':>5s} {'launches':>8s} {'D2H/step':>9s} {'D2D/step':>16s}")
-for label, name in (("old (base package)", "profile_old.json"), ("new (kernels, per layer)", "profile_new.json")):
+for label, name in (("old (base package)", "profile_old.json"), ("new (kernels, per layer)", "profile_new.json"),
+                    ("new, --max_context 4096", "profile_4k.json")):
     r = load(name)
     if r is None:
         print(f"{label:28s} (no result: see {name[:-5]}.log)")
@@ -192,8 +199,9 @@ if p:
               f"(chunk {best['chunk']}) = {best['tok_s'] / pp[0]:.3f} of it")
 EOF
     # the device tool returns a handful of files: everything but this log goes back in one archive
-    tar czf "$OUT/parts.tgz" -C "$OUT" --exclude=parts.tgz --exclude=session.log . 2>/dev/null &&
-      find "$OUT" -type f ! -name parts.tgz ! -name session.log -delete
+    # (tar's status is ignored: a file still written by a part killed at its timeout made it 1 on 2026-12-02)
+    tar czf "$OUT/parts.tgz" -C "$OUT" --exclude=parts.tgz --exclude=session.log . 2>/dev/null
+    [ -s "$OUT/parts.tgz" ] && find "$OUT" -type f ! -name parts.tgz ! -name session.log -delete
     ;;
   *) sed -n 2,18p "$0"; exit 2;;
 esac

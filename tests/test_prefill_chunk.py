@@ -61,6 +61,17 @@ def test_chunk_setter_checks(engine_for, monkeypatch):
     assert eng.prefill_chunk == 32
 
 
+@pytest.mark.parametrize("platform,ctx,want", [("gpu", 4096, 512), ("gpu", 512, 512), ("gpu", 496, 128),
+                                               ("cpu", 4096, 128)])
+def test_default_chunk_by_backend(platform, ctx, want):
+    """No chunk chosen: 512 rows on a GPU whose context holds them, else 128 (a CPU; a GPU with a short context)."""
+    from types import SimpleNamespace
+
+    from strata_jax.pipeline.engine import default_prefill_chunk
+
+    assert default_prefill_chunk(SimpleNamespace(platform=platform), ctx) == want
+
+
 @pytest.mark.parametrize("chunk", [16, 48])
 def test_chunk_not_a_multiple_of_64_matches_hf(engine_for, monkeypatch, chunk):
     """The 64-token reference prompt read in chunks of 16 (4 calls) or 48 (48 + 16 rows): the logits of every

@@ -16,7 +16,7 @@ from absl import flags
 
 from strata_jax.cli.console import CONSOLE
 from strata_jax.errors import StrataError
-from strata_jax.limits import PREFILL_CHUNK, PREFILL_CHUNK_STEP, TOP_K_MAX
+from strata_jax.limits import PREFILL_CHUNK, PREFILL_CHUNK_GPU, PREFILL_CHUNK_STEP, TOP_K_MAX
 
 FLAGS = flags.FLAGS
 DEFAULT_SPEC = 4
@@ -48,8 +48,10 @@ flags.DEFINE_enum("weights", "auto", ["auto", "blocks", "f32"],
                   "How weights are held: blocks = in their GGUF block formats, dequantized inside every matmul (what "
                   "the GPU kernels read); f32 = dequantized once at load (same values, >= 4x the memory, several "
                   "times faster decode on a CPU); auto = f32 on a CPU when it takes at most 40% of RAM, else blocks.")
-flags.DEFINE_integer("prefill_chunk", PREFILL_CHUNK, f"Prompt tokens read per prefill program call (rows per "
-                     f"chunk): a positive multiple of {PREFILL_CHUNK_STEP} up to --max_context (or the default). "
+flags.DEFINE_integer("prefill_chunk", None, f"Prompt tokens read per prefill program call (rows per "
+                     f"chunk): a positive multiple of {PREFILL_CHUNK_STEP} up to --max_context (or {PREFILL_CHUNK}). "
+                     f"Default: {PREFILL_CHUNK_GPU} on a GPU where --max_context holds it (measured faster from "
+                     f"512-token prompts up on an H200), else {PREFILL_CHUNK}. "
                      f"Larger chunks give the matmuls more rows per weight read (faster long prompts, up to the "
                      f"device's limit) and hold more temporary memory per call (attention scores grow with chunk x "
                      f"context); each size is its own compiled program (compiled once); the last chunk is padded, "
@@ -150,7 +152,8 @@ def check_shared_flags(*, batch: bool) -> None:
     check_request_values({"max_new_tokens": FLAGS.max_new_tokens, "temperature": FLAGS.temperature,
                           "top_k": FLAGS.top_k, "top_p": FLAGS.top_p, "min_p": FLAGS.min_p, "seed": FLAGS.seed},
                          flag_label)
-    check_prefill_chunk(FLAGS.prefill_chunk, FLAGS.max_context)
+    if FLAGS.prefill_chunk is not None:
+        check_prefill_chunk(FLAGS.prefill_chunk, FLAGS.max_context)
     if not (math.isfinite(FLAGS.spec_min_p) and 0.0 <= FLAGS.spec_min_p <= 1.0):
         fail(f"--spec_min_p {FLAGS.spec_min_p}: must lie in [0, 1] (0 = off)")
     xla = xla_cache_path()

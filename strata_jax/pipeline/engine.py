@@ -29,7 +29,7 @@ from strata_jax.config import ModelConfig
 from strata_jax.errors import StrataError
 from strata_jax.gguf import open_gguf
 from strata_jax.layers.linear import blocks_as_f32, load_progress
-from strata_jax.limits import PREFILL_CHUNK, PREFILL_CHUNK_STEP
+from strata_jax.limits import PREFILL_CHUNK, PREFILL_CHUNK_GPU, PREFILL_CHUNK_STEP
 from strata_jax.models.registry import check_stages, family_of
 from strata_jax.pipeline.memory import memory_bytes
 from strata_jax.pipeline.mtp_chain import MtpChain
@@ -59,6 +59,13 @@ def check_prefill_chunk(chunk, max_context: int) -> int:
         raise StrataError(f"--prefill_chunk {chunk}: must be a positive multiple of {PREFILL_CHUNK_STEP} up to "
                           f"--max_context {max_context} (or the default {PREFILL_CHUNK})")
     return c
+
+
+def default_prefill_chunk(device, max_context: int) -> int:
+    """The prefill chunk when none is chosen: `PREFILL_CHUNK_GPU` (512) rows on a GPU whose context holds them
+    (measured faster there from 512-token prompts up), else `PREFILL_CHUNK` (128: a CPU, where a padded chunk of
+    a short prompt costs its full rows)."""
+    return PREFILL_CHUNK_GPU if device.platform == "gpu" and max_context >= PREFILL_CHUNK_GPU else PREFILL_CHUNK
 
 
 @dataclasses.dataclass
@@ -162,7 +169,8 @@ class Engine:
         every stage is on a CPU and the float32 copy takes at most `F32_RAM_FRACTION` of the machine's memory (the
         cgroup's limit when lower), else ``"blocks"``. The choice is in ``self.weights``.
       prefill_chunk: rows per prefill chunk (`check_prefill_chunk`: a positive multiple of 16 up to
-        ``max_context``, or the default `PREFILL_CHUNK`). Each chunk size is its own compiled prefill program; a prompt
+        ``max_context``, or `PREFILL_CHUNK`); None = `default_prefill_chunk` (512 on a GPU, 128 on a CPU). Each
+        chunk size is its own compiled prefill program; a prompt
         is read in [1, prefill_chunk] chunks, the last one padded. Models with GDN layers solve the delta rule in
         64-row pieces inside a chunk (`strata_jax.pallas.gdn.reference.CHUNK`): a chunk that is not a multiple of
         64 is padded with rows that leave the state unchanged there (the same result, the padded rows' work wasted).
@@ -182,7 +190,7 @@ class Engine:
 
     def __init__(self, model_path, *, max_context: int = 4096, n_slots: int = 1, layer_split: str | None = None,
                  devices=None, kv_dtype=jnp.float32, compile_cache_size: int = 32, progress: bool = False,
-                 weights: str = "auto", prefill_chunk: int = PREFILL_CHUNK):
+                 weights: str = "auto", prefill_chunk: int | None = None):
         t0 = time.perf_counter()
         # a path, or an already open GGUF-like object (e.g. strata_jax.testing.random_weights.VirtualGGUF)
         self.gguf = model_path if hasattr(model_path, "tensors") else open_gguf(model_path)
@@ -191,9 +199,9 @@ class Engine:
         if max_context < 2:
             raise StrataError(f"--max_context {max_context}: must be at least 2")
         self.max_context = int(max_context)
-        self.prefill_chunk = prefill_chunk  # checked (the property's setter)
-        self.n_slots = int(n_slots)
         devices = list(devices) if devices is not None else jax.devices()
+        self.prefill_chunk = default_prefill_chunk(devices[0], max_context) if prefill_chunk is None else prefill_chunk
+        self.n_slots = int(n_slots)
         ranges = parse_layer_split(layer_split, self.cfg.n_layer, len(devices))
         self.weights = _resolve_weights(weights, self.gguf, devices[:len(ranges)])
         self.stages: list[Stage] = []
