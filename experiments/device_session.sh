@@ -16,7 +16,8 @@
 # (experiments/bench_kernels.py: every quantized-matmul variant of issues 13/14 -- GGUF-bytes kernel, planar GEMV,
 # tensor-core GEMV, prefill GEMM precisions, grouped experts, launch configs -- in 210 s), decode (experiments/bench_decode.py on the
 # new path with the default kernels and with STRATA_QMATMUL=planar, command buffers on), profile_new
-# (experiments/profile_step.py, command buffers off), profile_prefill (the same for one prefill chunk), anchor (llama-bench tg128 / pp512), profile_old (the old
+# (experiments/profile_step.py, command buffers off), profile_prefill (the same for one prefill chunk), profile_cb (the step with
+# command buffers kept in the trace, host events, launches in and out of graphs), anchor (llama-bench tg128 / pp512), profile_old (the old
 # path's step profile, c6351ea: last, as its figures are on record from 2026-12-01), table. Also: probe
 # (compile_probe.py on the 1.5B file per op selection), shapes (each matrix of the file compiled alone),
 # compile_repeat, sampler (compile_sampler.py: the sampler's pieces alone), decode_stacked (STRATA_STACK_LAYERS=1),
@@ -74,8 +75,9 @@ case "$MODE" in
       part flags 30 env XLA_FLAGS="$FLAGS" python3 -c "import jax; print('XLA flags accepted:', jax.devices())"
       want anchor && bash .carry/anchor/anchor.sh build > "$OUT/anchor_build.log" 2>&1
       part random_gguf 60 python3 -m strata_jax.testing.random_gguf fill experiments/data/qwen2.5-coder-1.5b.header.xz $MODEL
-      part pallas ${PALLAS_S:-150} env STRATA_TEST_GPU=1 python3 -m pytest -q -rf --tb=short -p no:cacheprovider tests/pallas \
-        -k "not hlo_loops and not interpret"
+      # -v: each test's name and result as it finishes, so a part cut by its timeout still says which failed
+      part pallas ${PALLAS_S:-150} env STRATA_TEST_GPU=1 python3 -m pytest -v -rf --tb=short -p no:cacheprovider \
+        ${PALLAS_FILES:-tests/pallas} -k "${PALLAS_K:-not hlo_loops and not interpret}"
       # are the layers row-exact on the GPU with XLA's own elementwise code for the narrow rows (no rows_map launches)?
       part pallas_rowmap_xla ${PALLAS_S:-150} env STRATA_ROW_MAP=xla STRATA_TEST_GPU=1 python3 -m pytest -q -rf --tb=short \
         -p no:cacheprovider tests/pallas/test_layers_kernel_path.py -k "not interpret"
@@ -106,7 +108,7 @@ case "$MODE" in
         --out "$OUT/decode_stacked.json"
     fi
     part decode_new ${DECODE_S:-200} $NEW python3 experiments/bench_decode.py --model $MODEL --prompt_tokens 64 \
-      --decode_tokens 32 --out "$OUT/decode_new.json"
+      --decode_tokens 64 --out "$OUT/decode_new.json"
     if [ "$MODE" = run ]; then
       part decode_bytes 80 $NEW STRATA_QMATMUL=bytes python3 experiments/bench_decode.py --model $MODEL \
         --prompt_tokens 64 --decode_tokens 32 --out "$OUT/decode_bytes.json"
@@ -132,12 +134,47 @@ case "$MODE" in
     # the same step at strata-generate's default context (4096 cells; bench_decode's is 1024)
     part profile_4k 100 $NEW python3 experiments/profile_step.py --model $MODEL $PROF --max_context 4096 \
       --out "$OUT/profile_4k.json"
+    # the step as users run it: CUDA graphs kept in the trace; host events; where the compiled launches sit
+    part profile_cb 100 $NEW python3 experiments/profile_step.py --model $MODEL $PROF --command_buffers 1 \
+      --graphs_in_trace 1 --out "$OUT/profile_cb.json"
+    # command-buffer updates: XLA re-records every graph node whose buffer address changed since the last run
+    # (xla_gpu_command_buffer_update_mode picks whether temporaries get stable addresses; its values differ
+    # between XLA versions, so the accepted ones are probed first), with VLOG lines counting the updates
+    if want cb_modes && [ "$MODE" = run ]; then
+      : > "$OUT/cb_modes.txt"
+      for v in VMM_PERSISTENT_TEMP NEVER_UPDATE SKIP_TEMP CAPTURE_CMD_NEVER_UPDATE; do
+        if XLA_FLAGS="--xla_gpu_command_buffer_update_mode=$v" timeout 60 python3 -c \
+            "import jax, jax.numpy as jnp; print(float(jax.jit(lambda x: x + 1)(jnp.ones(3))[0]))" \
+            > "$OUT/cb_flag_$v.log" 2>&1; then echo "$v" >> "$OUT/cb_modes.txt"; fi
+      done
+      echo "=== update modes accepted: $(tr '\n' ' ' < "$OUT/cb_modes.txt")"
+      part cb_vlog 100 env TF_CPP_MIN_LOG_LEVEL=0 \
+        TF_CPP_VMODULE=command_buffer_thunk=3,command_executor=1,command_buffer_cmd=1 $NEW python3 \
+        experiments/profile_step.py --model $MODEL --steps 6 --warmup 3 --prompt_tokens 64 --command_buffers 1 \
+        --hlo_launches 0 --out "$OUT/cb_vlog.json"
+      grep -E "updated_allocs=|Updated [0-9]+ commands" "$OUT/cb_vlog.log" | tail -n 6 | cut -c1-300 | sed 's/^/    /'
+      for v in $(cat "$OUT/cb_modes.txt"); do
+        part "profile_cb_$v" 100 env XLA_FLAGS="--xla_gpu_command_buffer_update_mode=$v" TF_CPP_MIN_LOG_LEVEL=0 \
+          TF_CPP_VMODULE=command_buffer_thunk=3,command_executor=1,command_buffer_cmd=1 $NEW python3 \
+          experiments/profile_step.py --model $MODEL $PROF --command_buffers 1 --graphs_in_trace 1 --hlo_launches 0 \
+          --out "$OUT/profile_cb_$v.json"
+        grep -E "updated_allocs=|Updated [0-9]+ commands" "$OUT/profile_cb_$v.log" | tail -n 3 | cut -c1-300 | sed 's/^/    /'
+      done
+      CBM=${CBM:-$(head -n 1 "$OUT/cb_modes.txt")}
+      if [ -n "$CBM" ]; then  # the bench and the user path under the first accepted mode
+        part decode_cbm ${DECODE_S:-200} env XLA_FLAGS="--xla_gpu_command_buffer_update_mode=$CBM" $NEW python3 \
+          experiments/bench_decode.py --model $MODEL --prompt_tokens 64 --decode_tokens 64 --out "$OUT/decode_cbm.json"
+        part generate_cbm ${GENERATE_S:-150} env XLA_FLAGS="--xla_gpu_command_buffer_update_mode=$CBM" $NEW python3 \
+          -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" --max_new_tokens 128 --max_context 1024 \
+          --stats_json "$OUT/generate_cbm.json"
+      fi
+    fi
     part profile_prefill 100 $NEW python3 experiments/profile_step.py --model $MODEL --kind prefill --steps 5 --warmup 2 \
       --prompt_tokens 16 --out "$OUT/profile_prefill.json"
     if [ "$MODE" = run ]; then
       part anchor 100 bash .carry/anchor/anchor.sh bench $MODEL
     fi
-    part profile_old 90 $OLD python3 experiments/profile_step.py --model $MODEL $PROF --out "$OUT/profile_old.json"
+    part profile_old 90 $OLD python3 experiments/profile_step.py --model $MODEL $PROF --hlo_launches 0 --out "$OUT/profile_old.json"
     python3 - "$OUT" <<'EOF'
 import json, os, re, sys
 out = sys.argv[1]
@@ -148,24 +185,33 @@ def load(name):
         return None
 print(f"{'path':28s} {'ms/step':>8s} {'tok/s':>7s} {'busy':>5s} {'launches':>8s} {'D2H/step':>9s} {'D2D/step':>16s}")
 for label, name in (("old (base package)", "profile_old.json"), ("new (kernels, per layer)", "profile_new.json"),
-                    ("new, --max_context 4096", "profile_4k.json")):
+                    ("new, --max_context 4096", "profile_4k.json"),
+                    ("new, command buffers on", "profile_cb.json")) + tuple(
+        (f"cb, update mode {v}", f"profile_cb_{v}.json") for v in (open(os.path.join(out, "cb_modes.txt")).read().split()
+                                                                    if os.path.exists(os.path.join(out, "cb_modes.txt")) else [])):
     r = load(name)
     if r is None:
         print(f"{label:28s} (no result: see {name[:-5]}.log)")
         continue
     c = r["trace"]["copies"]
     d2d = c.get("D2D", {"count": 0, "bytes": 0})
-    print(f"{label:28s} {r['wall_ms']:8.2f} {1e3 / r['wall_ms']:7.1f} {r['busy_fraction'] or 0:5.2f} "
+    print(f"{label[:28]:28s} {r['wall_ms']:8.2f} {1e3 / r['wall_ms']:7.1f} {r['busy_fraction'] or 0:5.2f} "
           f"{r['trace']['launches']:8.0f} {c.get('D2H', {}).get('count', 0):9.1f} "
           f"{d2d['count']:6.1f} {d2d['bytes'] / 1e6:7.2f} MB")
+    hl = r.get("hlo_launches")
+    if hl:
+        print(f"  {'':26s} compiled: {hl['graphs']} command-buffer calls, {sum(hl['in_graphs'].values())} launches "
+              f"in graphs, {sum(hl['outside'].values())} alone {dict(sorted(hl['outside'].items(), key=lambda kv: -kv[1])[:4])}")
 for label, name in (("new, default kernels (planar)", "decode_new.json"), ("new, STRATA_QMATMUL=bytes", "decode_bytes.json"),
                     ("new, one launch per matrix (STRATA_QMATMUL_SHARED=0)", "decode_unshared.json"),
-                    ("new, layers stacked (STRATA_STACK_LAYERS=1)", "decode_stacked.json")):
+                    ("new, layers stacked (STRATA_STACK_LAYERS=1)", "decode_stacked.json"),
+                    ("new, first accepted command-buffer update mode", "decode_cbm.json")):
     d = load(name)
     if d:
         print(f"bench_decode ({label}, command buffers on): decode {d['decode_tok_s']:.1f} tok/s, prefill "
               f"{d['prefill_tok_s']:.1f} tok/s, {d['fraction_of_ceiling']:.3f} of the ceiling")
-for label, name in (("", "generate.json"), (", --max_context 1024", "generate_1k.json")):
+for label, name in (("", "generate.json"), (", --max_context 1024", "generate_1k.json"),
+                    (", --max_context 1024, first accepted update mode", "generate_cbm.json")):
     g = load(name)
     if g:
         print(f"strata-generate (user path, 1 stream{label}): decode {g.get('decode_tok_s') or 0:.1f} tok/s, prefill "

@@ -43,6 +43,11 @@ def main() -> None:
     ap.add_argument("--prompt_tokens", type=int, default=32)
     ap.add_argument("--max_context", type=int, default=1024)
     ap.add_argument("--command_buffers", type=int, choices=(0, 1), default=0, help="XLA command buffers (GPU)")
+    ap.add_argument("--graphs_in_trace", type=int, choices=(0, 1), default=0, help="with --command_buffers 1: "
+                    "keep the CUDA graphs while tracing (--xla_enable_command_buffers_during_profiling; XLA "
+                    "otherwise turns them off inside a trace): the trace then shows the step as users run it")
+    ap.add_argument("--hlo_launches", type=int, choices=(0, 1), default=1, help="report where the compiled "
+                    "program's launches sit: in command buffers or alone (strata_jax.pallas.structure.hlo_launches)")
     ap.add_argument("--autotune", default="off", help="off | cache:DIR | default (strata_jax.pallas.gpu_flags)")
     ap.add_argument("--trace_dir", default=None, help="keep the trace here (default: a temporary directory)")
     ap.add_argument("--out", default=None, help="JSON file for the results")
@@ -50,7 +55,10 @@ def main() -> None:
 
     from strata_jax.pallas import gpu_flags
 
-    gpu_flags.apply(gpu_flags.xla_flags(bool(args.command_buffers), args.autotune))
+    flags = gpu_flags.xla_flags(bool(args.command_buffers), args.autotune)
+    if args.command_buffers and args.graphs_in_trace:
+        flags.append("--xla_enable_command_buffers_during_profiling=true")
+    gpu_flags.apply(flags)
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -92,15 +100,20 @@ def main() -> None:
     toks[0, 0] = first
     tok = jnp.asarray(toks)
 
+    dispatched = []
+
     def run(n, start):
-        """n steps back to back from position ``start`` (a window re-verifies the same positions)."""
+        """n steps back to back from position ``start`` (a window re-verifies the same positions); records the
+        host's time to launch them (before waiting) in ``dispatched``."""
         nonlocal tok
         out = None
+        t = time.perf_counter()
         for i in range(n):
             p = start + i if T == 1 else start
             out, _ = eng.run(kind, tok, Rows.make([0], [p], [T]), samp, logits="last" if kind == "prefill" else "all")
             if T == 1:
                 tok = out["picks"][:, :1]
+        dispatched.append((time.perf_counter() - t) / max(n, 1))
         jax.block_until_ready((out, eng.states))
 
     t0 = time.perf_counter()
@@ -111,6 +124,7 @@ def main() -> None:
     t0 = time.perf_counter()
     run(args.steps, at)
     wall = (time.perf_counter() - t0) / args.steps
+    dispatch_ms = dispatched[-1] * 1e3
     trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="strata_trace_")
     at += args.steps
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
@@ -118,12 +132,22 @@ def main() -> None:
         run(args.steps, at)
         traced_wall = (time.perf_counter() - t0) / args.steps
     s = trace.summarize(trace.load_events(trace_dir), args.steps)
+    launches = None
+    if args.hlo_launches:
+        from strata_jax.pallas import structure
+
+        hlo = eng.stage_hlo(0, kind, tok, Rows.make([0], [at], [T]), samp,
+                            logits="last" if kind == "prefill" else "all")
+        with open(os.path.join(trace_dir, "step_hlo.txt"), "w") as f:
+            f.write(hlo)
+        launches = structure.hlo_launches(hlo)
     r = {"model": args.random_from or args.geometry or args.model, "backend": jax.default_backend(),
          "device": str(jax.devices()[0]), "jax": jax.__version__, "kind": args.kind,
          "impl": os.environ.get("STRATA_PALLAS_IMPL", "auto"), "kernels_in_use": getattr(dispatch, "kernels_in_use", dispatch.on_gpu)(),
          "stack_layers": os.environ.get("STRATA_STACK_LAYERS", "auto"), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-         "load_s": load_s, "first_step_s": first_s, "wall_ms": wall * 1e3, "traced_wall_ms": traced_wall * 1e3,
+         "load_s": load_s, "first_step_s": first_s, "wall_ms": wall * 1e3, "dispatch_ms": dispatch_ms, "traced_wall_ms": traced_wall * 1e3,
          "busy_fraction": s["busy_ms"] / (traced_wall * 1e3) if traced_wall else None, "trace": s,
+         "hlo_launches": launches,
          "trace_dir": trace_dir}
     c = s["copies"]
     cp = lambda k: f"{c[k]['count']:.1f} ({c[k]['bytes'] / 1e6:.2f} MB)" if k in c else "0"
@@ -134,6 +158,16 @@ def main() -> None:
                                                            for k, t, n in s["top_kernels"][:6]))
     print("launches by kind (calls/step, ms/step): " + "; ".join(f"{k[:40]} x{n:.1f} {t:.3f}"
                                                                  for k, t, n in s.get("kernel_families", [])[:16]))
+    print(f"host time to launch a step (untraced, before waiting): {dispatch_ms:.2f} ms of {wall * 1e3:.2f} ms")
+    g = s.get("gaps", {})
+    print("device idle per step: " + "; ".join(f"{k} x{v['count']:.1f} {v['ms']:.3f} ms" for k, v in g.items()))
+    print("host events (ms/step, calls/step): " + "; ".join(f"{k[:50]} {t:.3f} x{n:.1f}"
+                                                          for k, t, n in s.get("host_top", [])[:14]))
+    if launches is not None:
+        top = lambda d: ", ".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:6])
+        print(f"compiled program (stage 0, one program per call): {launches['graphs']} command-buffer calls; "
+              f"in graphs: {sum(launches['in_graphs'].values())} ({top(launches['in_graphs'])}); alone: "
+              f"{sum(launches['outside'].values())} ({top(launches['outside'])})")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(r, f, indent=1, default=str)

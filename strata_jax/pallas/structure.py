@@ -46,6 +46,76 @@ def hlo_while_loops(hlo_text: str) -> list[dict]:
     return out
 
 
+# HLO instructions that launch nothing (buffers seen differently, control flow whose bodies are counted instead)
+_NO_LAUNCH = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "call", "while", "conditional",
+              "after-all", "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain"}
+_COMP = re.compile(r"^(ENTRY )?%?([\w.\-]+) \(.*\{\s*$")
+_INST = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*?\b([a-z][\w\-]*)\((.*)$")
+_REFS = re.compile(r"\b(to_apply|body|condition|true_computation|false_computation)=%?([\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+
+
+def hlo_launches(hlo_text: str) -> dict:
+    """Where a compiled GPU program's kernel launches sit: inside XLA command buffers (CUDA graphs, replayed with
+    one launch each) or outside them (each launched alone, a few microseconds of host and driver time each).
+
+    Reads the final HLO of an executable (``jit(f).lower(...).compile().as_text()``), in which XLA's
+    command-buffer-scheduling pass has moved runs of commands into computations named ``command_buffer*``
+    called from the entry (or a loop body). Walks the computations the entry reaches through ``call`` / ``while`` /
+    ``conditional`` (fusion bodies and reducers are not walked: a fusion is one launch).
+
+    Returns:
+      dict: ``graphs`` (calls of command-buffer computations, counted once per call site), ``in_graphs`` and
+      ``outside`` ({what: count}: ``fusion``, ``custom-call:TARGET``, or another op name, per call site; a loop
+      body counts once, not per iteration).
+    """
+    comps, entry, cur = {}, None, None
+    for line in hlo_text.splitlines():
+        m = _COMP.match(line)
+        if m:
+            cur = m.group(2)
+            comps[cur] = []
+            if m.group(1):
+                entry = cur
+            continue
+        if line.startswith("}"):
+            cur = None
+            continue
+        if cur is None:
+            continue
+        i = _INST.match(line)
+        if i:
+            comps[cur].append((i.group(2), line))
+    out = {"graphs": 0, "in_graphs": {}, "outside": {}}
+
+    def walk(name, in_graph, seen):
+        if name not in comps or name in seen:
+            return
+        seen = seen | {name}
+        for op, line in comps[name]:
+            refs = [r for k, r in _REFS.findall(line) if op != "fusion" and (op != "call" or k == "to_apply")
+                    and (op in ("call", "while", "conditional"))]
+            b = _BRANCHES.search(line)
+            if b and op == "conditional":
+                refs += [x.strip().lstrip("%") for x in b.group(1).split(",") if x.strip()]
+            for r in refs:
+                graph = r.startswith("command_buffer")
+                out["graphs"] += int(graph and op == "call")
+                walk(r, in_graph or graph, seen)
+            if op in _NO_LAUNCH:
+                continue
+            what = op
+            if op == "custom-call":
+                t = re.search(r'custom_call_target="([^"]*)"', line)
+                what = f"custom-call:{t.group(1) if t else '?'}"
+            d = out["in_graphs" if in_graph else "outside"]
+            d[what] = d.get(what, 0) + 1
+
+    if entry is not None:
+        walk(entry, entry.startswith("command_buffer"), set())
+    return out
+
+
 @dataclasses.dataclass
 class _Origin:
     root: int | None  # index of the traced function's argument the value comes from (None: computed)

@@ -89,7 +89,8 @@ def summarize(events: list[dict], n_steps: int, top: int = 10) -> dict:
       ({kind: {"count", "bytes"}} per step; kinds of `copy_kind`), ``top_kernels`` ([(name, ms per step, calls per
       step)] by time), ``kernel_families`` (the same with names stripped of their trailing numbers --
       ``loop_add_fusion_12`` and ``loop_add_fusion.3`` count as ``loop_add_fusion`` -- by calls: what the launches
-      of a step are), ``unclassified`` (the most frequent event names on the device, to check the rules).
+      of a step are), ``unclassified`` (the most frequent event names on the device, to check the rules),
+      ``gaps`` (the device's idle stretches per step, `_gaps`) and ``host_top`` (the host's events, `_host_top`).
     """
     procs, threads = {}, {}
     for e in events:
@@ -135,7 +136,35 @@ def summarize(events: list[dict], n_steps: int, top: int = 10) -> dict:
         "kernel_families": [(k, t / 1e3 / n, c / n) for k, (t, c) in
                             sorted(_families(kernels).items(), key=lambda kv: -kv[1][1])[:4 * top]],
         "unclassified": names.most_common(top),
+        "gaps": _gaps(ivs, n),
+        "host_top": _host_top(events, set(gpu_pids) if gpu_pids else set(), n, 2 * top),
     }
+
+
+def _gaps(ivs, n: int) -> dict:
+    """Idle stretches between the device's busy intervals, per step: count and ms of those over 5 / 20 / 100 us."""
+    out, end = {5: [0, 0.0], 20: [0, 0.0], 100: [0, 0.0]}, None
+    for s, e in sorted(ivs):
+        if end is not None and s > end:
+            for lim, acc in out.items():
+                if s - end > lim:
+                    acc[0] += 1
+                    acc[1] += (s - end) / 1e3
+        end = e if end is None else max(end, e)
+    return {f">{lim}us": {"count": c / n, "ms": t / n} for lim, (c, t) in out.items()}
+
+
+def _host_top(events: list[dict], device_pids: set, n: int, top: int) -> list:
+    """The host's trace events (JAX / XLA TraceMe scopes and the CUDA driver calls CUPTI records) by time per step:
+    [(name, ms per step, calls per step)], names stripped of trailing numbers. Scopes nest, so times overlap."""
+    acc = collections.defaultdict(lambda: [0.0, 0])
+    for e in events:
+        if e.get("ph") != "X" or "dur" not in e or e.get("pid") in device_pids or "profiler" in str(e.get("name")):
+            continue
+        name = re.sub(r"([._#:]\d+)+$", "", str(e.get("name", "")))[:80]
+        acc[name][0] += float(e["dur"])
+        acc[name][1] += 1
+    return [(k, t / 1e3 / n, c / n) for k, (t, c) in sorted(acc.items(), key=lambda kv: -kv[1][0])[:top]]
 
 
 def _families(kernels: dict) -> dict:

@@ -259,6 +259,14 @@ class Engine:
           On the last stage the MTP chain, when active, is launched after the stage (not for prefill chunks:
           `prefill` launches it with the prompt's next tokens).
         """
+        fn, args = self._stage_call(index, kind, x, rows, tokens, sampling, logits)
+        out, self.states[index], pending = fn(*args)
+        if self.stages[index].last and self.mtp.active and kind != "prefill":
+            self.mtp.after(kind, out, args[3])
+        return out, pending
+
+    def _stage_call(self, index: int, kind: str, x, rows: Rows, tokens, sampling: RowSampling, logits: str):
+        """The jitted function of `run_stage` (from the compile cache) and its arguments, placed on the stage."""
         stage = self.stages[index]
         B, T = tokens.shape
         fn = self.cache.get((index, kind, B, T, logits, self.n_slots),
@@ -270,11 +278,15 @@ class Engine:
         rows_d = _place(rows, dev)
         tokens_d = _place(tokens, dev, commit=True)
         x_d = tokens_d if x is tokens else _place(x, dev, commit=True)
-        out, self.states[index], pending = fn(stage.params, self.states[index], x_d, rows_d, tokens_d,
-                                              _place(sampling, dev), extra)
-        if stage.last and self.mtp.active and kind != "prefill":
-            self.mtp.after(kind, out, rows_d)
-        return out, pending
+        return fn, (stage.params, self.states[index], x_d, rows_d, tokens_d, _place(sampling, dev), extra)
+
+    def stage_hlo(self, index: int, kind: str, tokens, rows: Rows, sampling: RowSampling, logits: str = "all",
+                  x=None) -> str:
+        """The final HLO text of stage ``index``'s program for this call (compiled as `run_stage` would; nothing
+        runs, no state changes): for `strata_jax.pallas.structure.hlo_launches` and profiles. ``x`` defaults to
+        ``tokens`` (right for stage 0)."""
+        fn, args = self._stage_call(index, kind, tokens if x is None else x, rows, tokens, sampling, logits)
+        return fn.lower(*args).compile().as_text()
 
     def run(self, kind: str, tokens, rows: Rows, sampling: RowSampling, logits: str = "all"):
         """Run ``tokens`` int32 [B, T] through every stage (`run_stage` on each in turn, the hidden rows handed

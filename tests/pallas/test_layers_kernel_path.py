@@ -164,8 +164,16 @@ def test_block_prefill_close(layer, rng):
         outs[impl] = prefill(params, R, st0, rows)
     (o_k, st_k), (o_r, st_r) = outs[KERNEL], outs["reference"]
     assert _rel(o_k[:, :n - 2], o_r[:, :n - 2]) <= PREFILL_TOL
-    for a, b in zip(jax.tree.leaves(st_k), jax.tree.leaves(st_r)):
-        assert _rel(a, b) <= PREFILL_TOL
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(st_k), jax.tree.leaves(st_r)):
+        assert _rel(a, b) <= PREFILL_TOL, _where(jax.tree_util.keystr(path), a, b)
+
+
+def _where(name, a, b, tol=PREFILL_TOL, show=6):
+    """A state leaf's mismatch, located: its shape, the relative difference and the first indices past ``tol``."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    bad = np.argwhere(np.abs(a - b) > tol * max(np.abs(b).max(), 1e-30))
+    return (f"state leaf {name} {a.shape}: rel {_rel(a, b):.3g}, {len(bad)} elements past {tol:g}, first at "
+            + ", ".join(f"{tuple(int(i) for i in ix)} ({a[tuple(ix)]:.4g} vs {b[tuple(ix)]:.4g})" for ix in bad[:show]))
 
 
 @pytest.mark.slow

@@ -103,3 +103,59 @@ def test_step_hlo_loops_known(monkeypatch):
                    if not any(f in lp["op_name"] for f in KERNEL_FAMILIES) and "threefry" not in lp["op_name"]
                    and "_uniform" not in lp["op_name"]]
         assert not outside, f"{what}: while loops outside the kernels: {sorted(set(outside))[:5]}"
+
+
+_GPU_HLO = """HloModule jit_step, is_scheduled=true
+
+%fused_add (param_0: f32[4], param_1: f32[4]) -> f32[4] {
+  %param_0 = f32[4]{0} parameter(0)
+  %param_1 = f32[4]{0} parameter(1)
+  ROOT %add.1 = f32[4]{0} add(f32[4]{0} %param_0, f32[4]{0} %param_1)
+}
+
+%command_buffer (p: f32[4], p.1: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  %p.1 = f32[4]{0} parameter(1)
+  %loop_add_fusion = f32[4]{0} fusion(f32[4]{0} %p, f32[4]{0} %p.1), kind=kLoop, calls=%fused_add
+  ROOT %custom-call.2 = f32[4]{0} custom-call(f32[4]{0} %loop_add_fusion), custom_call_target="__gpu$xla.gpu.triton"
+}
+
+%body (t: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %t = (s32[], f32[4]{0}) parameter(0)
+  %x = f32[4]{0} get-tuple-element((s32[], f32[4]{0}) %t), index=1
+  %custom-call.9 = f32[4]{0} custom-call(f32[4]{0} %x), custom_call_target="__gpu$xla.gpu.triton"
+  %i = s32[] get-tuple-element((s32[], f32[4]{0}) %t), index=0
+  ROOT %tuple = (s32[], f32[4]{0}) tuple(s32[] %i, f32[4]{0} %custom-call.9)
+}
+
+%cond (t.1: (s32[], f32[4])) -> pred[] {
+  %t.1 = (s32[], f32[4]{0}) parameter(0)
+  ROOT %lt = pred[] fusion((s32[], f32[4]{0}) %t.1), kind=kLoop, calls=%fused_add
+}
+
+ENTRY %main.5 (x.1: f32[4], y.1: f32[4]) -> f32[4] {
+  %x.1 = f32[4]{0} parameter(0)
+  %y.1 = f32[4]{0} parameter(1)
+  %call = f32[4]{0} call(f32[4]{0} %x.1, f32[4]{0} %y.1), to_apply=%command_buffer
+  %w = (s32[], f32[4]{0}) while((s32[], f32[4]{0}) %call), condition=%cond, body=%body
+  ROOT %copy.3 = f32[4]{0} copy(f32[4]{0} %call)
+}
+"""
+
+
+def test_hlo_launches_counts_graphs_and_loose_launches():
+    """`structure.hlo_launches` on a hand-written final GPU module: a command buffer holding a fusion and a Triton
+    call, a while loop (condition fusion + a Triton call in the body) and a copy outside; fusion bodies not
+    walked."""
+    got = structure.hlo_launches(_GPU_HLO)
+    assert got == {"graphs": 1, "in_graphs": {"fusion": 1, "custom-call:__gpu$xla.gpu.triton": 1},
+                   "outside": {"custom-call:__gpu$xla.gpu.triton": 1, "fusion": 1, "copy": 1}}
+
+
+def test_hlo_launches_reads_xla_text():
+    """On XLA's own text (this CPU's compile of a small function): no command buffers; the launches it lists are
+    the module's fusions / ops, at least one."""
+    hlo = jax.jit(lambda x, y: jnp.sin(x) @ y + 1.0).lower(jnp.ones((8, 8)), jnp.ones((8, 8))).compile().as_text()
+    got = structure.hlo_launches(hlo)
+    assert got["graphs"] == 0 and not got["in_graphs"]
+    assert sum(got["outside"].values()) >= 1, hlo
