@@ -50,10 +50,11 @@ def ceiling_bytes_per_s() -> tuple[float, str]:
     return a.size * 4 / dt, "CPU copy 256 MiB (bytes read)"
 
 
-def time_prefill_and_decode(eng, prompt_tokens: int, decode_tokens: int) -> dict:
+def time_prefill_and_decode(eng, prompt_tokens: int, decode_tokens: int, steps=()) -> dict:
     """Greedy prefill of random ids then one-row decode steps whose tokens stay on the device (no host wait
-    between steps). Returns first-call and warm seconds: ``prefill_first_s``, ``prefill_s``, ``step_first_s``,
-    ``decode_s_per_token``."""
+    between steps), then for each n > 1 in ``steps`` the same with n steps per device program
+    (`Engine.run_steps`). Returns first-call and warm seconds: ``prefill_first_s``, ``prefill_s``,
+    ``step_first_s``, ``decode_s_per_token``, ``steps_s_per_token`` {n: seconds}."""
     from strata_jax.sampling import RowSampling, SamplingParams
     from strata_jax.state import Rows
 
@@ -85,6 +86,21 @@ def time_prefill_and_decode(eng, prompt_tokens: int, decode_tokens: int) -> dict
         tok = out["picks"][:, :1]
     jax.block_until_ready(out)
     r["decode_s_per_token"] = (time.perf_counter() - t0) / decode_tokens
+    r["steps_s_per_token"] = {}
+    for n in steps:  # n steps per device program (Engine.run_steps): same tokens, one launch per n
+        if n <= 1 or not eng.can_run_steps:
+            continue
+        tok = jnp.asarray([[first]], jnp.int32)
+        calls = max(decode_tokens // n, 1)
+        for i in range(2 + calls):  # two warm calls: the first compiles
+            if i == 2:
+                jax.block_until_ready(out)
+                t0 = time.perf_counter()
+            out = eng.run_steps(tok, Rows.make([0], [pos + i * n], [1]), samp, n)
+            tok = out["last"]
+        jax.block_until_ready(out)
+        r["steps_s_per_token"][n] = (time.perf_counter() - t0) / (calls * n)
+        print(f"{n} steps per call: {1 / r['steps_s_per_token'][n]:.1f} tok/s", flush=True)
     return r
 
 
@@ -140,6 +156,8 @@ def main() -> None:
     ap.add_argument("--prompt_tokens", type=int, default=256)
     ap.add_argument("--decode_tokens", type=int, default=64)
     ap.add_argument("--max_context", type=int, default=1024)
+    ap.add_argument("--decode_steps", default="1", help="comma-separated steps per device program to time besides "
+                    "one step per call, e.g. 1,2,4,8 (Engine.run_steps)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -157,7 +175,8 @@ def main() -> None:
     t0 = time.perf_counter()
     eng = Engine(path, max_context=args.max_context)
     print(f"loaded {path} in {time.perf_counter() - t0:.1f} s", flush=True)
-    t = time_prefill_and_decode(eng, args.prompt_tokens, args.decode_tokens)
+    steps = [int(v) for v in args.decode_steps.split(",") if v.strip()]
+    t = time_prefill_and_decode(eng, args.prompt_tokens, args.decode_tokens, steps)
     t_prefill, t_decode = t["prefill_s"], t["decode_s_per_token"]
     wb = weight_bytes_per_token(eng)
     r = {
@@ -166,6 +185,7 @@ def main() -> None:
         "decode_ms": t_decode * 1e3, "weight_bytes_per_token": wb, "ceiling_bytes_per_s": ceil,
         "ceiling": ceil_what, "fraction_of_ceiling": wb / t_decode / ceil,
         "compiles": eng.cache.compiles,
+        "steps_tok_s": {str(n): 1.0 / v for n, v in t["steps_s_per_token"].items()},
     }
     print(f"{'model':40s} {'prefill tok/s':>14s} {'decode tok/s':>13s} {'weights/token':>14s} {'ceiling':>12s} {'fraction':>9s}")
     print(f"{str(r['model'])[-40:]:40s} {r['prefill_tok_s']:14.1f} {r['decode_tok_s']:13.2f} "

@@ -108,7 +108,7 @@ case "$MODE" in
         --out "$OUT/decode_stacked.json"
     fi
     part decode_new ${DECODE_S:-200} $NEW python3 experiments/bench_decode.py --model $MODEL --prompt_tokens 64 \
-      --decode_tokens 64 --out "$OUT/decode_new.json"
+      --decode_tokens 64 --decode_steps ${DECODE_STEPS:-2,4,8} --out "$OUT/decode_new.json"
     if [ "$MODE" = run ]; then
       part decode_bytes 80 $NEW STRATA_QMATMUL=bytes python3 experiments/bench_decode.py --model $MODEL \
         --prompt_tokens 64 --decode_tokens 32 --out "$OUT/decode_bytes.json"
@@ -126,6 +126,22 @@ case "$MODE" in
     # the user path at bench_decode's --max_context (1024; strata-generate's default is 4096)
     part generate_1k ${GENERATE_S:-150} $NEW python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" \
       --max_new_tokens 128 --max_context 1024 --stats_json "$OUT/generate_1k.json"
+    # --decode_steps N gives the tokens of one step per call: greedy and seeded, 1 vs 4 (and 8) steps per call
+    steps_exact() {
+      for samp in "--temperature 0" "--temperature 0.8 --top_k 40 --seed 7"; do
+        for n in 1 4 8; do
+          $NEW python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" --max_new_tokens 61 \
+            --max_context 1024 $samp --decode_steps $n --stats_json "$OUT/steps_$n.json" > /dev/null 2>&1 || return 1
+        done
+        python3 -c "
+import json,sys; t=[json.load(open(f'$OUT/steps_{n}.json'))['tokens'] for n in (1,4,8)]
+r=[json.load(open(f'$OUT/steps_{n}.json'))['decode_tok_s'] for n in (1,4,8)]
+print('$samp:', 'same tokens' if t[0]==t[1]==t[2] else 'MISMATCH', len(t[0]), 'tokens; tok/s at 1/4/8 steps:', r)
+sys.exit(0 if t[0]==t[1]==t[2] else 1)" || return 1
+      done
+    }
+    export MODEL IDS OUT NEW; export -f steps_exact
+    part steps_exact ${GENERATE_S:-150} bash -c steps_exact
     if [ "$MODE" = run ]; then  # the Qwen3.8-Flash-Next shape on one GPU (random weights made on the device)
       part fullsize ${FULL_S:-300} $NEW ${FULL_ENV:-} python3 experiments/bench_fullsize.py --geometry qwen3.8-flash-next \
         --devices 1 ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --out "$OUT/fullsize.json"

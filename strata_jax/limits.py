@@ -10,3 +10,4 @@ PREFILL_CHUNK_STEP = 16  # chunks are a multiple of this: the row tiles of the p
 TOP_K_MAX = 1024
 TOP_K_DEFAULT = 64  # what top_k 0 means (Strata's cap)
 SEED_MAX = 2 ** 32 - 1  # seeds are 32-bit (the device key); the command line refuses others
+DECODE_STEPS_GPU = 4  # plain decode steps per device program on a GPU (`Engine.run_steps`; H200 measurement)

@@ -16,7 +16,7 @@ from absl import flags
 
 from strata_jax.cli.console import CONSOLE
 from strata_jax.errors import StrataError
-from strata_jax.limits import PREFILL_CHUNK, PREFILL_CHUNK_GPU, PREFILL_CHUNK_STEP, TOP_K_MAX
+from strata_jax.limits import DECODE_STEPS_GPU, PREFILL_CHUNK, PREFILL_CHUNK_GPU, PREFILL_CHUNK_STEP, TOP_K_MAX
 
 FLAGS = flags.FLAGS
 DEFAULT_SPEC = 4
@@ -48,6 +48,11 @@ flags.DEFINE_enum("weights", "auto", ["auto", "blocks", "f32"],
                   "How weights are held: blocks = in their GGUF block formats, dequantized inside every matmul (what "
                   "the GPU kernels read); f32 = dequantized once at load (same values, >= 4x the memory, several "
                   "times faster decode on a CPU); auto = f32 on a CPU when it takes at most 40% of RAM, else blocks.")
+flags.DEFINE_integer("decode_steps", None, "Plain decode steps per device program (one sequence, no --draft): the "
+                     "same tokens, streamed in bursts of this many, one program launch per burst instead of one "
+                     f"per token. Default: {DECODE_STEPS_GPU} on a GPU (there a one-step program takes longer to "
+                     "launch than to run), 1 on a CPU. Used where the model is in one stage without host-side "
+                     "inputs (not qwen4exp's n-gram PLE) and --dump_logits is off; else 1.", lower_bound=1)
 flags.DEFINE_integer("prefill_chunk", None, f"Prompt tokens read per prefill program call (rows per "
                      f"chunk): a positive multiple of {PREFILL_CHUNK_STEP} up to --max_context (or {PREFILL_CHUNK}). "
                      f"Default: {PREFILL_CHUNK_GPU} on a GPU where --max_context holds it (measured faster from "

@@ -173,7 +173,7 @@ def solo_stats_line(engine, st, caches) -> str:
     and were left out of that rate (their tokens and their time both), the proposals, the compiles and the XLA
     cache's reads and writes, the stop reason."""
     n_st = len(engine.stages)
-    kind = "verify windows" if st.spec else "decode steps"
+    kind = "verify windows" if st.spec else ("decode calls" if st.decode_steps > 1 else "decode steps")
     parts = [f"loaded in {engine.load_seconds:.1f} s, {engine.weights} weights"
              + (f", {n_st} stages" if n_st > 1 else ""),
              f"prompt {st.prompt_tokens} tok at {st.prefill_tok_s:.1f} tok/s"
@@ -188,7 +188,7 @@ def solo_stats_line(engine, st, caches) -> str:
                      f"shape)")
         else:
             rate += f" in {st.windows} {kind}"
-        parts.append(rate)
+        parts.append(rate + (f" of up to {st.decode_steps} steps" if kind == "decode calls" else ""))
     elif st.windows:
         parts.append(f"decode rate n/a: {'its one' if st.windows == 1 else f'all {st.windows}'} "
                      f"{kind[:-1] if st.windows == 1 else kind} compiled")
@@ -203,6 +203,7 @@ def main(argv) -> int:
     import numpy as np
 
     from strata_jax.cli.console import prompt_progress
+    from strata_jax.pipeline.engine import default_decode_steps
     from strata_jax.pipeline.sequence import stop_strings
     from strata_jax.pipeline.solo import generate
     from strata_jax.proposers import SpecPolicy, make_proposer
@@ -241,7 +242,8 @@ def main(argv) -> int:
                    stop=stop_strings(tok, FLAGS.stop), on_token=on_token, dump_logits=FLAGS.dump_logits is not None,
                    proposer=proposer, spec=spec if proposer is not None else 0, spec_min_p=FLAGS.spec_min_p,
                    policy=SpecPolicy() if proposer is not None else None,
-                   on_prefill_chunk=prompt_progress(len(ids), engine.prefill_chunk))  # stderr, a terminal only
+                   on_prefill_chunk=prompt_progress(len(ids), engine.prefill_chunk),  # stderr, a terminal only
+                   decode_steps=FLAGS.decode_steps or default_decode_steps(engine.stages[0].device))
     if tok is not None:
         con.text(dec.flush())
     con.text("\n")

@@ -29,13 +29,13 @@ from strata_jax.config import ModelConfig
 from strata_jax.errors import StrataError
 from strata_jax.gguf import open_gguf
 from strata_jax.layers.linear import blocks_as_f32, load_progress
-from strata_jax.limits import PREFILL_CHUNK, PREFILL_CHUNK_GPU, PREFILL_CHUNK_STEP
+from strata_jax.limits import DECODE_STEPS_GPU, PREFILL_CHUNK, PREFILL_CHUNK_GPU, PREFILL_CHUNK_STEP
 from strata_jax.models.registry import check_stages, family_of
 from strata_jax.pipeline.memory import memory_bytes
 from strata_jax.pipeline.mtp_chain import MtpChain
 from strata_jax.pipeline.ple_host import PleHost
-from strata_jax.pipeline.stages import (Stage, build_commit_fn, build_reset_fn, build_stage_fn, make_stage,
-                                       parse_layer_split)
+from strata_jax.pipeline.stages import (Stage, build_commit_fn, build_reset_fn, build_stage_fn, build_steps_fn,
+                                       make_stage, parse_layer_split)
 from strata_jax.pipeline.windows import CompileCache
 from strata_jax.sampling import RowSampling, SamplingParams
 from strata_jax.state import Rows
@@ -66,6 +66,13 @@ def default_prefill_chunk(device, max_context: int) -> int:
     (measured faster there from 512-token prompts up), else `PREFILL_CHUNK` (128: a CPU, where a padded chunk of
     a short prompt costs its full rows)."""
     return PREFILL_CHUNK_GPU if device.platform == "gpu" and max_context >= PREFILL_CHUNK_GPU else PREFILL_CHUNK
+
+
+def default_decode_steps(device) -> int:
+    """Plain decode steps per device program when none is chosen (`Engine.run_steps`): `DECODE_STEPS_GPU` on a GPU,
+    where a one-step program is host-bound (its launch takes longer than its kernels), 1 on a CPU (compute-bound:
+    nothing to save, and tokens stream one by one)."""
+    return DECODE_STEPS_GPU if device.platform == "gpu" else 1
 
 
 @dataclasses.dataclass
@@ -266,7 +273,8 @@ class Engine:
         return out, pending
 
     def _stage_call(self, index: int, kind: str, x, rows: Rows, tokens, sampling: RowSampling, logits: str):
-        """The jitted function of `run_stage` (from the compile cache) and its arguments, placed on the stage."""
+        """The jitted function of `run_stage` (from the compile cache) and its arguments, placed on the stage (the
+        params as ``stage.leaves``)."""
         stage = self.stages[index]
         B, T = tokens.shape
         fn = self.cache.get((index, kind, B, T, logits, self.n_slots),
@@ -278,7 +286,7 @@ class Engine:
         rows_d = _place(rows, dev)
         tokens_d = _place(tokens, dev, commit=True)
         x_d = tokens_d if x is tokens else _place(x, dev, commit=True)
-        return fn, (stage.params, self.states[index], x_d, rows_d, tokens_d, _place(sampling, dev), extra)
+        return fn, (stage.leaves, self.states[index], x_d, rows_d, tokens_d, _place(sampling, dev), extra)
 
     def stage_hlo(self, index: int, kind: str, tokens, rows: Rows, sampling: RowSampling, logits: str = "all",
                   x=None) -> str:
@@ -287,6 +295,39 @@ class Engine:
         ``tokens`` (right for stage 0)."""
         fn, args = self._stage_call(index, kind, tokens if x is None else x, rows, tokens, sampling, logits)
         return fn.lower(*args).compile().as_text()
+
+    @property
+    def can_run_steps(self) -> bool:
+        """`run_steps` is available: the whole model in one stage, no host-side per-row inputs (qwen4exp's PLE)
+        and the MTP chain off (it runs after every step)."""
+        return len(self.stages) == 1 and self.ple is None and not self.mtp.active
+
+    def run_steps(self, token, rows: Rows, sampling: RowSampling, n_steps: int) -> dict:
+        """Launch ``n_steps`` plain decode steps as one device program (`build_steps_fn`), without waiting.
+
+        Args:
+          token: int32 [B, 1], the first step's input (host, or a previous call's picks on the device).
+          rows: the first step's layout (``n_valid`` 1); step i runs at ``pos0 + i``.
+          sampling: per-segment sampler settings.
+          n_steps: steps in the program (one compiled program per count).
+
+        Returns:
+          ``{"picks": int32 [B, n_steps], "last": int32 [B, 1]}`` (device arrays, not read here): step i's pick is
+          the input of step i + 1; ``last`` is the next call's ``token``.
+
+        Raises:
+          StrataError: not `can_run_steps`.
+        """
+        if not self.can_run_steps:
+            raise StrataError("several decode steps per call need one stage, no PLE host state and no MTP chain")
+        stage = self.stages[0]
+        B = int(np.shape(token)[0])
+        fn = self.cache.get((0, "steps", B, int(n_steps), self.n_slots),
+                            lambda: build_steps_fn(stage, int(n_steps), self.max_context))
+        dev = stage.device
+        out, self.states[0] = fn(stage.leaves, self.states[0], _place(token, dev, commit=True), _place(rows, dev),
+                                   _place(sampling, dev))
+        return out
 
     def run(self, kind: str, tokens, rows: Rows, sampling: RowSampling, logits: str = "all"):
         """Run ``tokens`` int32 [B, T] through every stage (`run_stage` on each in turn, the hidden rows handed
@@ -311,7 +352,7 @@ class Engine:
         fn = self.cache.get((index, "commit", shapes, self.n_slots), lambda: build_commit_fn(stage))
         if not isinstance(keep, jax.Array):
             keep = np.asarray(keep, np.int32)
-        self.states[index] = fn(stage.params, self.states[index], pending, _place(rows, stage.device),
+        self.states[index] = fn(stage.leaves, self.states[index], pending, _place(rows, stage.device),
                                 _place(keep, stage.device, commit=True))
 
     def commit(self, rows: Rows, pendings: list, keep) -> None:

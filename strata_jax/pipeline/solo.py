@@ -67,6 +67,7 @@ class GenerationStats:
     # ``windows``, their time (device time the host did not wait for) not in any rate
     dropped: int = 0
     ahead: int = 0  # plain steps launched from the previous step's pick before that step was read
+    decode_steps: int = 1  # plain decode steps per device call (`Engine.run_steps`; the budget's tail runs one by one)
 
     def add_compiled_window(self, tokens: int, window_seconds: float, round_seconds: float) -> None:
         """Count a window during which something compiled: its kept ``tokens``, its engine-call seconds (as
@@ -155,6 +156,18 @@ class Generation:
 
 
 @dataclasses.dataclass
+class _Call:
+    """One plain decode call of the solo loop, launched and not read yet: its picks int32 [1, n] and last pick [1, 1]
+    (device arrays), row 0's position, its step count, and (``dump_logits``, one step) its logits."""
+
+    picks: object
+    last: object
+    pos: int
+    n: int
+    logits: object = None
+
+
+@dataclasses.dataclass
 class _Round:
     """One round of the speculative solo loop, launched and not read yet: its proposals, the last stage's outputs
     (device arrays) and row 0's position; ``aside``: a plain step the policy chose; ``asked``: the proposer was
@@ -171,7 +184,7 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
              sampling: SamplingParams = SamplingParams(), eos_ids=(), stop: Callable[[list[int]], bool] | None = None,
              on_token: Callable[[int], None] | None = None, slot: int = 0, dump_logits: bool = False,
              proposer=None, spec: int = 0, spec_min_p: float = 0.0, policy=None,
-             on_prefill_chunk: Callable[[int, int], None] | None = None) -> Generation:
+             on_prefill_chunk: Callable[[int, int], None] | None = None, decode_steps: int = 1) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` in ``slot``.
 
     Args:
@@ -189,13 +202,19 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
       policy: a `strata_jax.proposers.SpecPolicy` letting the proposer step aside when it does not pay
         (None: always ask it).
       on_prefill_chunk: ``on_prefill_chunk(read, len(prompt_ids))`` after each prompt chunk (`Engine.prefill`).
+      decode_steps: plain decode steps per device program (`Engine.run_steps`; the same tokens, streamed in
+        bursts of this many): used where the engine allows it (`Engine.can_run_steps`) and logits are not dumped,
+        else 1. Steps near the end of the budget run one at a time, so no step runs past ``max_new_tokens`` or
+        the context end.
 
     Returns:
       `Generation`.
 
     Raises:
-      StrataError: the prompt does not fit the context; ``spec`` outside 2..8 with a proposer.
+      StrataError: the prompt does not fit the context; ``spec`` outside 2..8 with a proposer; ``decode_steps`` < 1.
     """
+    if int(decode_steps) < 1:
+        raise StrataError(f"--decode_steps {decode_steps}: must be at least 1")
     if proposer is not None and spec:
         if not 2 <= spec <= MAX_WINDOW:
             raise StrataError(f"--spec {spec}: the window cap must lie in 2..{MAX_WINDOW}")
@@ -220,31 +239,45 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
     t1 = time.perf_counter()
     seq.emit(first)
     c_prev = engine.cache.compiles
-    # One step ahead: step i + 1 is launched from step i's pick, still on the device, before the host reads step i
-    # and streams it, so the device runs step i + 1 while the host works. When step i ends the sequence (EOS, a stop
-    # string), step i + 1 is dropped: it wrote one K/V cell and state past the end of this sequence, which the next
-    # prefill in this slot resets (`Engine.prefill` from position 0). No step is launched past max_new_tokens or
-    # the context end (`Sequence.budget`).
-    cur = None if seq.reason else _launch_step(engine, slot, np.array([[seq.last]], np.int32), seq.pos, samp)
+    steps = stats.decode_steps = int(decode_steps) if (not dump_logits and engine.can_run_steps) else 1
+    # One call ahead: call i + 1 is launched from call i's last pick, still on the device, before the host reads
+    # call i and streams it, so the device runs call i + 1 while the host works. A call is one step, or ``steps``
+    # steps in one program while the budget holds them. When call i ends the sequence (EOS, a stop string; for a
+    # call of several steps, at any of them), what ran past the end is dropped: it wrote K/V cells and state past
+    # the end of this sequence, which the next prefill in this slot resets (`Engine.prefill` from position 0). No
+    # step is launched past max_new_tokens or the context end (`Sequence.budget`).
+
+    def launch(token, pos: int, budget: int) -> _Call:
+        if steps > 1 and budget >= steps:
+            out = engine.run_steps(token, Rows.make([slot], [pos], [1]), samp, steps)
+            return _Call(out["picks"], out["last"], pos, steps)
+        out, pos = _launch_step(engine, slot, token, pos, samp)
+        return _Call(out["picks"], out["picks"], pos, 1, out.get("logits") if dump_logits else None)
+
+    cur = None if seq.reason else launch(np.array([[seq.last]], np.int32), seq.pos, seq.budget)
     t_prev = t1
     while cur is not None:
-        out, pos = cur
-        nxt = _launch_step(engine, slot, out["picks"], pos + 1, samp) if seq.budget >= 2 else None
+        rest = seq.budget - cur.n  # tokens the budget leaves once this call's are emitted
+        nxt = launch(cur.last, cur.pos + cur.n, rest) if rest >= 1 else None
         stats.ahead += nxt is not None
-        seq.push(int(np.asarray(out["picks"])[0, 0]))  # waits for this step only
+        picks = np.asarray(cur.picks)[0]  # waits for this call only
+        n0 = len(tokens)
+        for t in picks[:cur.n]:
+            if seq.push(int(t)):
+                break
         if dump_logits:
-            step_logits.append(np.asarray(out["logits"])[0, 0])
+            step_logits.append(np.asarray(cur.logits)[0, 0])
         seq.flush()
         now, c_now = time.perf_counter(), engine.cache.compiles
         stats.window_seconds += now - t_prev
         stats.windows += 1
-        if c_now != c_prev:  # this interval compiled (the first step's function): its token and time left out
-            stats.add_compiled_window(1, now - t_prev, now - t_prev)
+        if c_now != c_prev:  # this interval compiled (the first call of its shape): its tokens and time left out
+            stats.add_compiled_window(len(tokens) - n0, now - t_prev, now - t_prev)
         t_prev, c_prev = now, c_now
         if seq.reason:
             stats.dropped += nxt is not None
             break
-        cur = nxt if nxt is not None else _launch_step(engine, slot, np.array([[seq.last]], np.int32), seq.pos, samp)
+        cur = nxt if nxt is not None else launch(np.array([[seq.last]], np.int32), seq.pos, seq.budget)
     stats.stop_reason = seq.reason
     stats.decode_seconds = time.perf_counter() - t1
     stats.generated = len(tokens)

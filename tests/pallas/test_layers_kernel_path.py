@@ -165,6 +165,8 @@ def test_block_prefill_close(layer, rng):
     (o_k, st_k), (o_r, st_r) = outs[KERNEL], outs["reference"]
     assert _rel(o_k[:, :n - 2], o_r[:, :n - 2]) <= PREFILL_TOL
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(st_k), jax.tree.leaves(st_r)):
+        if a.ndim >= 2 and a.shape[1] == MC + 1:  # per-slot cells: the last is where padding rows' writes land,
+            a, b = a[:, :MC], b[:, :MC]           # never read (each path leaves its own values there)
         assert _rel(a, b) <= PREFILL_TOL, _where(jax.tree_util.keystr(path), a, b)
 
 

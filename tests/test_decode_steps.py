@@ -1,0 +1,95 @@
+"""Several plain decode steps in one device program (`Engine.run_steps`, `generate(..., decode_steps=N)`): the
+tokens are those of one step per call, greedy and seeded-sampled, on a dense model (K/V cache) and a hybrid one
+(Gated-DeltaNet state carried through the loop), whether the budget is a multiple of N or not, and when an EOS
+ends the sequence inside a call; the programs' loops have trip counts XLA knows.
+
+The reference is `plain_decode` (one step per call: it dumps logits, which keeps one step per call).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from strata_jax.errors import StrataError
+from strata_jax.pipeline.engine import Engine
+from strata_jax.pipeline.solo import generate
+from strata_jax.sampling import RowSampling, SamplingParams
+from strata_jax.state import Rows
+
+CTX = 96  # the shared engines' context (tests/conftest.py)
+FIXTURES = Path(__file__).parent / "fixtures"
+SAMPLED = SamplingParams(temperature=0.9, top_k=30, seed=777)
+_HYBRID = {}
+
+
+def _prompt():
+    return np.load(FIXTURES / "dense_smollm2-135m.npz")["prompt_ids"].tolist()
+
+
+def _hybrid():
+    if "e" not in _HYBRID:
+        _HYBRID["e"] = Engine(str(FIXTURES / "hybrid" / "qwen3next_q8_0.gguf"), max_context=48)
+    return _HYBRID["e"]
+
+
+@pytest.mark.parametrize("samp", [SamplingParams(), SAMPLED], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("n", [4, 3])
+def test_steps_give_the_plain_tokens_dense(engine_for, plain_decode, samp, n):
+    eng = engine_for("smollm2-135m", max_context=CTX, n_slots=2)
+    ids = _prompt()
+    want = plain_decode(eng, ids, 14, samp).tokens[:14]
+    g = generate(eng, ids, max_new_tokens=14, sampling=samp, decode_steps=n)  # 13 after the prefill's: not n * k
+    assert g.tokens == want
+    assert g.stats.windows == 13 // n + 13 % n  # calls of n steps, then single steps for the rest of the budget
+    assert g.stats.generated == 14
+
+
+def test_steps_stop_at_an_eos_inside_a_call(engine_for, plain_decode):
+    eng = engine_for("smollm2-135m", max_context=CTX, n_slots=2)
+    ids = _prompt()
+    want = plain_decode(eng, ids, 16, SAMPLED).tokens[:16]
+    eos = want[6]  # the 7th token: the 2nd step of the 2nd 4-step call (the 1st token comes from the prefill)
+    first = want.index(eos)
+    streamed = []
+    g = generate(eng, ids, max_new_tokens=16, sampling=SAMPLED, eos_ids=(eos,), decode_steps=4,
+                 on_token=streamed.append)
+    assert g.tokens == want[:first + 1] and g.stats.stop_reason == "eos"
+    assert streamed == want[:first]  # the EOS is kept, not streamed
+    # the slot is reusable: the same request again gives the same tokens (the prefill resets what ran past the end)
+    assert generate(eng, ids, max_new_tokens=16, sampling=SAMPLED, eos_ids=(eos,), decode_steps=4).tokens == g.tokens
+
+
+@pytest.mark.parametrize("samp", [SamplingParams(), SAMPLED], ids=["greedy", "seeded"])
+def test_steps_give_the_plain_tokens_hybrid(samp):
+    eng = _hybrid()
+    ids = [3, 17, 101, 5, 9, 44, 12]
+    want = generate(eng, ids, max_new_tokens=12, sampling=samp, dump_logits=True).tokens
+    got = generate(eng, ids, max_new_tokens=12, sampling=samp, decode_steps=4)
+    assert got.tokens == want
+    assert got.stats.windows == 2 + 3  # 11 steps: two calls of 4, then 3 single steps
+
+
+def test_steps_program_runs_its_steps_in_a_loop_of_known_trip_count():
+    from strata_jax.pallas.structure import hlo_while_loops
+    from strata_jax.pipeline.stages import build_steps_fn
+
+    eng = _hybrid()
+    stage = eng.stages[0]
+    fn = build_steps_fn(stage, 4, eng.max_context)
+    hlo = fn.lower(stage.leaves, eng.states[0], np.array([[3]], np.int32), Rows.make([0], [7], [1]),
+                   RowSampling.make([SamplingParams()])).compile().as_text()
+    outer = [w for w in hlo_while_loops(hlo) if w["op_name"].count("while") == 1]
+    assert [w["trip_count"] for w in outer] == [4], outer  # one loop of the 4 steps, its count known to XLA
+
+
+def test_steps_refuse_what_they_cannot_run(engine_for):
+    eng = engine_for("smollm2-135m", max_context=CTX, n_slots=2)
+    with pytest.raises(StrataError, match="decode_steps 0"):
+        generate(eng, _prompt(), max_new_tokens=4, decode_steps=0)
+    from strata_jax.pipeline.stages import build_steps_fn
+
+    with pytest.raises(StrataError, match="at least 1"):
+        build_steps_fn(eng.stages[0], 0, CTX)
