@@ -78,29 +78,40 @@ def time_prefill_and_decode(eng, prompt_tokens: int, decode_tokens: int, steps=(
     print(f"decode step, first call: {r['step_first_s']:.1f} s", flush=True)
     out = None
     warm = 4  # the loop's own small ops (the picks' slice) compile on their first use: not decode time
+    eng.prefill(0, prompt, sp)  # the state of the prompt again (the step above advanced a hybrid's recurrent state)
+    picks = []
     for i in range(warm + decode_tokens):
         if i == warm:
             jax.block_until_ready(out)
             t0 = time.perf_counter()
         out, _ = eng.run("step", tok, Rows.make([0], [pos + i], [1]), samp)
         tok = out["picks"][:, :1]
+        picks.append(tok)
     jax.block_until_ready(out)
     r["decode_s_per_token"] = (time.perf_counter() - t0) / decode_tokens
-    r["steps_s_per_token"] = {}
+    one = np.concatenate([np.asarray(p) for p in picks], axis=1)[0]
+    r["steps_s_per_token"], r["steps_same_tokens"] = {}, {}
     for n in steps:  # n steps per device program (Engine.run_steps): same tokens, one launch per n
         if n <= 1 or not eng.can_run_steps:
             continue
+        eng.prefill(0, prompt, sp)
         tok = jnp.asarray([[first]], jnp.int32)
         calls = max(decode_tokens // n, 1)
+        picks = []
         for i in range(2 + calls):  # two warm calls: the first compiles
             if i == 2:
                 jax.block_until_ready(out)
                 t0 = time.perf_counter()
             out = eng.run_steps(tok, Rows.make([0], [pos + i * n], [1]), samp, n)
             tok = out["last"]
+            picks.append(out["picks"])
         jax.block_until_ready(out)
         r["steps_s_per_token"][n] = (time.perf_counter() - t0) / (calls * n)
-        print(f"{n} steps per call: {1 / r['steps_s_per_token'][n]:.1f} tok/s", flush=True)
+        got = np.concatenate([np.asarray(p) for p in picks], axis=1)[0]
+        k = min(len(got), len(one))
+        r["steps_same_tokens"][n] = bool((got[:k] == one[:k]).all())  # greedy: the one-step loop's tokens
+        print(f"{n} steps per call: {1 / r['steps_s_per_token'][n]:.1f} tok/s, "
+              f"{'same' if r['steps_same_tokens'][n] else 'DIFFERENT'} {k} tokens as one step per call", flush=True)
     return r
 
 
@@ -186,6 +197,7 @@ def main() -> None:
         "ceiling": ceil_what, "fraction_of_ceiling": wb / t_decode / ceil,
         "compiles": eng.cache.compiles,
         "steps_tok_s": {str(n): 1.0 / v for n, v in t["steps_s_per_token"].items()},
+        "steps_same_tokens": {str(n): v for n, v in t["steps_same_tokens"].items()},
     }
     print(f"{'model':40s} {'prefill tok/s':>14s} {'decode tok/s':>13s} {'weights/token':>14s} {'ceiling':>12s} {'fraction':>9s}")
     print(f"{str(r['model'])[-40:]:40s} {r['prefill_tok_s']:14.1f} {r['decode_tok_s']:13.2f} "

@@ -43,6 +43,8 @@ def main() -> None:
     ap.add_argument("--windows", default="", help="also time verify windows of these row counts, e.g. 2,4,8")
     ap.add_argument("--mtp", type=int, default=0, help="add a random MTP block and run its chain of N drafts after "
                     "every window (its cost is then in every timing)")
+    ap.add_argument("--decode_steps", default="", help="also time N decode steps per device program, e.g. 4,8 "
+                    "(Engine.run_steps; the PLE table on the device)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -61,7 +63,8 @@ def main() -> None:
     jax.block_until_ready([s.params for s in eng.stages])
     t_build = time.perf_counter() - t0
     mem_after_load = mem_per_device(devs)
-    t = time_prefill_and_decode(eng, args.prompt_tokens, args.decode_tokens)
+    steps = [int(v) for v in args.decode_steps.split(",") if v.strip()]
+    t = time_prefill_and_decode(eng, args.prompt_tokens, args.decode_tokens, steps)
     t_decode = t["decode_s_per_token"]
     wins = time_windows(eng, args.prompt_tokens, [int(x) for x in args.windows.split(",") if x]) \
         if args.windows else {}
@@ -74,6 +77,9 @@ def main() -> None:
         "prefill_first_call_s": t["prefill_first_s"], "prefill_tok_s": args.prompt_tokens / t["prefill_s"],
         "step_first_call_s": t["step_first_s"], "decode_ms_per_token": t_decode * 1e3,
         "mtp_drafts": args.mtp, "verify_windows": {str(k): v for k, v in wins.items()},
+        "steps_ms_per_token": {str(n): v * 1e3 for n, v in t["steps_s_per_token"].items()},
+        "steps_same_tokens": {str(n): v for n, v in t["steps_same_tokens"].items()},
+        "ple_table_on_device": bool(eng.ple is not None and eng.ple.on_device),
     }
     print(f"{args.geometry} n_layer={eng.cfg.n_layer} split={args.layer_split} build {t_build:.1f} s, "
           f"weights {wbytes / 1e9:.1f} GB, prefill {r['prefill_tok_s']:.1f} tok/s, decode {t_decode * 1e3:.2f} ms/token")

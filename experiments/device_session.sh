@@ -144,7 +144,7 @@ sys.exit(0 if t[0]==t[1]==t[2] else 1)" || return 1
     part steps_exact ${GENERATE_S:-150} bash -c steps_exact
     if [ "$MODE" = run ]; then  # the Qwen3.8-Flash-Next shape on one GPU (random weights made on the device)
       part fullsize ${FULL_S:-300} $NEW ${FULL_ENV:-} python3 experiments/bench_fullsize.py --geometry qwen3.8-flash-next \
-        --devices 1 ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --out "$OUT/fullsize.json"
+        --devices 1 ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --decode_steps ${FULL_STEPS:-4} --out "$OUT/fullsize.json"
     fi
     part profile_new 100 $NEW python3 experiments/profile_step.py --model $MODEL $PROF --out "$OUT/profile_new.json"
     # the same step at strata-generate's default context (4096 cells; bench_decode's is 1024)

@@ -72,6 +72,56 @@ def test_steps_give_the_plain_tokens_hybrid(samp):
     assert got.stats.windows == 2 + 3  # 11 steps: two calls of 4, then 3 single steps
 
 
+def _qwen4exp(ple_table):
+    key = "q4_" + ple_table
+    if key not in _HYBRID:
+        _HYBRID[key] = Engine(str(FIXTURES / "hybrid" / "qwen4exp_q8_0.gguf"), max_context=48, ple_table=ple_table)
+    return _HYBRID[key]
+
+
+def test_device_ple_row_ids_equal_the_host_ones():
+    """`DeviceRowIds` (uint32 halves, no x64) against `ple_row_ids` (numpy int64): random predecessors and tokens
+    with EOS ids among them, the fixture's hash constants and full-size ones (head sizes ~2e7, 248,320 ids)."""
+    import types
+
+    import jax
+
+    from strata_jax.layers.ple import DeviceRowIds, ple_head_sizes, ple_multipliers, ple_row_ids
+
+    V = 248320
+    sizes, offs = ple_head_sizes(20_000_000, 16, 0)
+    big = types.SimpleNamespace(mult=ple_multipliers(V, 3, 0, 4242), sizes=sizes, offsets=offs, eos=248044, hpn=8,
+                                context=2)
+    fixture = _qwen4exp("host").ple.table
+    rng = np.random.default_rng(11)
+    for tab, vocab in ((fixture, _qwen4exp("host").cfg.vocab_size), (big, V)):
+        dev = DeviceRowIds(tab, vocab)
+        f = jax.jit(dev.__call__)
+        for _ in range(6):
+            B, T = 3, int(rng.integers(1, 9))
+            prev, toks = rng.integers(0, vocab, (B, tab.context)), rng.integers(0, vocab, (B, T))
+            toks[rng.random((B, T)) < 0.2] = tab.eos
+            prev[rng.random(prev.shape) < 0.2] = tab.eos
+            got = np.asarray(f(dev.arrays, prev.astype(np.int32), toks.astype(np.int32)))
+            want = np.stack([ple_row_ids(p, t, eos=tab.eos, mult=tab.mult, sizes=tab.sizes, offsets=tab.offsets,
+                                         heads_per_ngram=tab.hpn) for p, t in zip(prev, toks)])
+            np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("samp", [SamplingParams(), SAMPLED], ids=["greedy", "seeded"])
+def test_steps_give_the_plain_tokens_qwen4exp_device_ple(samp):
+    host, dev = _qwen4exp("host"), _qwen4exp("device")
+    assert not host.can_run_steps and dev.can_run_steps
+    ids = [3, 17, 101, 5, 9, 44, 12]
+    want = generate(host, ids, max_new_tokens=14, sampling=samp).tokens
+    got = generate(dev, ids, max_new_tokens=14, sampling=samp, decode_steps=4)
+    assert got.tokens == want and got.stats.windows == 3 + 1  # 13 steps: three calls of 4, one single step
+    # the predecessors the device loop left reach the host for what follows: a second prompt in the same slot
+    # (reset) and a prompt continued after the loop (host PLE rows from the synced predecessors)
+    assert generate(dev, ids[:5], max_new_tokens=6, sampling=samp, decode_steps=4).tokens == \
+        generate(host, ids[:5], max_new_tokens=6, sampling=samp).tokens
+
+
 def test_steps_program_runs_its_steps_in_a_loop_of_known_trip_count():
     from strata_jax.pallas.structure import hlo_while_loops
     from strata_jax.pipeline.stages import build_steps_fn

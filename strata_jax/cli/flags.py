@@ -51,8 +51,9 @@ flags.DEFINE_enum("weights", "auto", ["auto", "blocks", "f32"],
 flags.DEFINE_integer("decode_steps", None, "Plain decode steps per device program (one sequence, no --draft): the "
                      "same tokens, streamed in bursts of this many, one program launch per burst instead of one "
                      f"per token. Default: {DECODE_STEPS_GPU} on a GPU (there a one-step program takes longer to "
-                     "launch than to run), 1 on a CPU. Used where the model is in one stage without host-side "
-                     "inputs (not qwen4exp's n-gram PLE) and --dump_logits is off; else 1.", lower_bound=1)
+                     "launch than to run), 1 on a CPU. Used where the model is in one stage (qwen4exp: with its "
+                     "n-gram table on the GPU, which holds a copy when its free memory allows) and --dump_logits "
+                     "is off; else 1.", lower_bound=1)
 flags.DEFINE_integer("prefill_chunk", None, f"Prompt tokens read per prefill program call (rows per "
                      f"chunk): a positive multiple of {PREFILL_CHUNK_STEP} up to --max_context (or {PREFILL_CHUNK}). "
                      f"Default: {PREFILL_CHUNK_GPU} on a GPU where --max_context holds it (measured faster from "

@@ -163,6 +163,87 @@ class PLETable:
         return h[len(h) - self.context:]
 
 
+def _u64_limbs(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int64 values as their two's-complement (hi, lo) uint32 halves."""
+    u = np.asarray(v, np.int64).view(np.uint64)
+    return (u >> np.uint64(32)).astype(np.uint32), (u & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+
+
+class DeviceRowIds:
+    """`ple_row_ids` on the device, bit for bit, with no 64-bit arithmetic (JAX runs without x64): a device loop of
+    decode steps (`strata_jax.pipeline.stages.build_steps_fn`) gathers each step's table rows from its own pick.
+
+    How: ``t * mult[s]`` (int64, wrapping) depends only on the token, so its two uint32 halves are tabulated on the
+    host for every token id (``[ngram_size, vocab]`` each); the n-gram mix is their XOR, half by half; the signed
+    floor modulo by a head's size m (< 2^31) is the unsigned remainder of the 64-bit pattern, taken a few bits at
+    a time in uint32 (the running remainder times 2^k stays below 2^32), minus ``2^64 mod m`` for a negative value.
+
+    Args:
+      table: the `PLETable` (its eos, multipliers, head sizes / offsets, heads per n-gram).
+      vocab: token ids are < vocab (the model's vocabulary).
+      device: where the tables go.
+    """
+
+    def __init__(self, table: "PLETable", vocab: int, device=None):
+        self.eos, self.hpn, self.context = table.eos, table.hpn, table.context
+        toks = np.arange(int(vocab), dtype=np.int64)
+        with np.errstate(over="ignore"):
+            prod = toks[None, :] * table.mult[:, None]  # int64 wrap-around, as ple_row_ids
+        hi, lo = _u64_limbs(prod)
+        # device arrays passed to the jitted call (`arrays`), not closed over (they would be baked into the program)
+        self.arrays = {"hi": jax.device_put(hi, device), "lo": jax.device_put(lo, device)}
+        sizes = [int(m) for m in table.sizes]
+        if max(sizes) >= 1 << 31:
+            raise ValueError(f"PLE head size {max(sizes)} >= 2^31: not supported on the device")
+        self.sizes = np.asarray(sizes, np.uint32)
+        self.offsets = np.asarray(table.offsets, np.int64)
+        self.neg = np.asarray([(1 << 64) % m for m in sizes], np.uint32)  # 2^64 mod m
+        self.k = 32 - max(sizes).bit_length()  # bits per remainder step: r < m, so r * 2^k + chunk < 2^32
+
+    def _mod(self, hi, lo, m, neg):
+        """Signed floor modulo of the int64 patterns (hi, lo) by m (uint32), as np.mod: uint32 in [0, m)."""
+        k = self.k
+        r = hi % m
+        done = 0
+        while done < 32:  # r = (r * 2^32 + lo) mod m, k bits of lo at a time (high bits first)
+            b = min(k, 32 - done)
+            chunk = (lo >> (32 - done - b)) & ((1 << b) - 1)
+            r = ((r << b) | chunk) % m
+            done += b
+        return jnp.where(hi >> 31 == 1, jnp.where(r >= neg, r - neg, r + m - neg), r)
+
+    def __call__(self, arrays, prev, tokens):
+        """Row ids int32 [B, T, 2 * heads_per_ngram] (as `ple_row_ids` per segment; they fit int32, as the table's
+        rows do): ``arrays`` this object's `arrays` (inside a jitted call: its argument), prev int32 [B,
+        ngram_size - 1] (oldest first), tokens int32 [B, T]."""
+        prev, tokens = jnp.asarray(prev, jnp.int32), jnp.asarray(tokens, jnp.int32)
+        ctx = self.context
+        hist = jnp.concatenate([prev, tokens], axis=1)  # [B, n]
+        n = hist.shape[1]
+        pos = jnp.arange(n, dtype=jnp.int32)[None, :]
+        eos_pos = jnp.where(hist == self.eos, pos, -1)
+        prev_eos = jnp.concatenate([jnp.full_like(eos_pos[:, :1], -1),
+                                    jax.lax.cummax(eos_pos, axis=1)[:, :-1]], axis=1)
+        in_seg = pos - (prev_eos + 1)
+        his, los = [], []
+        for s in range(ctx + 1):
+            src = jnp.maximum(pos - s, 0)
+            ok = (in_seg >= s) & (pos - s >= 0)
+            t = jnp.where(ok, jnp.take_along_axis(hist, jnp.broadcast_to(src, hist.shape), axis=1), self.eos)
+            his.append(arrays["hi"][s][t])
+            los.append(arrays["lo"][s][t])
+        cols = []
+        for j, ng in enumerate(range(2, ctx + 2)):
+            h, lo = his[0], los[0]
+            for s in range(1, ng):
+                h, lo = h ^ his[s], lo ^ los[s]
+            h, lo = h[:, ctx:, None], lo[:, ctx:, None]
+            sl = slice(j * self.hpn, (j + 1) * self.hpn)
+            r = self._mod(h, lo, jnp.asarray(self.sizes[sl]), jnp.asarray(self.neg[sl]))
+            cols.append(r.astype(jnp.int32) + jnp.asarray(self.offsets[sl], jnp.int32))
+        return jnp.concatenate(cols, axis=-1)
+
+
 def dequant_rows(raw: jax.Array, qtype, dim: int) -> jax.Array:
     """uint8 [B, T, n_heads, row_bytes] table rows -> float32 [B, T, n_heads * dim] (head-major concat)."""
     e = blocks.dequantize(raw, qtype, dim)

@@ -68,6 +68,22 @@ def default_prefill_chunk(device, max_context: int) -> int:
     return PREFILL_CHUNK_GPU if device.platform == "gpu" and max_context >= PREFILL_CHUNK_GPU else PREFILL_CHUNK
 
 
+def _ple_on_device(choice: str, ple, device) -> bool:
+    """`Engine`'s ``ple_table`` choice for this table and device (see its docstring)."""
+    if choice not in ("auto", "host", "device"):
+        raise StrataError(f"ple_table {choice!r}: expected auto, host or device")
+    if choice != "auto":
+        return choice == "device"
+    if device.platform != "gpu":
+        return False
+    try:
+        st = device.memory_stats() or {}
+    except Exception:  # no statistics on this backend: keep the table on the host
+        return False
+    free = st.get("bytes_limit", 0) - st.get("bytes_in_use", 0)
+    return free >= 1.25 * ple.table.raw.nbytes
+
+
 def default_decode_steps(device) -> int:
     """Plain decode steps per device program when none is chosen (`Engine.run_steps`): `DECODE_STEPS_GPU` on a GPU,
     where a one-step program is host-bound (its launch takes longer than its kernels), 1 on a CPU (compute-bound:
@@ -181,6 +197,10 @@ class Engine:
         is read in [1, prefill_chunk] chunks, the last one padded. Models with GDN layers solve the delta rule in
         64-row pieces inside a chunk (`strata_jax.pallas.gdn.reference.CHUNK`): a chunk that is not a multiple of
         64 is padded with rows that leave the state unchanged there (the same result, the padded rows' work wasted).
+      ple_table: where qwen4exp's PLE table is gathered from: ``"host"`` (the memory map; each step's rows go up
+        with it), ``"device"`` (a copy on the PLE stage's device, 28.8 GB at full size: a loop of decode steps on
+        the device gathers its own rows, `run_steps`), ``"auto"``: device on a GPU whose free memory holds it with
+        a quarter to spare, else host. Ignored by other families.
 
     Attributes:
       cfg, family, gguf, stages, states (per stage, its state pytree on its device), cache (`CompileCache` of every
@@ -197,7 +217,7 @@ class Engine:
 
     def __init__(self, model_path, *, max_context: int = 4096, n_slots: int = 1, layer_split: str | None = None,
                  devices=None, kv_dtype=jnp.float32, compile_cache_size: int = 32, progress: bool = False,
-                 weights: str = "auto", prefill_chunk: int | None = None):
+                 weights: str = "auto", prefill_chunk: int | None = None, ple_table: str = "auto"):
         t0 = time.perf_counter()
         # a path, or an already open GGUF-like object (e.g. strata_jax.testing.random_weights.VirtualGGUF)
         self.gguf = model_path if hasattr(model_path, "tensors") else open_gguf(model_path)
@@ -225,6 +245,8 @@ class Engine:
                        for s in self.stages]
         self.cache = CompileCache(compile_cache_size)
         self.ple = PleHost.for_stages(self.gguf, self.cfg, self.stages, self.n_slots)  # qwen4exp, else None
+        if self.ple is not None and _ple_on_device(ple_table, self.ple, self.stages[self.ple.stage].device):
+            self.ple.place(self.stages[self.ple.stage].device, self.cfg.vocab_size)
         self.mtp = MtpChain(self)  # the MTP draft chain, off until `MtpChain.enable`
         self.load_seconds = time.perf_counter() - t0
         self._tokenizer = None
@@ -298,9 +320,9 @@ class Engine:
 
     @property
     def can_run_steps(self) -> bool:
-        """`run_steps` is available: the whole model in one stage, no host-side per-row inputs (qwen4exp's PLE)
-        and the MTP chain off (it runs after every step)."""
-        return len(self.stages) == 1 and self.ple is None and not self.mtp.active
+        """`run_steps` is available: the whole model in one stage, qwen4exp's PLE table (if any) on the device
+        (``ple_table``) and the MTP chain off (it runs after every step)."""
+        return len(self.stages) == 1 and (self.ple is None or self.ple.on_device) and not self.mtp.active
 
     def run_steps(self, token, rows: Rows, sampling: RowSampling, n_steps: int) -> dict:
         """Launch ``n_steps`` plain decode steps as one device program (`build_steps_fn`), without waiting.
@@ -319,14 +341,20 @@ class Engine:
           StrataError: not `can_run_steps`.
         """
         if not self.can_run_steps:
-            raise StrataError("several decode steps per call need one stage, no PLE host state and no MTP chain")
+            raise StrataError("several decode steps per call need one stage, the PLE table on the device (qwen4exp) "
+                              "and no MTP chain")
         stage = self.stages[0]
         B = int(np.shape(token)[0])
+        ids = self.ple.ids if self.ple is not None else None
         fn = self.cache.get((0, "steps", B, int(n_steps), self.n_slots),
-                            lambda: build_steps_fn(stage, int(n_steps), self.max_context))
+                            lambda: build_steps_fn(stage, int(n_steps), self.max_context, ids))
         dev = stage.device
+        slots = np.asarray(rows.slot).tolist()
+        ple = self.ple.device_inputs(slots) if ids is not None else None
         out, self.states[0] = fn(stage.leaves, self.states[0], _place(token, dev, commit=True), _place(rows, dev),
-                                   _place(sampling, dev))
+                                 _place(sampling, dev), ple)
+        if ids is not None:
+            self.ple.set_device_prev(slots, out["prev"])
         return out
 
     def run(self, kind: str, tokens, rows: Rows, sampling: RowSampling, logits: str = "all"):

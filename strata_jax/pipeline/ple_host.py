@@ -7,6 +7,8 @@ committed tokens), then handed to the stage that holds the PLE layer as its ``pl
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from strata_jax.state import Rows
@@ -28,7 +30,38 @@ class PleHost:
     def __init__(self, table, stage: int, n_slots: int):
         self.table = table
         self.stage = int(stage)
+        self.ids = None  # DeviceRowIds once `place` put the table on the device
+        self.raw = None
         self.reset(n_slots)
+
+    # ---- the table on the device (a loop of decode steps gathers its own rows: `device_inputs`) ----------------
+    def place(self, device, vocab: int) -> None:
+        """Put the table (uint8 [rows, row_bytes]) and the row-id tables (`DeviceRowIds`) on ``device``."""
+        from strata_jax.layers.ple import DeviceRowIds
+
+        self.ids = DeviceRowIds(self.table, vocab, device)
+        self.raw = jax.device_put(self.table.raw, device)
+
+    @property
+    def on_device(self) -> bool:
+        return self.ids is not None
+
+    def device_inputs(self, slots) -> dict:
+        """The inputs of a device loop over ``slots``' steps: the tables and each slot's predecessors int32 [B,
+        ngram_size - 1] (the device copy a previous loop left, else the host's)."""
+        prev = [self._dev.get(s) if s in self._dev else jnp.asarray(self.prev[s][None], jnp.int32) for s in slots]
+        return {**self.ids.arrays, "raw": self.raw, "prev": prev[0] if len(prev) == 1 else jnp.concatenate(prev)}
+
+    def set_device_prev(self, slots, prev) -> None:
+        """After a device loop: ``slots``' predecessors are ``prev`` int32 [B, ngram_size - 1] (a device array, read
+        back only when the host needs them: `rows_for`, `commit`)."""
+        for b, s in enumerate(slots):
+            self._dev[s] = prev if len(slots) == 1 else prev[b:b + 1]
+
+    def _sync(self, slots) -> None:
+        for s in slots:
+            if s in self._dev:
+                self.prev[s] = np.asarray(self._dev.pop(s))[0].astype(np.int64)
 
     @classmethod
     def for_stages(cls, g, cfg, stages, n_slots: int) -> "PleHost | None":
@@ -42,10 +75,12 @@ class PleHost:
         """Every slot at the sequence start (after `Engine.set_slots`)."""
         self.prev = [self.table.start_prev() for _ in range(int(n_slots))]
         self._window: dict[tuple, np.ndarray] = {}
+        self._dev: dict[int, jax.Array] = {}  # slot -> predecessors a device loop left, int32 [1, ngram_size - 1]
 
     def reset_slot(self, slot: int) -> None:
         """One slot at the sequence start (a new prompt)."""
         self.prev[slot] = self.table.start_prev()
+        self._dev.pop(slot, None)
 
     def rows_for(self, kind: str, tokens, rows: Rows) -> np.ndarray:
         """The table rows of a window's tokens, uint8 [B, T, n_heads, row_bytes] (host numpy).
@@ -60,6 +95,7 @@ class PleHost:
         """
         toks = np.asarray(tokens, np.int64)
         slots = np.asarray(rows.slot).tolist()
+        self._sync(slots)
         prev = np.stack([self.prev[s] for s in slots])
         got = self.table.gather(prev, toks)
         if kind in ("step", "prefill"):
@@ -73,6 +109,7 @@ class PleHost:
         """Advance the predecessors of a verify window's slots by their kept rows (``keep`` int [B]; a device array
         is read back: on the stage holding the PLE layer this is the one host read of a verdict)."""
         slots = tuple(np.asarray(rows.slot).tolist())
+        self._sync(slots)
         toks = self._window.pop(slots, None)
         if toks is None:
             return

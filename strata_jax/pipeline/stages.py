@@ -155,7 +155,7 @@ def stage_fn_body(stage: Stage, kind: str, max_context: int, logits: str = "all"
     return fn
 
 
-def build_steps_fn(stage: Stage, n_steps: int, max_context: int):
+def build_steps_fn(stage: Stage, n_steps: int, max_context: int, ple_ids=None):
     """``steps(leaves, state, token, rows, sampling) -> (out, state)``: ``n_steps`` plain decode steps in one
     device program, each step's pick the next step's token (a `jax.lax.fori_loop` with a trip count XLA knows).
 
@@ -165,13 +165,17 @@ def build_steps_fn(stage: Stage, n_steps: int, max_context: int):
     that once. Each iteration is the one-row ``step`` body (`stage_fn_body`: the same kernels, the commit fused
     in, the pick keyed by its position), so the tokens are those of ``n_steps`` separate steps.
 
+    qwen4exp's PLE rows come from the table on the device (``ple_ids``: `strata_jax.layers.ple.DeviceRowIds`, the
+    same row ids as the host's `PleHost`): each step gathers its token's rows and advances the predecessors.
+
     Args (of the jitted function): ``leaves`` (``stage.leaves``); ``state`` (donated); ``token`` int32 [B, 1] (host
-    or the previous call's ``picks[:, -1:]`` on the device); ``rows`` the first step's layout (``n_valid`` 1; step
-    i runs at ``pos0 + i``); ``sampling`` per segment.
+    or the previous call's ``last`` on the device); ``rows`` the first step's layout (``n_valid`` 1; step i runs at
+    ``pos0 + i``); ``sampling`` per segment; ``ple`` (with ``ple_ids``; else None): `PleHost.device_inputs`.
 
     Returns:
       (out, state): ``out["picks"]`` int32 [B, n_steps] and ``out["last"]`` int32 [B, 1] (the last pick: the next
-      call's ``token``, with no slicing op of its own).
+      call's ``token``, with no slicing op of its own); with PLE ``out["prev"]`` int32 [B, ngram_size - 1], the
+      predecessors after the last step.
 
     Raises:
       StrataError: ``n_steps`` < 1, or the stage is not the whole model.
@@ -183,20 +187,29 @@ def build_steps_fn(stage: Stage, n_steps: int, max_context: int):
     body = stage_fn_body(stage, "step", max_context, "all")
     treedef = stage.treedef
 
-    def fn(leaves, state, token, rows: Rows, sampling: RowSampling):
+    def fn(leaves, state, token, rows: Rows, sampling: RowSampling, ple=None):
         params = jax.tree.unflatten(treedef, leaves)
         token = jnp.asarray(token, jnp.int32)
         B = token.shape[0]
 
         def one(i, carry):
-            state, tok, picks = carry
+            state, tok, picks, prev = carry
             r = Rows(rows.slot, rows.pos0 + i, rows.n_valid)
-            out, state, _ = body(params, state, tok, r, tok, sampling, None)
+            extra = None
+            if ple is not None:  # this step's table rows, uint8 [B, 1, heads, row_bytes], as PleHost.rows_for
+                extra = {"ple": ple["raw"][ple_ids(ple, prev, tok)]}
+                prev = jnp.concatenate([prev, tok], axis=1)[:, 1:]
+            out, state, _ = body(params, state, tok, r, tok, sampling, extra)
             pick = out["picks"][:, :1]
-            return state, pick, jax.lax.dynamic_update_slice(picks, pick, (0, i))
+            return state, pick, jax.lax.dynamic_update_slice(picks, pick, (0, i)), prev
 
-        state, last, picks = jax.lax.fori_loop(0, n_steps, one, (state, token, jnp.zeros((B, n_steps), jnp.int32)))
-        return {"picks": picks, "last": last}, state
+        prev0 = ple["prev"] if ple is not None else jnp.zeros((B, 0), jnp.int32)
+        state, last, picks, prev = jax.lax.fori_loop(
+            0, n_steps, one, (state, token, jnp.zeros((B, n_steps), jnp.int32), prev0))
+        out = {"picks": picks, "last": last}
+        if ple is not None:
+            out["prev"] = prev
+        return out, state
 
     return jax.jit(fn, donate_argnums=(1,))
 
