@@ -11,3 +11,4 @@ TOP_K_MAX = 1024
 TOP_K_DEFAULT = 64  # what top_k 0 means (Strata's cap)
 SEED_MAX = 2 ** 32 - 1  # seeds are 32-bit (the device key); the command line refuses others
 DECODE_STEPS_GPU = 4  # plain decode steps per device program on a GPU (`Engine.run_steps`; H200 measurement)
+DECODE_STEPS_MAX = 64  # most steps per program (each count is its own compiled program)

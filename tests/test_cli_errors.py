@@ -134,6 +134,9 @@ def _jsonl(tmp_path, *lines, name="reqs.jsonl"):
     (["--prompt", "hi", "--max_new_tokens=1.5"], ["--max_new_tokens 1.5: not an integer"]),
     (["--prompt", "hi", "--temperature", "hot"], ["--temperature hot: not a number"]),
     (["--prompt", "hi", "--batch", "0"], ["--batch 0: 0 is not a positive integer"]),
+    (["--prompt", "hi", "--decode_steps", "0"], ["--decode_steps 0"]),
+    (["--prompt", "hi", "--decode_steps", "65"], ["--decode_steps 65"]),
+    (["--prompt", "hi", "--ple_table", "gpu"], ["--ple_table gpu"]),
 ])
 def test_flag_errors_before_load(args, needles):
     assert_clean_error(run_cli("--model", NO_MODEL, *args), *needles)

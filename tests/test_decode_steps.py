@@ -143,3 +143,52 @@ def test_steps_refuse_what_they_cannot_run(engine_for):
 
     with pytest.raises(StrataError, match="at least 1"):
         build_steps_fn(eng.stages[0], 0, CTX)
+
+
+def test_batch_serial_windows_with_steps_give_the_solo_tokens(engine_for):
+    """Batch slots in serial windows with `BatchScheduler(decode_steps=4)`: a third request waits for a slot (single
+    steps meanwhile), budgets not multiples of 4, an EOS inside a program, greedy and seeded: each request's tokens
+    are its solo tokens, and programs of several steps did run."""
+    from strata_jax.pipeline.groups import resolve_groups
+    from strata_jax.pipeline.scheduler import BatchScheduler, Request
+    from strata_jax.testing import exactness as bx
+
+    eng = engine_for("smollm2-135m", max_context=CTX, n_slots=2)
+    base = _prompt()
+    reqs = [Request(base[:12], max_new_tokens=11, sampling=bx.GREEDY, rid="a"),
+            Request(base[3:20], max_new_tokens=14, sampling=SAMPLED, rid="b"),
+            Request(base[5:15], max_new_tokens=9, sampling=bx.seeded(31), rid="c")]
+    solo = [bx.solo_tokens(eng, r) for r in reqs]
+    reqs[1] = Request(base[3:20], max_new_tokens=14, sampling=SAMPLED, rid="b", stop_ids=(solo[1][6],))
+    solo[1] = solo[1][:solo[1].index(solo[1][6]) + 1]
+    sch = BatchScheduler(eng, resolve_groups(2, 1), decode_steps=4, solo_return=False)
+    assert sch.mode == "serial"
+    out = {r.rid: r.tokens for r in sch.run(reqs)}
+    assert [out["a"], out["b"], out["c"]] == solo
+    assert sch.stats["step_programs"] > 0
+
+
+def test_cli_decode_steps_note_stats_and_tokens(tmp_path):
+    """strata-generate on qwen4exp: with the n-gram table on the host, --decode_steps 4 is refused in a note and one
+    step per call runs; with --ple_table device it runs (the stats line counts its programs) and the tokens are
+    the same."""
+    import json
+    import subprocess
+    import sys
+
+    def cli(*extra):
+        out = tmp_path / f"s{len(list(tmp_path.iterdir()))}.json"
+        proc = subprocess.run([sys.executable, "-m", "strata_jax.cli.generate", "--model",
+                               str(FIXTURES / "hybrid" / "qwen4exp_q8_0.gguf"), "--prompt_ids", "3,17,101,5,9",
+                               "--max_new_tokens", "14", "--max_context", "64", "--decode_steps", "4",
+                               "--xla_cache_dir", "", "--stats_json", str(out), *extra],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stderr, json.loads(out.read_text())
+
+    err, host = cli("--ple_table", "host")
+    assert "--decode_steps 4: not used (the n-gram table is on the host" in err
+    assert host["decode_steps"] == 1
+    err, dev = cli("--ple_table", "device")
+    assert "not used" not in err and "[3 of 4 steps, 1 single step]" in err
+    assert dev["tokens"] == host["tokens"] and len(dev["tokens"]) == 14

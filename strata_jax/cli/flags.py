@@ -16,7 +16,7 @@ from absl import flags
 
 from strata_jax.cli.console import CONSOLE
 from strata_jax.errors import StrataError
-from strata_jax.limits import DECODE_STEPS_GPU, PREFILL_CHUNK, PREFILL_CHUNK_GPU, PREFILL_CHUNK_STEP, TOP_K_MAX
+from strata_jax.limits import DECODE_STEPS_GPU, DECODE_STEPS_MAX, PREFILL_CHUNK, PREFILL_CHUNK_GPU, PREFILL_CHUNK_STEP, TOP_K_MAX
 
 FLAGS = flags.FLAGS
 DEFAULT_SPEC = 4
@@ -48,12 +48,18 @@ flags.DEFINE_enum("weights", "auto", ["auto", "blocks", "f32"],
                   "How weights are held: blocks = in their GGUF block formats, dequantized inside every matmul (what "
                   "the GPU kernels read); f32 = dequantized once at load (same values, >= 4x the memory, several "
                   "times faster decode on a CPU); auto = f32 on a CPU when it takes at most 40% of RAM, else blocks.")
-flags.DEFINE_integer("decode_steps", None, "Plain decode steps per device program (one sequence, no --draft): the "
+flags.DEFINE_integer("decode_steps", None, f"Plain decode steps per device program, 1..{DECODE_STEPS_MAX}: the "
                      "same tokens, streamed in bursts of this many, one program launch per burst instead of one "
                      f"per token. Default: {DECODE_STEPS_GPU} on a GPU (there a one-step program takes longer to "
-                     "launch than to run), 1 on a CPU. Used where the model is in one stage (qwen4exp: with its "
-                     "n-gram table on the GPU, which holds a copy when its free memory allows) and --dump_logits "
-                     "is off; else 1.", lower_bound=1)
+                     "launch than to run), 1 on a CPU. The last tokens of the budget (fewer than N) run one step "
+                     "per call. Not used (one step per call, with a note) with --draft (verify windows), "
+                     "--dump_logits, a --layer_split, or a qwen4exp model whose n-gram table stays on the host "
+                     "(--ple_table); in batch mode only while no request waits for a slot.",
+                     lower_bound=1, upper_bound=DECODE_STEPS_MAX)
+flags.DEFINE_enum("ple_table", "auto", ["auto", "host", "device"], "qwen4exp's n-gram (PLE) table: host = read "
+                  "from the file's memory map for every step; device = a copy on the GPU (28.8 GB at full size), "
+                  "which lets several decode steps run in one program (--decode_steps); auto = device on a GPU with "
+                  "room for it, else host. Other models have no such table.")
 flags.DEFINE_integer("prefill_chunk", None, f"Prompt tokens read per prefill program call (rows per "
                      f"chunk): a positive multiple of {PREFILL_CHUNK_STEP} up to --max_context (or {PREFILL_CHUNK}). "
                      f"Default: {PREFILL_CHUNK_GPU} on a GPU where --max_context holds it (measured faster from "
@@ -273,7 +279,7 @@ def load_engine():
     engine = Engine(path, max_context=FLAGS.max_context, layer_split=FLAGS.layer_split,
                     kv_dtype=jnp.bfloat16 if FLAGS.kv_dtype == "bfloat16" else jnp.float32,
                     compile_cache_size=FLAGS.compile_cache_size, progress=True, weights=FLAGS.weights,
-                    prefill_chunk=FLAGS.prefill_chunk)
+                    prefill_chunk=FLAGS.prefill_chunk, ple_table=FLAGS.ple_table)
     engine.cache.notify = CONSOLE.compile_notifier(len(engine.stages), xla=XLA_CACHE)
     if len(engine.stages) > 1:
         for line in memory_lines(engine):
@@ -392,6 +398,7 @@ def batch_scheduler(engine, *, solo_spec: bool = False, n_requests: int | None =
     """
     from strata_jax.pipeline.groups import resolve_groups
     from strata_jax.pipeline.memory import check_batch_fits, memory_lines
+    from strata_jax.pipeline.engine import default_decode_steps
     from strata_jax.pipeline.scheduler import BatchScheduler
 
     if len(engine.stages) == 1:
@@ -416,7 +423,8 @@ def batch_scheduler(engine, *, solo_spec: bool = False, n_requests: int | None =
         extra += f"; a request alone: {pname} proposals, window cap {spec}"
     CONSOLE.note(f"batch: {res.message}{extra}")
     sch = BatchScheduler(engine, res, proposer_factory=factory, spec_min_p=FLAGS.spec_min_p, solo_spec=spec,
-                         spec_policy=bool(spec), prefill_chunks=FLAGS.batch_prefill_chunks, **kwargs)
+                         spec_policy=bool(spec), prefill_chunks=FLAGS.batch_prefill_chunks,
+                         decode_steps=FLAGS.decode_steps or default_decode_steps(engine.stages[0].device), **kwargs)
     return sch, res, pname
 
 

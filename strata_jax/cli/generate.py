@@ -167,6 +167,19 @@ def _prompt_ids(engine, plan: dict):
     return ids, tok
 
 
+def _decode_steps_unused(engine, proposer) -> str:
+    """Why the solo run cannot take several decode steps per program, in words ('' when it can)."""
+    if proposer is not None:
+        return "--draft decodes in verify windows"
+    if FLAGS.dump_logits:
+        return "--dump_logits keeps each step's logits"
+    if len(engine.stages) > 1:
+        return "the model is split into stages"
+    if engine.ple is not None and not engine.ple.on_device:
+        return "the n-gram table is on the host: --ple_table device puts it on the device"
+    return ""
+
+
 def solo_stats_line(engine, st, caches) -> str:
     """The solo run's stats line (stderr), in words: load time and weights (and stages on a split), the prompt and
     its prefill rate, the tokens generated and the decode rate, the decode steps (or verify windows) that compiled
@@ -182,13 +195,17 @@ def solo_stats_line(engine, st, caches) -> str:
     n_dec = st.decode_tokens_measured
     if n_dec > 0:
         rate = f"decode {st.decode_tok_s:.1f} tok/s over {n_dec} tok"
+        calls = f"{st.windows} {kind}"
+        if kind == "decode calls":
+            single = st.windows - st.step_programs
+            calls += f" [{st.step_programs} of {st.decode_steps} steps, {single} single step{'' if single == 1 else 's'}]"
         if st.compiled_windows:
-            rate += (f", leaving out {st.compiled_windows} of {st.windows} {kind} (first calls of their shape)"
-                     if st.compiled_windows > 1 else f", leaving out 1 of {st.windows} {kind} (the first call of its "
-                     f"shape)")
+            why = ("the first call of its shape" if st.compiled_windows == 1 and kind != "decode calls"
+                   else "calls that compiled or ran while one compiled")
+            rate += f", leaving out {st.compiled_windows} of {calls} ({why})"
         else:
-            rate += f" in {st.windows} {kind}"
-        parts.append(rate + (f" of up to {st.decode_steps} steps" if kind == "decode calls" else ""))
+            rate += f" in {calls}"
+        parts.append(rate)
     elif st.windows:
         parts.append(f"decode rate n/a: {'its one' if st.windows == 1 else f'all {st.windows}'} "
                      f"{kind[:-1] if st.windows == 1 else kind} compiled")
@@ -238,6 +255,9 @@ def main(argv) -> int:
     if d_eng is not None and d_eng is not engine:
         shared.watch_compiles(d_eng, "draft model: ")
         caches.append(d_eng.cache)
+    unused = _decode_steps_unused(engine, proposer)
+    if unused and (FLAGS.decode_steps or 1) > 1:
+        con.note(f"--decode_steps {FLAGS.decode_steps}: not used ({unused}); one step per call")
     gen = generate(engine, ids, max_new_tokens=FLAGS.max_new_tokens, sampling=shared.default_sampling(), eos_ids=eos,
                    stop=stop_strings(tok, FLAGS.stop), on_token=on_token, dump_logits=FLAGS.dump_logits is not None,
                    proposer=proposer, spec=spec if proposer is not None else 0, spec_min_p=FLAGS.spec_min_p,

@@ -186,6 +186,8 @@ class WindowPlan:
       toks: int32 [B, T] the window's tokens (row 0: each slot's last token, then its proposals).
       rows: the `Rows` layout; samp: per-segment sampler settings.
       kind: ``window`` (kept rows decided by the last stage, committed after) or ``step`` (every row kept).
+      n_steps: a ``step`` run as ``n_steps`` steps in one device program (`Engine.run_steps`): each segment emits up
+        to ``n_steps`` tokens.
       solo: a solo window (a lone slot on the solo path).
       next_stage, x, pendings, out, toks_d: a pipelined group's progress through the stages (``toks_d``: ``toks``
         on the device; for a chained serial step, the previous step's picks, which replace ``toks``); ``out``: the
@@ -212,6 +214,7 @@ class WindowPlan:
     toks_d: Any = None
     seconds: float = 0.0
     compiled: bool = False
+    n_steps: int = 1  # a ``step`` plan run as this many steps in one device program (`Engine.run_steps`)
 
 
 @dataclasses.dataclass
@@ -254,10 +257,14 @@ class BatchScheduler:
         slots while a prompt is read beside them, oldest admission first (>= 0; 0 = every waiting prompt whole before
         the next window: the decoding slots wait).
       clock: seconds (default ``time.perf_counter``).
+      decode_steps: plain steps of serial / solo windows run as this many steps per device program
+        (`Engine.run_steps`, where `Engine.can_run_steps`) while no request waits for a slot or is being read, no
+        slot has proposals and every slot's budget holds them; the tokens are those of one step per window.
 
     Attributes (besides the arguments): queue, active (slot -> busy slot), admitting (slot -> `_Admission`: its
     prompt being read), results, order; stats: counts of ``windows``, ``solo_windows``, ``admissions``, ``drains``,
-    ``ticks``, ``errors``, ``prefill_chunks``, and the decode beside prompt reads (`decode_beside_prefill`):
+    ``ticks``, ``errors``, ``prefill_chunks``, ``step_programs`` (plain steps run as ``decode_steps`` steps in one
+    program), and the decode beside prompt reads (`decode_beside_prefill`):
     ``beside_prefill_steps`` (steps that read a chunk while slots decoded, nothing compiled), their
     ``beside_prefill_tokens`` (tokens of the slots decoding when the step began) and ``beside_prefill_seconds``
     (the whole step: chunks and window), and ``beside_prefill_compiled_steps`` (such steps during which something
@@ -271,7 +278,7 @@ class BatchScheduler:
     def __init__(self, engine: Engine, resolution: Resolution, *, proposer_factory: Callable | None = None,
                  solo_return: bool = True, spec_min_p: float = 0.0, solo_spec: int = 0, spec_policy: bool = False,
                  on_window: Callable[[WindowRecord], None] | None = None, prefill_chunks: int = 1,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, decode_steps: int = 1):
         self.engine = engine
         self.res = resolution
         self.mode = resolution.mode
@@ -284,6 +291,9 @@ class BatchScheduler:
         solo_spec = int(solo_spec)
         if solo_spec and not 2 <= solo_spec <= MAX_WINDOW:
             raise StrataError(f"--spec {solo_spec}: the window cap must lie in 2..{MAX_WINDOW}")
+        if int(decode_steps) < 1:
+            raise StrataError(f"--decode_steps {decode_steps}: must be at least 1")
+        self.decode_steps = int(decode_steps) if engine.can_run_steps else 1
         if int(prefill_chunks) < 0:
             raise StrataError(f"--batch_prefill_chunks {prefill_chunks}: must be >= 0 (0 = each prompt whole)")
         self.prefill_chunks = int(prefill_chunks)
@@ -314,7 +324,7 @@ class BatchScheduler:
         self._rr = 0                             # rotation offset for batch_mtp windows
         # chained: serial / solo steps launched from the picks of the step in flight, before its read
         self.stats = {"windows": 0, "solo_windows": 0, "admissions": 0, "drains": 0, "ticks": 0, "errors": 0,
-                      "chained": 0, "prefill_chunks": 0, "beside_prefill_steps": 0, "beside_prefill_tokens": 0,
+                      "chained": 0, "step_programs": 0, "prefill_chunks": 0, "beside_prefill_steps": 0, "beside_prefill_tokens": 0,
                       "beside_prefill_seconds": 0.0, "beside_prefill_compiled_steps": 0}
 
     # ---- requests ------------------------------------------------------------------------------------------------
@@ -631,22 +641,36 @@ class BatchScheduler:
         segs, pos0, samp = [], [], []
         prev_pos = np.asarray(prev.rows.pos0)
         for b, a in enumerate(prev.active):
-            if a is not None and a.seq.budget < 2:
-                a = None  # its token in prev is its last
+            if a is not None and a.seq.budget < prev.n_steps + 1:
+                a = None  # its last token is in prev
             segs.append(a)
-            pos0.append(int(prev_pos[b]) + 1 if a is not None else 0)
+            pos0.append(int(prev_pos[b]) + prev.n_steps if a is not None else 0)
             samp.append(a.req.sampling if a is not None else _DUMMY)
         if not any(a is not None for a in segs):
             return None
         B = len(prev.slots)
         plan = WindowPlan(list(prev.slots), segs, [[] for _ in range(B)], np.zeros((B, 1), np.int32),
                           Rows.make(prev.slots, pos0, [1] * B), RowSampling.make(samp), "step", solo=prev.solo)
-        plan.toks_d = prev.out["picks"]  # the in-flight step's picks feed the rows (a dummy row's token is moot)
+        plan.n_steps = self._steps_for(segs, ahead=prev.n_steps)
+        # the in-flight step's last picks feed the rows (a dummy row's token is moot)
+        plan.toks_d = prev.out["last"] if prev.n_steps > 1 else prev.out["picks"]
         self._launch_serial(plan)
         if plan.out is None:
             return None
         self.stats["chained"] += 1
         return plan
+
+    def _steps_for(self, segs: list, ahead: int = 0) -> int:
+        """Steps per device program for a plain step of ``segs`` (`decode_steps`, else 1): only while nothing waits
+        for a slot or is being read (an admission would wait for the whole program), no cancellation is due, no
+        live segment has a proposer, and every live segment's budget, ``ahead`` tokens from now, holds them."""
+        n = self.decode_steps
+        if n <= 1 or self.mode in ("pipelined", "piped_mtp") or self.queue or self.admitting or self._cancel_due():
+            return 1
+        live = [a for a in segs if a is not None]
+        if any(a.seq.proposer is not None or a.seq.budget - ahead < n for a in live):
+            return 1
+        return n
 
     def _cancel_due(self) -> bool:
         """A cancellation of an active request is waiting (a pipelined mode drains before applying it)."""
@@ -707,8 +731,11 @@ class BatchScheduler:
             nval.append(1 + len(pr))
             props.append(pr)
             samp.append(a.req.sampling)
-        return WindowPlan(list(slots), segs, props, toks, Rows.make(slots, pos0, nval), RowSampling.make(samp),
+        plan = WindowPlan(list(slots), segs, props, toks, Rows.make(slots, pos0, nval), RowSampling.make(samp),
                           "window" if P else "step")
+        if not P:
+            plan.n_steps = self._steps_for(segs)
+        return plan
 
     # ---- execution and update --------------------------------------------------------------------------------------
     def _compiles(self) -> int:
@@ -723,8 +750,13 @@ class BatchScheduler:
         if not any(a is not None for a in plan.active):
             return
         try:
-            out, pendings = eng.run(plan.kind, plan.toks_d if plan.toks_d is not None else plan.toks, plan.rows,
-                                    plan.samp)
+            toks = plan.toks_d if plan.toks_d is not None else plan.toks
+            if plan.n_steps > 1:
+                out = dict(eng.run_steps(toks, plan.rows, plan.samp, plan.n_steps))
+                out["n_keep"] = np.ones((len(plan.slots),), np.int32)
+                self.stats["step_programs"] += 1
+            else:
+                out, pendings = eng.run(plan.kind, toks, plan.rows, plan.samp)
             if plan.kind == "window":
                 eng.commit(plan.rows, pendings, out["n_keep"])
         except Exception as e:
@@ -766,6 +798,10 @@ class BatchScheduler:
             n0 = len(a.seq.tokens)
             try:
                 a.seq.push_window(pr, picks[b], nk)
+                for j in range(1, plan.n_steps):  # the later steps of a program of several
+                    if a.seq.reason:
+                        break
+                    a.seq.push_window([], picks[b, j:j + 1], 1)
             except Exception as e:
                 self._fail(a, e)
                 continue
@@ -783,7 +819,7 @@ class BatchScheduler:
             a.res.solo_windows += int(plan.solo)
             a.res.proposed += len(pr)
             a.res.accepted += nk - 1
-            n_seg, n_rows, n_prop, n_acc = n_seg + 1, n_rows + 1 + len(pr), n_prop + len(pr), n_acc + nk - 1
+            n_seg, n_rows, n_prop, n_acc = n_seg + 1, n_rows + plan.n_steps + len(pr), n_prop + len(pr), n_acc + nk - 1
             try:
                 a.seq.flush()
             except Exception as e:

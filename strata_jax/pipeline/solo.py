@@ -68,6 +68,7 @@ class GenerationStats:
     dropped: int = 0
     ahead: int = 0  # plain steps launched from the previous step's pick before that step was read
     decode_steps: int = 1  # plain decode steps per device call (`Engine.run_steps`; the budget's tail runs one by one)
+    step_programs: int = 0  # calls that ran decode_steps steps (the other windows: single steps)
 
     def add_compiled_window(self, tokens: int, window_seconds: float, round_seconds: float) -> None:
         """Count a window during which something compiled: its kept ``tokens``, its engine-call seconds (as
@@ -213,8 +214,8 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
     Raises:
       StrataError: the prompt does not fit the context; ``spec`` outside 2..8 with a proposer; ``decode_steps`` < 1.
     """
-    if int(decode_steps) < 1:
-        raise StrataError(f"--decode_steps {decode_steps}: must be at least 1")
+    if isinstance(decode_steps, bool) or not isinstance(decode_steps, (int, np.integer)) or decode_steps < 1:
+        raise StrataError(f"decode_steps {decode_steps!r}: must be an integer >= 1")
     if proposer is not None and spec:
         if not 2 <= spec <= MAX_WINDOW:
             raise StrataError(f"--spec {spec}: the window cap must lie in 2..{MAX_WINDOW}")
@@ -249,6 +250,7 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
 
     def launch(token, pos: int, budget: int) -> _Call:
         if steps > 1 and budget >= steps:
+            stats.step_programs += 1
             out = engine.run_steps(token, Rows.make([slot], [pos], [1]), samp, steps)
             return _Call(out["picks"], out["last"], pos, steps)
         out, pos = _launch_step(engine, slot, token, pos, samp)
@@ -256,9 +258,12 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
 
     cur = None if seq.reason else launch(np.array([[seq.last]], np.int32), seq.pos, seq.budget)
     t_prev = t1
+    overlapped = False  # the call read now compiled at its launch, in the previous interval
     while cur is not None:
         rest = seq.budget - cur.n  # tokens the budget leaves once this call's are emitted
+        c_launch = engine.cache.compiles
         nxt = launch(cur.last, cur.pos + cur.n, rest) if rest >= 1 else None
+        nxt_compiled = engine.cache.compiles != c_launch
         stats.ahead += nxt is not None
         picks = np.asarray(cur.picks)[0]  # waits for this call only
         n0 = len(tokens)
@@ -271,8 +276,11 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
         now, c_now = time.perf_counter(), engine.cache.compiles
         stats.window_seconds += now - t_prev
         stats.windows += 1
-        if c_now != c_prev:  # this interval compiled (the first call of its shape): its tokens and time left out
+        # an interval that compiled, and the one that reads a call whose launch compiled (it ran while the host
+        # compiled, so its read takes no time): tokens and time left out of the rate
+        if c_now != c_prev or overlapped:
             stats.add_compiled_window(len(tokens) - n0, now - t_prev, now - t_prev)
+        overlapped = nxt_compiled
         t_prev, c_prev = now, c_now
         if seq.reason:
             stats.dropped += nxt is not None

@@ -104,6 +104,7 @@ def describe_key(key, n_stages: int = 1) -> str:
       (``, all logits`` for ``all``), ``decode step (1 of 4 slots)``, ``verify window (1 x 4 rows, 2 slots)``;
     * ``(stage, "commit", leaf shapes, n_slots)``: ``window commit (2 slots)``;
     * ``(stage, "reset", n_slots)``: ``slot reset (2 slots)``;
+    * ``(0, "steps", B, n, n_slots)``: ``4 decode steps in one program (1 of 2 slots)``;
     * ``("mtp", "prefill" | "window", B, T, n_draft, n_slots)``: ``MTP draft chain (3 drafts, 1 x 4 rows)``;
 
     with ``, stage 2 of 3`` on a split. Any other key: its ``str``."""
@@ -131,6 +132,8 @@ def describe_key(key, n_stages: int = 1) -> str:
         what = f"window commit ({slots(key[3])})"
     elif kind == "reset" and len(key) == 3:
         what = f"slot reset ({slots(key[2])})"
+    elif kind == "steps" and len(key) == 5:
+        what = f"{key[3]} decode steps in one program ({slots(key[4], key[2])})"
     else:
         return str(key)
     return what + (f", stage {stage + 1} of {n_stages}" if n_stages > 1 else "")
