@@ -1,7 +1,8 @@
 """Several plain decode steps in one device program (`Engine.run_steps`, `generate(..., decode_steps=N)`): the
-tokens are those of one step per call, greedy and seeded-sampled, on a dense model (K/V cache) and a hybrid one
-(Gated-DeltaNet state carried through the loop), whether the budget is a multiple of N or not, and when an EOS
-ends the sequence inside a call; the programs' loops have trip counts XLA knows.
+tokens are those of one step per call, greedy and seeded-sampled, on a dense model (K/V cache) and qwen4exp
+(Gated-DeltaNet and QSA state carried through the loop, the n-gram PLE rows gathered on the device), whether the
+budget is a multiple of N or not, when an EOS ends the sequence inside a call, in batch slots and through the
+command line; the program's step loop has a trip count XLA knows.
 
 The reference is `plain_decode` (one step per call: it dumps logits, which keeps one step per call).
 """
@@ -29,14 +30,7 @@ def _prompt():
     return np.load(FIXTURES / "dense_smollm2-135m.npz")["prompt_ids"].tolist()
 
 
-def _hybrid():
-    if "e" not in _HYBRID:
-        _HYBRID["e"] = Engine(str(FIXTURES / "hybrid" / "qwen3next_q8_0.gguf"), max_context=48)
-    return _HYBRID["e"]
-
-
-@pytest.mark.parametrize("samp", [SamplingParams(), SAMPLED], ids=["greedy", "seeded"])
-@pytest.mark.parametrize("n", [4, 3])
+@pytest.mark.parametrize("samp, n", [(SamplingParams(), 3), (SAMPLED, 4)], ids=["greedy-3", "seeded-4"])
 def test_steps_give_the_plain_tokens_dense(engine_for, plain_decode, samp, n):
     eng = engine_for("smollm2-135m", max_context=CTX, n_slots=2)
     ids = _prompt()
@@ -60,16 +54,6 @@ def test_steps_stop_at_an_eos_inside_a_call(engine_for, plain_decode):
     assert streamed == want[:first]  # the EOS is kept, not streamed
     # the slot is reusable: the same request again gives the same tokens (the prefill resets what ran past the end)
     assert generate(eng, ids, max_new_tokens=16, sampling=SAMPLED, eos_ids=(eos,), decode_steps=4).tokens == g.tokens
-
-
-@pytest.mark.parametrize("samp", [SamplingParams(), SAMPLED], ids=["greedy", "seeded"])
-def test_steps_give_the_plain_tokens_hybrid(samp):
-    eng = _hybrid()
-    ids = [3, 17, 101, 5, 9, 44, 12]
-    want = generate(eng, ids, max_new_tokens=12, sampling=samp, dump_logits=True).tokens
-    got = generate(eng, ids, max_new_tokens=12, sampling=samp, decode_steps=4)
-    assert got.tokens == want
-    assert got.stats.windows == 2 + 3  # 11 steps: two calls of 4, then 3 single steps
 
 
 def _qwen4exp(ple_table):
@@ -126,11 +110,11 @@ def test_steps_program_runs_its_steps_in_a_loop_of_known_trip_count():
     from strata_jax.pallas.structure import hlo_while_loops
     from strata_jax.pipeline.stages import build_steps_fn
 
-    eng = _hybrid()
+    eng = _qwen4exp("device")
     stage = eng.stages[0]
-    fn = build_steps_fn(stage, 4, eng.max_context)
+    fn = build_steps_fn(stage, 4, eng.max_context, eng.ple.ids)
     hlo = fn.lower(stage.leaves, eng.states[0], np.array([[3]], np.int32), Rows.make([0], [7], [1]),
-                   RowSampling.make([SamplingParams()])).compile().as_text()
+                   RowSampling.make([SamplingParams()]), eng.ple.device_inputs([0])).compile().as_text()
     outer = [w for w in hlo_while_loops(hlo) if w["op_name"].count("while") == 1]
     assert [w["trip_count"] for w in outer] == [4], outer  # one loop of the 4 steps, its count known to XLA
 
