@@ -661,11 +661,12 @@ class BatchScheduler:
         return plan
 
     def _steps_for(self, segs: list, ahead: int = 0) -> int:
-        """Steps per device program for a plain step of ``segs`` (`decode_steps`, else 1): only while nothing waits
-        for a slot or is being read (an admission would wait for the whole program), no cancellation is due, no
+        """Steps per device program for a plain step of ``segs`` (`decode_steps`, else 1): only while no arrived
+        request waits for a slot or is being read (an admission would wait for the whole program), no cancellation is due, no
         live segment has a proposer, and every live segment's budget, ``ahead`` tokens from now, holds them."""
         n = self.decode_steps
-        if n <= 1 or self.mode in ("pipelined", "piped_mtp") or self.queue or self.admitting or self._cancel_due():
+        if (n <= 1 or self.mode in ("pipelined", "piped_mtp") or self._ready() or self.admitting
+                or self._cancel_due()):  # requests not arrived yet (``arrival``) do not wait
             return 1
         live = [a for a in segs if a is not None]
         if any(a.seq.proposer is not None or a.seq.budget - ahead < n for a in live):
