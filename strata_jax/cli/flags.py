@@ -16,7 +16,8 @@ from absl import flags
 
 from strata_jax.cli.console import CONSOLE
 from strata_jax.errors import StrataError
-from strata_jax.limits import DECODE_STEPS_GPU, DECODE_STEPS_MAX, PREFILL_CHUNK, PREFILL_CHUNK_GPU, PREFILL_CHUNK_STEP, TOP_K_MAX
+from strata_jax.limits import (DECODE_STEPS_GPU, DECODE_STEPS_MAX, PREFILL_CHUNK, PREFILL_CHUNK_GPU, PREFILL_CHUNK_STEP,
+                               TOP_K_MAX)
 
 FLAGS = flags.FLAGS
 DEFAULT_SPEC = 4

@@ -173,11 +173,7 @@ def _decode_steps_unused(engine, proposer) -> str:
         return "--draft decodes in verify windows"
     if FLAGS.dump_logits:
         return "--dump_logits keeps each step's logits"
-    if len(engine.stages) > 1:
-        return "the model is split into stages"
-    if engine.ple is not None and not engine.ple.on_device:
-        return "the n-gram table is on the host: --ple_table device puts it on the device"
-    return ""
+    return engine.steps_unavailable
 
 
 def solo_stats_line(engine, st, caches) -> str:
@@ -198,7 +194,8 @@ def solo_stats_line(engine, st, caches) -> str:
         calls = f"{st.windows} {kind}"
         if kind == "decode calls":
             single = st.windows - st.step_programs
-            calls += f" [{st.step_programs} of {st.decode_steps} steps, {single} single step{'' if single == 1 else 's'}]"
+            calls += (f" [{st.step_programs} of {st.decode_steps} steps, {single} single step"
+                      f"{'' if single == 1 else 's'}]")
         if st.compiled_windows:
             why = ("the first call of its shape" if st.compiled_windows == 1 and kind != "decode calls"
                    else "calls that compiled or ran while one compiled")

@@ -61,6 +61,18 @@ def check_prefill_chunk(chunk, max_context: int) -> int:
     return c
 
 
+def check_decode_steps(n) -> int:
+    """``n`` as an int when it is a valid count of decode steps per program (`Engine.run_steps`): an integer >= 1
+    (not a bool, a float or a string).
+
+    Raises:
+      StrataError: one line naming the flag, otherwise.
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise StrataError(f"--decode_steps {n!r}: must be an integer >= 1")
+    return int(n)
+
+
 def default_prefill_chunk(device, max_context: int) -> int:
     """The prefill chunk when none is chosen: `PREFILL_CHUNK_GPU` (512) rows on a GPU whose context holds them
     (measured faster there from 512-token prompts up), else `PREFILL_CHUNK` (128: a CPU, where a padded chunk of
@@ -319,10 +331,21 @@ class Engine:
         return fn.lower(*args).compile().as_text()
 
     @property
+    def steps_unavailable(self) -> str:
+        """Why `run_steps` cannot run, in words ('' when it can): it needs the whole model in one stage, qwen4exp's
+        PLE table (if any) on the device (``ple_table``) and the MTP chain off (it runs after every step)."""
+        if len(self.stages) > 1:
+            return "the model is split into stages"
+        if self.ple is not None and not self.ple.on_device:
+            return "the n-gram table is on the host: --ple_table device puts it on the device"
+        if self.mtp.active:
+            return "the MTP draft chain runs after every step"
+        return ""
+
+    @property
     def can_run_steps(self) -> bool:
-        """`run_steps` is available: the whole model in one stage, qwen4exp's PLE table (if any) on the device
-        (``ple_table``) and the MTP chain off (it runs after every step)."""
-        return len(self.stages) == 1 and (self.ple is None or self.ple.on_device) and not self.mtp.active
+        """`run_steps` is available (`steps_unavailable` is empty)."""
+        return not self.steps_unavailable
 
     def run_steps(self, token, rows: Rows, sampling: RowSampling, n_steps: int) -> dict:
         """Launch ``n_steps`` plain decode steps as one device program (`build_steps_fn`), without waiting.
@@ -334,15 +357,16 @@ class Engine:
           n_steps: steps in the program (one compiled program per count).
 
         Returns:
-          ``{"picks": int32 [B, n_steps], "last": int32 [B, 1]}`` (device arrays, not read here): step i's pick is
-          the input of step i + 1; ``last`` is the next call's ``token``.
+          ``{"picks": int32 [B, n_steps], "last": int32 [B, 1]}`` (device arrays, not read here; with a PLE table
+          also ``prev``, kept by `PleHost.set_device_prev`): step i's pick is the input of step i + 1; ``last`` is
+          the next call's ``token``.
 
         Raises:
-          StrataError: not `can_run_steps`.
+          StrataError: not `can_run_steps` (the reason: `steps_unavailable`).
         """
-        if not self.can_run_steps:
-            raise StrataError("several decode steps per call need one stage, the PLE table on the device (qwen4exp) "
-                              "and no MTP chain")
+        why = self.steps_unavailable
+        if why:
+            raise StrataError(f"several decode steps per call: not available ({why})")
         stage = self.stages[0]
         B = int(np.shape(token)[0])
         ids = self.ple.ids if self.ple is not None else None

@@ -48,20 +48,29 @@ class PleHost:
 
     def device_inputs(self, slots) -> dict:
         """The inputs of a device loop over ``slots``' steps: the tables and each slot's predecessors int32 [B,
-        ngram_size - 1] (the device copy a previous loop left, else the host's)."""
-        prev = [self._dev.get(s) if s in self._dev else jnp.asarray(self.prev[s][None], jnp.int32) for s in slots]
-        return {**self.ids.arrays, "raw": self.raw, "prev": prev[0] if len(prev) == 1 else jnp.concatenate(prev)}
+        ngram_size - 1] (the device copy a previous loop left, else the host's). When the previous loop ran these
+        very slots in this order, its array is passed as it is (no device op per call)."""
+        got = [self._dev.get(s) for s in slots]
+        arr = got[0][0] if got[0] is not None else None
+        if arr is not None and arr.shape[0] == len(slots) and all(
+                g is not None and g[0] is arr and g[1] == b for b, g in enumerate(got)):
+            prev = arr
+        else:
+            prev = jnp.concatenate([g[0][g[1]:g[1] + 1] if g is not None else
+                                    jnp.asarray(self.prev[s][None], jnp.int32) for s, g in zip(slots, got)])
+        return {**self.ids.arrays, "raw": self.raw, "prev": prev}
 
     def set_device_prev(self, slots, prev) -> None:
-        """After a device loop: ``slots``' predecessors are ``prev`` int32 [B, ngram_size - 1] (a device array, read
-        back only when the host needs them: `rows_for`, `commit`)."""
+        """After a device loop: ``slots``' predecessors are the rows of ``prev`` int32 [B, ngram_size - 1] (a device
+        array, read back only when the host needs them: `rows_for`, `commit`)."""
         for b, s in enumerate(slots):
-            self._dev[s] = prev if len(slots) == 1 else prev[b:b + 1]
+            self._dev[s] = (prev, b)
 
     def _sync(self, slots) -> None:
         for s in slots:
             if s in self._dev:
-                self.prev[s] = np.asarray(self._dev.pop(s))[0].astype(np.int64)
+                arr, b = self._dev.pop(s)
+                self.prev[s] = np.asarray(arr)[b].astype(np.int64)
 
     @classmethod
     def for_stages(cls, g, cfg, stages, n_slots: int) -> "PleHost | None":
@@ -75,7 +84,8 @@ class PleHost:
         """Every slot at the sequence start (after `Engine.set_slots`)."""
         self.prev = [self.table.start_prev() for _ in range(int(n_slots))]
         self._window: dict[tuple, np.ndarray] = {}
-        self._dev: dict[int, jax.Array] = {}  # slot -> predecessors a device loop left, int32 [1, ngram_size - 1]
+        # slot -> (predecessors a device loop left, int32 [B, ngram_size - 1]; the slot's row in them)
+        self._dev: dict[int, tuple[jax.Array, int]] = {}
 
     def reset_slot(self, slot: int) -> None:
         """One slot at the sequence start (a new prompt)."""

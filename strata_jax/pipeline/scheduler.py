@@ -69,7 +69,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from strata_jax.errors import StrataError
-from strata_jax.pipeline.engine import Engine
+from strata_jax.pipeline.engine import Engine, check_decode_steps
 from strata_jax.pipeline.groups import Resolution
 from strata_jax.pipeline.sequence import Sequence
 from strata_jax.pipeline.stages import MAX_WINDOW
@@ -291,9 +291,7 @@ class BatchScheduler:
         solo_spec = int(solo_spec)
         if solo_spec and not 2 <= solo_spec <= MAX_WINDOW:
             raise StrataError(f"--spec {solo_spec}: the window cap must lie in 2..{MAX_WINDOW}")
-        if int(decode_steps) < 1:
-            raise StrataError(f"--decode_steps {decode_steps}: must be at least 1")
-        self.decode_steps = int(decode_steps) if engine.can_run_steps else 1
+        self.decode_steps = check_decode_steps(decode_steps) if engine.can_run_steps else 1
         if int(prefill_chunks) < 0:
             raise StrataError(f"--batch_prefill_chunks {prefill_chunks}: must be >= 0 (0 = each prompt whole)")
         self.prefill_chunks = int(prefill_chunks)
@@ -324,8 +322,8 @@ class BatchScheduler:
         self._rr = 0                             # rotation offset for batch_mtp windows
         # chained: serial / solo steps launched from the picks of the step in flight, before its read
         self.stats = {"windows": 0, "solo_windows": 0, "admissions": 0, "drains": 0, "ticks": 0, "errors": 0,
-                      "chained": 0, "step_programs": 0, "prefill_chunks": 0, "beside_prefill_steps": 0, "beside_prefill_tokens": 0,
-                      "beside_prefill_seconds": 0.0, "beside_prefill_compiled_steps": 0}
+                      "chained": 0, "step_programs": 0, "prefill_chunks": 0, "beside_prefill_steps": 0,
+                      "beside_prefill_tokens": 0, "beside_prefill_seconds": 0.0, "beside_prefill_compiled_steps": 0}
 
     # ---- requests ------------------------------------------------------------------------------------------------
     def submit(self, req: Request):
@@ -662,8 +660,9 @@ class BatchScheduler:
 
     def _steps_for(self, segs: list, ahead: int = 0) -> int:
         """Steps per device program for a plain step of ``segs`` (`decode_steps`, else 1): only while no arrived
-        request waits for a slot or is being read (an admission would wait for the whole program), no cancellation is due, no
-        live segment has a proposer, and every live segment's budget, ``ahead`` tokens from now, holds them."""
+        request waits for a slot or is being read (an admission would wait for the whole program), no cancellation
+        is due, no live segment has a proposer, and every live segment's budget, ``ahead`` tokens from now, holds
+        them."""
         n = self.decode_steps
         if (n <= 1 or self.mode in ("pipelined", "piped_mtp") or self._ready() or self.admitting
                 or self._cancel_due()):  # requests not arrived yet (``arrival``) do not wait
@@ -820,7 +819,8 @@ class BatchScheduler:
             a.res.solo_windows += int(plan.solo)
             a.res.proposed += len(pr)
             a.res.accepted += nk - 1
-            n_seg, n_rows, n_prop, n_acc = n_seg + 1, n_rows + plan.n_steps + len(pr), n_prop + len(pr), n_acc + nk - 1
+            n_seg, n_prop, n_acc = n_seg + 1, n_prop + len(pr), n_acc + nk - 1
+            n_rows += plan.n_steps + len(pr)
             try:
                 a.seq.flush()
             except Exception as e:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from strata_jax.errors import StrataError
-from strata_jax.pipeline.engine import Engine
+from strata_jax.pipeline.engine import Engine, check_decode_steps
 from strata_jax.pipeline.sequence import Sequence
 from strata_jax.pipeline.stages import MAX_WINDOW
 from strata_jax.sampling import RowSampling, SamplingParams
@@ -214,8 +214,7 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
     Raises:
       StrataError: the prompt does not fit the context; ``spec`` outside 2..8 with a proposer; ``decode_steps`` < 1.
     """
-    if isinstance(decode_steps, bool) or not isinstance(decode_steps, (int, np.integer)) or decode_steps < 1:
-        raise StrataError(f"decode_steps {decode_steps!r}: must be an integer >= 1")
+    decode_steps = check_decode_steps(decode_steps)
     if proposer is not None and spec:
         if not 2 <= spec <= MAX_WINDOW:
             raise StrataError(f"--spec {spec}: the window cap must lie in 2..{MAX_WINDOW}")
@@ -240,7 +239,7 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
     t1 = time.perf_counter()
     seq.emit(first)
     c_prev = engine.cache.compiles
-    steps = stats.decode_steps = int(decode_steps) if (not dump_logits and engine.can_run_steps) else 1
+    steps = stats.decode_steps = decode_steps if (not dump_logits and engine.can_run_steps) else 1
     # One call ahead: call i + 1 is launched from call i's last pick, still on the device, before the host reads
     # call i and streams it, so the device runs call i + 1 while the host works. A call is one step, or ``steps``
     # steps in one program while the budget holds them. When call i ends the sequence (EOS, a stop string; for a

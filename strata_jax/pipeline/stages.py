@@ -159,8 +159,8 @@ def build_steps_fn(stage: Stage, n_steps: int, max_context: int, ple_ids=None):
     """``steps(leaves, state, token, rows, sampling) -> (out, state)``: ``n_steps`` plain decode steps in one
     device program, each step's pick the next step's token (a `jax.lax.fori_loop` with a trip count XLA knows).
 
-    For a model in one stage (first and last) without host-side per-row inputs: the host launches one program per
-    ``n_steps`` tokens instead of one per token. Why: on the H200 the 1.5B shape's step is host-bound (a 655-command
+    For a model in one stage (first and last): the host launches one program per ``n_steps`` tokens instead of one
+    per token. Why: on the H200 the 1.5B shape's step is host-bound (a 655-command
     CUDA graph: 4.4 ms of host time to launch for 2.1 ms of GPU work, 2026-12-03); a program of several steps pays
     that once. Each iteration is the one-row ``step`` body (`stage_fn_body`: the same kernels, the commit fused
     in, the pick keyed by its position), so the tokens are those of ``n_steps`` separate steps.
