@@ -44,6 +44,7 @@ class PleHost:
 
     @property
     def on_device(self) -> bool:
+        """The table and its row-id tables are on the device (`place` ran): device loops can gather rows."""
         return self.ids is not None
 
     def device_inputs(self, slots) -> dict:
