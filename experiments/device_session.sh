@@ -150,6 +150,18 @@ sys.exit(0 if t[0]==t[1]==t[2] else 1)" || return 1
     # the same step at strata-generate's default context (4096 cells; bench_decode's is 1024)
     part profile_4k 100 $NEW python3 experiments/profile_step.py --model $MODEL $PROF --max_context 4096 \
       --out "$OUT/profile_4k.json"
+    # the GPU's default decode loop: 4 steps per program (run_steps), CUDA graphs kept in the trace, figures per
+    # token, the program's HLO beside it (the fusions the trace names)
+    part profile_steps 120 $NEW python3 experiments/profile_step.py --model $MODEL --kind steps --decode_steps 4 \
+      --steps 16 --warmup 2 --prompt_tokens 64 --command_buffers 1 --graphs_in_trace 1 --hlo_launches 0 --top 80 \
+      --ple_table device \
+      --hlo_out "$OUT/steps_hlo.txt" --out "$OUT/profile_steps.json"
+    if [ "$MODE" = run ]; then  # the same on the Qwen3.8-Flash-Next shape (random weights, PLE table on the device)
+      part profile_full_steps ${FULL_PROFILE_S:-240} $NEW python3 experiments/profile_step.py \
+        --geometry qwen3.8-flash-next --kind steps --decode_steps ${FULL_PROFILE_STEPS:-4} --steps 6 --warmup 1 \
+        --prompt_tokens 16 --command_buffers 1 --graphs_in_trace 1 --hlo_launches 0 --top 80 --ple_table device \
+        --hlo_out "$OUT/full_steps_hlo.txt" --out "$OUT/profile_full_steps.json"
+    fi
     # the step as users run it: CUDA graphs kept in the trace; host events; where the compiled launches sit
     part profile_cb 100 $NEW python3 experiments/profile_step.py --model $MODEL $PROF --command_buffers 1 \
       --graphs_in_trace 1 --out "$OUT/profile_cb.json"
@@ -201,6 +213,8 @@ def load(name):
         return None
 print(f"{'path':28s} {'ms/step':>8s} {'tok/s':>7s} {'busy':>5s} {'launches':>8s} {'D2H/step':>9s} {'D2D/step':>16s}")
 for label, name in (("old (base package)", "profile_old.json"), ("new (kernels, per layer)", "profile_new.json"),
+                    ("4 steps/program, per token", "profile_steps.json"),
+                    ("Flash-Next, steps, per token", "profile_full_steps.json"),
                     ("new, --max_context 4096", "profile_4k.json"),
                     ("new, command buffers on", "profile_cb.json")) + tuple(
         (f"cb, update mode {v}", f"profile_cb_{v}.json") for v in (open(os.path.join(out, "cb_modes.txt")).read().split()

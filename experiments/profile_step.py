@@ -10,7 +10,8 @@ kernel operands copied from slices -- is `compile_probe.py --structure`.)
 Steps are launched back to back with the picks left on the device (as `bench_decode.py` does); the wall time is
 measured untraced first, then the same number of steps is traced. ``--command_buffers 0`` (the default for a
 profile) launches every kernel alone so the trace shows each; ``1`` records them into CUDA graphs
-(`strata_jax.pallas.gpu_flags`), for the wall time users see. On a CPU the trace's XLA executor events stand in
+(`strata_jax.pallas.gpu_flags`), for the wall time users see. ``--kind steps`` runs ``--decode_steps`` steps per program (`Engine.run_steps`, the GPU's default decode loop) and
+gives every figure per token. On a CPU the trace's XLA executor events stand in
 for kernels and there are no copies: the run checks the plumbing, not the figures.
 """
 
@@ -36,8 +37,15 @@ def main() -> None:
                      "blocks of its shapes")
     src.add_argument("--geometry", help="configs/geometries/<name>.json: random weights made on the device")
     ap.add_argument("--n_layer", type=int, default=None, help="with --geometry: trunk layers")
-    ap.add_argument("--kind", default="step", help="step (T = 1, window + commit), windowT (a T-row verify window) "
-                    "or prefill (one prompt chunk of the engine's prefill_chunk rows, last-row logits)")
+    ap.add_argument("--kind", default="step", help="step (T = 1, window + commit), steps (--decode_steps one-row "
+                    "steps per program, Engine.run_steps: figures per token), windowT (a T-row verify window) or "
+                    "prefill (one prompt chunk of the engine's prefill_chunk rows, last-row logits)")
+    ap.add_argument("--decode_steps", type=int, default=4, help="with --kind steps: steps per program")
+    ap.add_argument("--ple_table", default="auto", choices=("auto", "host", "device"),
+                    help="qwen4exp's n-gram table (Engine ple_table; --kind steps needs it on the device)")
+    ap.add_argument("--top", type=int, default=10, help="kernels listed in the JSON's top_kernels")
+    ap.add_argument("--hlo_out", default=None, help="also write the compiled program's HLO text here (the fusions "
+                    "the trace names)")
     ap.add_argument("--steps", type=int, default=20, help="steps timed and traced")
     ap.add_argument("--warmup", type=int, default=3, help="steps run first (the first compiles)")
     ap.add_argument("--prompt_tokens", type=int, default=32)
@@ -83,10 +91,12 @@ def main() -> None:
 
         model = str(resolve_model(args.model))
     t0 = time.perf_counter()
-    eng = Engine(model, max_context=args.max_context)
+    eng = Engine(model, max_context=args.max_context, ple_table=args.ple_table)
     load_s = time.perf_counter() - t0
     if args.kind == "prefill":
         T, kind = eng.prefill_chunk, "prefill"
+    elif args.kind == "steps":
+        T, kind = 1, "steps"
     else:
         T = 1 if args.kind == "step" else int(args.kind.removeprefix("window"))
         kind = "step" if T == 1 else "window"
@@ -102,13 +112,19 @@ def main() -> None:
 
     dispatched = []
 
+    per = args.decode_steps if kind == "steps" else 1  # tokens per program
+
     def run(n, start):
-        """n steps back to back from position ``start`` (a window re-verifies the same positions); records the
+        """n programs back to back from position ``start`` (a window re-verifies the same positions); records the
         host's time to launch them (before waiting) in ``dispatched``."""
         nonlocal tok
         out = None
         t = time.perf_counter()
         for i in range(n):
+            if kind == "steps":
+                out = eng.run_steps(tok, Rows.make([0], [start + i * per], [1]), samp, per)
+                tok = out["last"]
+                continue
             p = start + i if T == 1 else start
             out, _ = eng.run(kind, tok, Rows.make([0], [p], [T]), samp, logits="last" if kind == "prefill" else "all")
             if T == 1:
@@ -119,30 +135,35 @@ def main() -> None:
     t0 = time.perf_counter()
     run(1, pos)
     first_s = time.perf_counter() - t0
-    run(args.warmup, pos + 1)
-    at = pos + 1 + args.warmup
+    at = pos + per
+    run(args.warmup, at)
+    at += args.warmup * per
     t0 = time.perf_counter()
     run(args.steps, at)
-    wall = (time.perf_counter() - t0) / args.steps
-    dispatch_ms = dispatched[-1] * 1e3
+    wall = (time.perf_counter() - t0) / args.steps / per  # per token
+    dispatch_ms = dispatched[-1] * 1e3 / per
     trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="strata_trace_")
-    at += args.steps
+    at += args.steps * per
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
         t0 = time.perf_counter()  # inside the trace: its start and its export (seconds) are not the steps' time
         run(args.steps, at)
-        traced_wall = (time.perf_counter() - t0) / args.steps
-    s = trace.summarize(trace.load_events(trace_dir), args.steps)
+        traced_wall = (time.perf_counter() - t0) / args.steps / per
+    s = trace.summarize(trace.load_events(trace_dir), args.steps * per, top=args.top)  # figures per token
+    at += args.steps * per
     launches = None
-    if args.hlo_launches:
+    if args.hlo_launches or args.hlo_out:
         from strata_jax.pallas import structure
 
-        hlo = eng.stage_hlo(0, kind, tok, Rows.make([0], [at], [T]), samp,
-                            logits="last" if kind == "prefill" else "all")
-        with open(os.path.join(trace_dir, "step_hlo.txt"), "w") as f:
+        if kind == "steps":
+            hlo = eng.steps_hlo(tok, Rows.make([0], [at], [1]), samp, per)
+        else:
+            hlo = eng.stage_hlo(0, kind, tok, Rows.make([0], [at], [T]), samp,
+                                logits="last" if kind == "prefill" else "all")
+        with open(args.hlo_out or os.path.join(trace_dir, "step_hlo.txt"), "w") as f:
             f.write(hlo)
-        launches = structure.hlo_launches(hlo)
+        launches = structure.hlo_launches(hlo) if args.hlo_launches else None
     r = {"model": args.random_from or args.geometry or args.model, "backend": jax.default_backend(),
-         "device": str(jax.devices()[0]), "jax": jax.__version__, "kind": args.kind,
+         "device": str(jax.devices()[0]), "jax": jax.__version__, "kind": args.kind, "decode_steps": per,
          "impl": os.environ.get("STRATA_PALLAS_IMPL", "auto"), "kernels_in_use": getattr(dispatch, "kernels_in_use", dispatch.on_gpu)(),
          "stack_layers": os.environ.get("STRATA_STACK_LAYERS", "auto"), "xla_flags": os.environ.get("XLA_FLAGS", ""),
          "load_s": load_s, "first_step_s": first_s, "wall_ms": wall * 1e3, "dispatch_ms": dispatch_ms, "traced_wall_ms": traced_wall * 1e3,

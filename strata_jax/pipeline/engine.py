@@ -364,6 +364,15 @@ class Engine:
         Raises:
           StrataError: not `can_run_steps` (the reason: `steps_unavailable`).
         """
+        fn, args, slots = self._steps_call(token, rows, sampling, n_steps)
+        out, self.states[0] = fn(*args)
+        if self.ple is not None:
+            self.ple.set_device_prev(slots, out["prev"])
+        return out
+
+    def _steps_call(self, token, rows: Rows, sampling: RowSampling, n_steps: int):
+        """The jitted steps program of `run_steps` (from the compile cache), its arguments placed on the stage,
+        and the slots it runs."""
         why = self.steps_unavailable
         if why:
             raise StrataError(f"several decode steps per call: not available ({why})")
@@ -375,11 +384,14 @@ class Engine:
         dev = stage.device
         slots = np.asarray(rows.slot).tolist()
         ple = self.ple.device_inputs(slots) if ids is not None else None
-        out, self.states[0] = fn(stage.leaves, self.states[0], _place(token, dev, commit=True), _place(rows, dev),
-                                 _place(sampling, dev), ple)
-        if ids is not None:
-            self.ple.set_device_prev(slots, out["prev"])
-        return out
+        args = (stage.leaves, self.states[0], _place(token, dev, commit=True), _place(rows, dev),
+                _place(sampling, dev), ple)
+        return fn, args, slots
+
+    def steps_hlo(self, token, rows: Rows, sampling: RowSampling, n_steps: int) -> str:
+        """The final HLO text of `run_steps`' program for this call (compiled, nothing run), as `stage_hlo`."""
+        fn, args, _ = self._steps_call(token, rows, sampling, n_steps)
+        return fn.lower(*args).compile().as_text()
 
     def run(self, kind: str, tokens, rows: Rows, sampling: RowSampling, logits: str = "all"):
         """Run ``tokens`` int32 [B, T] through every stage (`run_stage` on each in turn, the hidden rows handed
