@@ -16,6 +16,7 @@ from the causal (and sliding-window) mask (`strata_jax.layers.attention`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -28,6 +29,27 @@ from strata_jax.pallas.qsa.reference import NEG
 
 NC = 16        # cells per loop step (K and V tiles of [NC, D] float32 stay in registers)
 MAX_SPLIT = 32 # programs per (row, kv head)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttendConfig:
+    """Launch parameters of `attend_kernel` (functions of the head shape and the cell-list length only, never of
+    the rows: a row's split layout is fixed by them). ``tag`` is appended to the kernel's name (sweeps)."""
+    NC: int = NC
+    max_split: int = MAX_SPLIT
+    num_warps: int = 4
+    num_stages: int = 2
+    tag: str = ""
+
+
+DEFAULT_ATTEND = AttendConfig()
+
+
+def choose_attend_config(D: int, n_cells: int) -> AttendConfig:
+    """The launch parameters for a head dim and cell-list length (first choice; experiments/sweep_kernels.py
+    times the alternatives on the H200)."""
+    del D, n_cells
+    return DEFAULT_ATTEND
 
 
 def why_not(Hq: int, Hkv: int, D: int, n_cells: int, dtypes) -> str | None:
@@ -43,15 +65,18 @@ def why_not(Hq: int, Hkv: int, D: int, n_cells: int, dtypes) -> str | None:
     return None
 
 
-def _kernel(cells_ref, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, Hkv, D, Gp, C, cps, n_chunks, scale,
-            interpret):
+def _kernel(cells_ref, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, Hkv, G, D, Gp, C, cps, n_chunks, scale,
+            interpret, NC):
     HP = dispatch.f32_dot_precision(interpret)
     t = pl.program_id(0)
     g = pl.program_id(1)
     sp = pl.program_id(2)
-    qv = q_ref[t, g, :, :].astype(jnp.float32)                                  # [Gp, D]
-    lane = lax.broadcasted_iota(jnp.int32, (NC,), 0)
+    # the group's G query heads read in place from the flat q [T * Hkv * G * D]; the Gp - G padding rows of the
+    # tile repeat the last head (their outputs are dropped by the wrapper)
+    head = jnp.minimum(lax.broadcasted_iota(jnp.int32, (Gp, 1), 0), G - 1)
     dcol = lax.broadcasted_iota(jnp.int32, (1, D), 1)
+    qv = q_ref[((t * Hkv + g) * G + head) * D + dcol].astype(jnp.float32)        # [Gp, D]
+    lane = lax.broadcasted_iota(jnp.int32, (NC,), 0)
 
     def body(j, carry):
         c = sp * cps + j
@@ -85,30 +110,34 @@ def _kernel(cells_ref, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, Hkv, D, Gp
     acc_ref[t, g, sp, :, :] = acc
 
 
-def attend_kernel(q, k_cache, v_cache, cells, scale, *, interpret: bool):
-    """Same contract as `reference.attend`. Not jitted."""
+def attend_kernel(q, k_cache, v_cache, cells, scale, *, interpret: bool, cfg: AttendConfig | None = None):
+    """Same contract as `reference.attend`. Not jitted. ``cfg``: launch parameters (default
+    `choose_attend_config`)."""
     T, Hq, D = q.shape
     N, Hkv, _ = k_cache.shape
     G = Hq // Hkv
     Gp = max(16, pl.next_power_of_2(G))
-    n_chunks = -(-cells.shape[1] // NC)
-    nsplit = min(MAX_SPLIT, n_chunks)
+    cfg = cfg or choose_attend_config(D, cells.shape[1])
+    nc = cfg.NC
+    n_chunks = -(-cells.shape[1] // nc)
+    nsplit = min(cfg.max_split, n_chunks)
     cps = -(-n_chunks // nsplit)
     nsplit = -(-n_chunks // cps)
     n_chunks = nsplit * cps  # every split runs cps chunks (the list padded with -1)
-    C = n_chunks * NC
-    cells = jnp.pad(cells.astype(jnp.int32), [(0, 0), (0, C - cells.shape[1])], constant_values=-1)
-    qg = jnp.pad(q.reshape(T, Hkv, G, D), [(0, 0), (0, 0), (0, Gp - G), (0, 0)])
+    C = n_chunks * nc
+    cells = cells.astype(jnp.int32)
+    if C != cells.shape[1]:
+        cells = jnp.pad(cells, [(0, 0), (0, C - cells.shape[1])], constant_values=-1)
     full = pl.no_block_spec
     call = dispatch.pallas_call(
-        functools.partial(_kernel, Hkv=Hkv, D=D, Gp=Gp, C=C, cps=cps, n_chunks=n_chunks, scale=float(scale),
-                          interpret=interpret),
+        functools.partial(_kernel, Hkv=Hkv, G=G, D=D, Gp=Gp, C=C, cps=cps, n_chunks=n_chunks, scale=float(scale),
+                          interpret=interpret, NC=nc),
         out_shape=[jax.ShapeDtypeStruct((T, Hkv, nsplit, Gp), jnp.float32),
                    jax.ShapeDtypeStruct((T, Hkv, nsplit, Gp), jnp.float32),
                    jax.ShapeDtypeStruct((T, Hkv, nsplit, Gp, D), jnp.float32)],
         grid=(T, Hkv, nsplit), in_specs=[full] * 4, out_specs=[full] * 3, interpret=interpret,
-        num_warps=4, num_stages=2, name="qsa_attend")
-    m, l, acc = call(cells.reshape(-1), qg, k_cache.reshape(-1), v_cache.reshape(-1))
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, name="qsa_attend" + cfg.tag)
+    m, l, acc = call(cells.reshape(-1), q.reshape(-1), k_cache.reshape(-1), v_cache.reshape(-1))
     M = m[:, :, 0]
     for s in range(1, nsplit):
         M = jnp.maximum(M, m[:, :, s])

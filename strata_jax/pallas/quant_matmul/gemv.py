@@ -44,6 +44,7 @@ class Config:
     target_programs: int = 2112  # split K until the grid has at least this many programs (16 per H200 SM)
     num_warps: int = 4
     num_stages: int = 2
+    tag: str = ""                # appended to the kernel's name (sweeps tell their variants apart in a trace)
 
 
 DEFAULT = Config()
@@ -257,7 +258,7 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
         out_shape=[jax.ShapeDtypeStruct((U, t["split"], n_pad, M), jnp.float32)] * n_mats,
         grid=(t["n_tiles"], t["split"], U), in_specs=[full] * (2 + n_mats + len(tabs)), out_specs=[full] * n_mats,
         interpret=interpret, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        name=f"qmatmul_planar_{getattr(qtype, 'name', qtype)}" + (f"_x{n_mats}" if fused else ""))
+        name=f"qmatmul_planar_{getattr(qtype, 'name', qtype)}" + (f"_x{n_mats}" if fused else "") + cfg.tag)
     parts = call(slot_expert, *(w.reshape(-1) for w in stacks), xr, *tabs)
     outs = []
     for part in parts:

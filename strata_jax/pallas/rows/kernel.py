@@ -1,13 +1,20 @@
 """Pallas kernels of the per-row ops: one program per row (Triton lowering on GPU; interpret mode elsewhere).
 
-Each program loads one row, padded to a power of two ``Dp >= 16`` with a neutral value (0 for sums and norms,
--1e30 for the softmax), reduces it with one in-register reduction (`jnp.sum` / `jnp.max`: Triton's fixed
-reduction tree for a [1, Dp] tile) and writes the row. The reduction order of a row's result therefore depends
-only on the row's length and these constants -- never on how many rows the call holds or what they contain (the
-batch-invariant rule for norms: one program per row, no split of the reduced axis).
+Each program loads one row as a [1, Dp] tile (Dp: the row length rounded up to a power of two >= 16; the lanes
+past the row hold a neutral value: 0 for sums and norms, -1e30 for the softmax), reduces it with one in-register
+reduction (`jnp.sum` / `jnp.max`: Triton's fixed reduction tree for a [1, Dp] tile) and stores the row's ``n``
+values with a masked store. The reduction order of a row's result therefore depends only on the row's length and
+these constants -- never on how many rows the call holds or what they contain (the batch-invariant rule for
+norms: one program per row, no split of the reduced axis).
+
+The operands are read in place (flat refs, the lanes past the row masked in the kernel) and the output has the
+row's own width, so a call is one launch: no padded copies of the activations or the weight before it, no slice
+after it (2026-12-03, H200: the pads and slices around the norms were 6 of the ~22 launches of a 1.5B layer).
 
 Interpret mode runs the grid as an XLA loop whose body is the kernel; a grid of one program would be folded into
-straight-line code and rounded differently from the loop body, so calls of one row run a second, idle row.
+straight-line code and rounded differently from the loop body, so calls of one row run a second, idle row (its
+loads clamped to the last row). Its masked store is a scatter that writes the masked lanes too, so there each
+program stores its whole padded row and the caller slices (the arithmetic is the compiled kernel's).
 """
 
 from __future__ import annotations
@@ -16,7 +23,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
 
 from strata_jax.pallas import dispatch
 
@@ -28,69 +37,78 @@ def padded_width(n: int) -> int:
     return max(MIN_WIDTH, pl.next_power_of_2(int(n)))
 
 
+def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, interpret):
+    """Program i: row i of the flat x_ref [N * n] as a [1, Dp] tile (lanes >= n = ``fill``), the extra operands
+    (flat [n] each, lanes >= n = 0), ``kernel(x, *extras) -> [1, Dp]``, lanes < ``ow`` stored to row i of o
+    (interpret mode: all Dp lanes to row i of an [rows, Dp] output, sliced by the caller)."""
+    o_ref = refs[n_extra]
+    i = pl.program_id(0)
+    r = jnp.minimum(i, N - 1)            # interpret mode's idle row reads the last row and stores nothing
+    col = lax.broadcasted_iota(jnp.int32, (1, Dp), 1)
+    live = col < n
+    cc = jnp.minimum(col, n - 1)         # in-bounds addresses for the masked lanes
+    x = jnp.where(live, x_ref[r * n + cc].astype(jnp.float32), fill)
+    extras = [jnp.where(live, e[cc].astype(jnp.float32), 0.0) for e in refs[:n_extra]]
+    y = kernel(x, *extras).astype(jnp.float32)
+    if interpret:  # the interpreter's masked store is a scatter that also writes its masked lanes: a whole row
+        o_ref[i * Dp + col] = y
+    else:
+        plt.store(o_ref.at[r * ow + jnp.minimum(col, ow - 1)], y, mask=col < ow)
+
+
 def _launch(kernel, x2, fill, *, interpret, extra=(), out_width=None, name):
-    """Run ``kernel(x_ref, *extra_refs, o_ref)`` with one program per row of x2 [N, n] (rows padded to Dp)."""
+    """``kernel(x [1, Dp], *extras [1, Dp]) -> [1, Dp]`` for every row of x2 [N, n], one program per row; returns
+    float32 [N, out_width or n] (the first lanes of each row's result)."""
     N, n = x2.shape
     Dp = padded_width(n)
     rows = max(N, 2) if interpret else N
-    xp = jnp.pad(x2, [(0, rows - N), (0, Dp - n)], constant_values=fill)
-    ow = Dp if out_width is None else out_width
-    extra_p = [jnp.pad(e.astype(jnp.float32).reshape(1, -1), [(0, 0), (0, Dp - e.size)]) for e in extra]
+    ow = n if out_width is None else out_width
+    full = pl.no_block_spec
     call = dispatch.pallas_call(
-        kernel, out_shape=[jax.ShapeDtypeStruct((rows, ow), jnp.float32)], grid=(rows,),
-        in_specs=[pl.BlockSpec((1, Dp), lambda i: (i, 0))] + [pl.BlockSpec((1, Dp), lambda i: (0, 0))] * len(extra),
-        out_specs=[pl.BlockSpec((1, ow), lambda i: (i, 0))], interpret=interpret, num_warps=4, num_stages=1,
+        functools.partial(_row_program, kernel=kernel, N=N, n=n, Dp=Dp, ow=ow, fill=fill, n_extra=len(extra),
+                          interpret=interpret),
+        out_shape=[jax.ShapeDtypeStruct((rows * Dp,) if interpret else (N * ow,), jnp.float32)], grid=(rows,),
+        in_specs=[full] * (1 + len(extra)), out_specs=[full], interpret=interpret, num_warps=4, num_stages=1,
         name=name)
-    (out,) = call(xp, *extra_p)
-    return out[:N]
+    (out,) = call(x2.reshape(-1), *(e.reshape(-1) for e in extra))
+    return out.reshape(rows, Dp)[:N, :ow] if interpret else out.reshape(N, ow)
 
 
-def _norm_kernel(x_ref, *refs, eps, n, mean, has_w):
-    o_ref = refs[-1]
-    x = x_ref[...].astype(jnp.float32)
+def _norm_kernel(x, *w, eps, n, mean):
     ss = jnp.sum(x * x, axis=1, keepdims=True)
     if mean:
         ss = ss / n
     y = x * jax.lax.rsqrt(ss + eps)
-    if has_w:
-        y = y * refs[0][...]
-    o_ref[...] = y
+    return y * w[0] if w else y
 
 
 def rms_norm(x2, w, eps, *, mean, interpret):
     n = x2.shape[1]
-    k = functools.partial(_norm_kernel, eps=float(eps), n=float(n), mean=mean, has_w=w is not None)
-    out = _launch(k, x2.astype(jnp.float32), 0.0, interpret=interpret, extra=() if w is None else (w,),
-                  name="rows_rms_norm" if mean else "rows_l2_norm")
-    return out[:, :n]
+    k = functools.partial(_norm_kernel, eps=float(eps), n=float(n), mean=mean)
+    return _launch(k, x2, 0.0, interpret=interpret, extra=() if w is None else (w,),
+                   name="rows_rms_norm" if mean else "rows_l2_norm")
 
 
-def _sum_kernel(x_ref, o_ref):
-    o_ref[...] = jnp.broadcast_to(jnp.sum(x_ref[...].astype(jnp.float32), axis=1, keepdims=True), o_ref.shape)
+def _sum_kernel(x):
+    return jnp.broadcast_to(jnp.sum(x, axis=1, keepdims=True), x.shape)
 
 
 def row_sum(x2, *, interpret):
-    out = _launch(_sum_kernel, x2.astype(jnp.float32), 0.0, interpret=interpret, out_width=MIN_WIDTH,
-                  name="rows_sum")
-    return out[:, :1]
+    return _launch(_sum_kernel, x2, 0.0, interpret=interpret, out_width=1, name="rows_sum")
 
 
-def _softmax_kernel(x_ref, o_ref):
-    x = x_ref[...].astype(jnp.float32)
+def _softmax_kernel(x):
     e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
-    o_ref[...] = e / jnp.sum(e, axis=1, keepdims=True)
+    return e / jnp.sum(e, axis=1, keepdims=True)
 
 
 def softmax(x2, *, interpret):
-    n = x2.shape[1]
-    return _launch(_softmax_kernel, x2.astype(jnp.float32), NEG, interpret=interpret, name="rows_softmax")[:, :n]
+    return _launch(_softmax_kernel, x2, NEG, interpret=interpret, name="rows_softmax")
 
 
-def _map_kernel(x_ref, o_ref, *, fn):
-    o_ref[...] = fn(x_ref[...].astype(jnp.float32)).astype(jnp.float32)
+def _map_kernel(x, *, fn):
+    return fn(x).astype(jnp.float32)
 
 
 def row_map(fn, x2, *, interpret):
-    n = x2.shape[1]
-    return _launch(functools.partial(_map_kernel, fn=fn), x2.astype(jnp.float32), 0.0, interpret=interpret,
-                   name="rows_map")[:, :n]
+    return _launch(functools.partial(_map_kernel, fn=fn), x2, 0.0, interpret=interpret, name="rows_map")
