@@ -86,7 +86,8 @@ case "$MODE" in
       want anchor && { bash .carry/anchor/anchor.sh wait > "$OUT/anchor_wait.log" 2>&1; echo "=== llama.cpp build done ($(( $(date +%s) - T0 )) s elapsed)"; }
       # launch configs of the GEMV and the attention kernel at the 1.5B file's and the Flash-Next shapes
       part sweep ${SWEEP_S:-300} python3 experiments/sweep_kernels.py --model $MODEL --geometry qwen3.8-flash-next \
-        --rows ${SWEEP_ROWS:-1,8} --budget_s $(( ${SWEEP_S:-300} - 60 )) --out "$OUT/sweep.json"
+        --rows ${SWEEP_ROWS:-1,8} --only ${SWEEP_ONLY:-gemv,attend} --budget_s $(( ${SWEEP_S:-300} - 60 )) \
+        --out "$OUT/sweep.json"
       part kernels 230 python3 experiments/bench_kernels.py --only head,moe_variants,prefill,formats,sweep_planar \
         --budget_s 210 --out "$OUT/kernels.json"
     else
@@ -145,6 +146,23 @@ sys.exit(0 if t[0]==t[1]==t[2] else 1)" || return 1
     }
     export MODEL IDS OUT NEW; export -f steps_exact
     part steps_exact ${GENERATE_S:-150} bash -c steps_exact
+    # batch slots, aggregate decode: --batch N over N requests of 128 tokens (64-token prompts), side by side
+    # with llama-batched-bench's S_TG at the same stream counts (part anchor_batched)
+    batch_gen() {
+      for n in ${BATCH_NS:-2 4 8}; do
+        python3 -c "import json
+for r in range($n): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500 for i in range(64)], 'max_new_tokens': 128}))" \
+          > "$OUT/prompts_$n.jsonl"
+        $NEW python3 -m strata_jax.cli.generate --model $MODEL --batch $n --prompts_file "$OUT/prompts_$n.jsonl" \
+          --max_context 1024 --stats_json "$OUT/batch_$n.json" > "$OUT/batch_$n.log" 2>&1 || { tail -3 "$OUT/batch_$n.log"; return 1; }
+        python3 -c "import json; d = json.load(open('$OUT/batch_$n.json')); print('batch $n: %.1f tok/s aggregate (%s step programs)' % (d['tok_s'] or 0, d.get('step_programs')))"
+      done
+    }
+    export -f batch_gen; export BATCH_NS
+    part batch_gen ${BATCH_S:-200} bash -c batch_gen
+    if [ "$MODE" = run ]; then
+      part anchor_batched 120 env WAIT_S=${WAIT_S:-480} bash .carry/anchor/anchor.sh batched $MODEL
+    fi
     if [ "$MODE" = run ]; then  # the Qwen3.8-Flash-Next shape on one GPU (random weights made on the device)
       part fullsize ${FULL_S:-300} $NEW ${FULL_ENV:-} python3 experiments/bench_fullsize.py --geometry qwen3.8-flash-next \
         --devices 1 ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --decode_steps ${FULL_STEPS:-4} --out "$OUT/fullsize.json"

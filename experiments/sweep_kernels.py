@@ -35,14 +35,17 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from gguf.constants import GGMLQuantizationType as Q  # noqa: E402
 
-# (BN, G, num_warps, target_programs, num_stages); the first is gemv.DEFAULT
-GEMV_CONFIGS = [(16, 8, 4, 2112, 2), (16, 8, 4, 528, 2), (16, 8, 4, 132, 2), (32, 8, 4, 528, 2),
+# (BN, G, num_warps, target_programs, num_stages); the first is gemv.DEFAULT (2026-12-03), the second the one before
+GEMV_CONFIGS = [(32, 4, 4, 1056, 2), (16, 8, 4, 2112, 2), (16, 8, 4, 528, 2), (16, 8, 4, 132, 2), (32, 8, 4, 528, 2),
                 (32, 8, 8, 528, 2), (16, 16, 4, 528, 2), (16, 16, 8, 1056, 2), (8, 8, 2, 1056, 2),
                 (8, 16, 4, 1056, 2), (64, 8, 8, 264, 2), (32, 16, 8, 264, 3), (16, 8, 4, 1056, 3),
-                (4, 8, 1, 2112, 2), (16, 8, 2, 2112, 2), (32, 4, 4, 1056, 2), (16, 32, 8, 528, 2)]
-# (NC, max_split, num_warps, num_stages); the first is the kernel's default
-ATTEND_CONFIGS = [(16, 32, 4, 2), (16, 32, 8, 2), (16, 64, 4, 2), (32, 32, 4, 2), (32, 32, 8, 2), (8, 64, 4, 2),
-                  (16, 16, 4, 2), (16, 64, 8, 2), (16, 128, 4, 2), (32, 64, 8, 2), (16, 32, 4, 1), (16, 32, 2, 2)]
+                (4, 8, 1, 2112, 2), (16, 8, 2, 2112, 2), (16, 32, 8, 528, 2)]
+# (NC, max_split, num_warps, num_stages, DC: the head-dim slice, 0 = all of D); the first is the 2026-12-03 D = 256
+# default, the second the D <= 128 one
+ATTEND_CONFIGS = [(32, 64, 8, 2, 0), (16, 128, 4, 2, 0), (16, 32, 4, 2, 0), (16, 64, 4, 2, 0), (32, 32, 8, 2, 0),
+                  (16, 64, 8, 2, 0), (32, 128, 8, 2, 0), (16, 128, 8, 2, 0), (32, 64, 8, 2, 128), (32, 64, 4, 2, 128),
+                  (16, 64, 4, 2, 128), (16, 128, 4, 2, 64), (32, 64, 8, 2, 64), (32, 64, 8, 1, 0),
+                  (64, 32, 8, 2, 128), (32, 64, 16, 2, 0)]
 _TAG = re.compile(r"_c(\d+)x")
 
 
@@ -190,7 +193,8 @@ def sweep_attend(attn, cells_list, valid_list, reps, interpret, rng, ids):
             jobs = []
             for c in ATTEND_CONFIGS:
                 i = next(ids)
-                cfg = QK.AttendConfig(NC=c[0], max_split=c[1], num_warps=c[2], num_stages=c[3], tag=f"_c{i}x")
+                cfg = QK.AttendConfig(NC=c[0], max_split=c[1], num_warps=c[2], num_stages=c[3], DC=c[4],
+                                      tag=f"_c{i}x")
                 fn = jax.jit(lambda q, kc, vc, cells, cfg=cfg: QK.attend_kernel(q, kc, vc, cells, D ** -0.5,
                                                                                interpret=interpret, cfg=cfg))
                 jobs.append((i, fn, (q, kc, vc, cells), list(c)))

@@ -259,7 +259,7 @@ def test_ragged_k_splits(impl, rng):
     for k_in, qtype in ((7 * 256, Q.Q4_K), (7 * 32, Q.Q8_0)):
         w, w64 = _weight(rng, qtype, 16, k_in)
         x = rng.standard_normal((3, k_in)).astype(np.float32)
-        cfg_v = gemv.Config(target_programs=3)
+        cfg_v = gemv.Config(BN=16, G=8, target_programs=3)
         cfg_t = gemm.Config(BN=16, BM=16, target_programs=3)
         cfg_16 = tcgemv.Config(BN=16, G=8, target_programs=3)
         if k_in == 7 * 256:

@@ -39,6 +39,7 @@ class AttendConfig:
     max_split: int = MAX_SPLIT
     num_warps: int = 4
     num_stages: int = 2
+    DC: int = 0          # head-dim slice of the products (0: the whole D)
     tag: str = ""
 
 
@@ -46,10 +47,14 @@ DEFAULT_ATTEND = AttendConfig()
 
 
 def choose_attend_config(D: int, n_cells: int) -> AttendConfig:
-    """The launch parameters for a head dim and cell-list length (first choice; experiments/sweep_kernels.py
-    times the alternatives on the H200)."""
-    del D, n_cells
-    return DEFAULT_ATTEND
+    """The launch parameters for a head dim and cell-list length, from `experiments/sweep_kernels.py` on the H200
+    (2026-12-03, one row, device time): D <= 128 (Qwen2.5-1.5B, 12 / 2 heads): up to 128 splits, 8.7 -> 3.6 us
+    at 1,025 cells and 23.2 -> 9.3 us at 4,097; D = 256 (Flash-Next QSA, 24 / 2 heads, 2,051 listed cells):
+    32-cell steps, 64 splits, 8 warps, 118-149 -> 59-63 us. A function of D and the list length only."""
+    del n_cells
+    if D <= 128:
+        return AttendConfig(NC=16, max_split=128, num_warps=4, num_stages=2)
+    return AttendConfig(NC=32, max_split=64, num_warps=8, num_stages=2)
 
 
 def why_not(Hq: int, Hkv: int, D: int, n_cells: int, dtypes) -> str | None:
@@ -66,16 +71,17 @@ def why_not(Hq: int, Hkv: int, D: int, n_cells: int, dtypes) -> str | None:
 
 
 def _kernel(cells_ref, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, Hkv, G, D, Gp, C, cps, n_chunks, scale,
-            interpret, NC):
+            interpret, NC, DC):
     HP = dispatch.f32_dot_precision(interpret)
     t = pl.program_id(0)
     g = pl.program_id(1)
     sp = pl.program_id(2)
+    nd = D // DC
     # the group's G query heads read in place from the flat q [T * Hkv * G * D]; the Gp - G padding rows of the
     # tile repeat the last head (their outputs are dropped by the wrapper)
     head = jnp.minimum(lax.broadcasted_iota(jnp.int32, (Gp, 1), 0), G - 1)
-    dcol = lax.broadcasted_iota(jnp.int32, (1, D), 1)
-    qv = q_ref[((t * Hkv + g) * G + head) * D + dcol].astype(jnp.float32)        # [Gp, D]
+    dcol = lax.broadcasted_iota(jnp.int32, (1, DC), 1)
+    qoff = ((t * Hkv + g) * G + head) * D + dcol                                 # [Gp, DC]
     lane = lax.broadcasted_iota(jnp.int32, (NC,), 0)
 
     def body(j, carry):
@@ -85,17 +91,21 @@ def _kernel(cells_ref, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, Hkv, G, D,
         def attend(carry):
             m, l, acc = carry
             ok = cell >= 0
-            off = (jnp.maximum(cell, 0)[:, None] * Hkv + g) * D + dcol           # [NC, D]
-            kk = k_ref[off].astype(jnp.float32)
-            s = lax.dot_general(qv, kk, (((1,), (1,)), ((), ())), precision=HP,
-                                preferred_element_type=jnp.float32) * scale             # [Gp, NC]
-            s = jnp.where(ok[None, :], s, NEG)
+            off = (jnp.maximum(cell, 0)[:, None] * Hkv + g) * D + dcol           # [NC, DC]
+            # D in nd slices of DC (fixed order): a slice's q / K / V tiles at a time stay in registers for D = 256
+            s = None
+            for d in range(nd):
+                sd = lax.dot_general(q_ref[qoff + d * DC].astype(jnp.float32), k_ref[off + d * DC].astype(jnp.float32),
+                                     (((1,), (1,)), ((), ())), precision=HP, preferred_element_type=jnp.float32)
+                s = sd if s is None else s + sd                                  # [Gp, NC]
+            s = jnp.where(ok[None, :], s * scale, NEG)
             m_new = jnp.maximum(m, jnp.max(s, axis=1))
             alpha = jnp.exp(m - m_new)
             p = jnp.where(ok[None, :], jnp.exp(s - m_new[:, None]), 0.0)
-            vv = v_ref[off].astype(jnp.float32)
-            acc = acc * alpha[:, None] + lax.dot_general(p, vv, (((1,), (0,)), ((), ())), precision=HP,
-                                                         preferred_element_type=jnp.float32)
+            acc = tuple(a * alpha[:, None] + lax.dot_general(p, v_ref[off + d * DC].astype(jnp.float32),
+                                                             (((1,), (0,)), ((), ())), precision=HP,
+                                                             preferred_element_type=jnp.float32)
+                        for d, a in enumerate(acc))
             return m_new, l * alpha + jnp.sum(p, axis=1), acc
 
         # A step of only -1 cells would leave (m, l, acc) as they are (alpha = 1, p = 0): skip its loads and dots.
@@ -103,11 +113,13 @@ def _kernel(cells_ref, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, *, Hkv, G, D,
         # position, not the cache length; the result is the same bits either way.
         return lax.cond(jnp.max(cell) >= 0, attend, lambda c_: c_, carry)
 
-    init = (jnp.full((Gp,), NEG, jnp.float32), jnp.zeros((Gp,), jnp.float32), jnp.zeros((Gp, D), jnp.float32))
+    init = (jnp.full((Gp,), NEG, jnp.float32), jnp.zeros((Gp,), jnp.float32),
+            tuple(jnp.zeros((Gp, DC), jnp.float32) for _ in range(nd)))
     m, l, acc = lax.fori_loop(0, cps, body, init)
     m_ref[t, g, sp, :] = m
     l_ref[t, g, sp, :] = l
-    acc_ref[t, g, sp, :, :] = acc
+    for d, a in enumerate(acc):
+        acc_ref[t, g, sp, :, pl.ds(d * DC, DC)] = a
 
 
 def attend_kernel(q, k_cache, v_cache, cells, scale, *, interpret: bool, cfg: AttendConfig | None = None):
@@ -131,7 +143,7 @@ def attend_kernel(q, k_cache, v_cache, cells, scale, *, interpret: bool, cfg: At
     full = pl.no_block_spec
     call = dispatch.pallas_call(
         functools.partial(_kernel, Hkv=Hkv, G=G, D=D, Gp=Gp, C=C, cps=cps, n_chunks=n_chunks, scale=float(scale),
-                          interpret=interpret, NC=nc),
+                          interpret=interpret, NC=nc, DC=min(cfg.DC or D, D)),
         out_shape=[jax.ShapeDtypeStruct((T, Hkv, nsplit, Gp), jnp.float32),
                    jax.ShapeDtypeStruct((T, Hkv, nsplit, Gp), jnp.float32),
                    jax.ShapeDtypeStruct((T, Hkv, nsplit, Gp, D), jnp.float32)],

@@ -126,7 +126,7 @@ def live_tiles(words, n_kv, n_complete, *, rows_per_tile: int, tk: int, block: i
 
 
 def _attend_kernel(nkv_ref, nc_ref, base_ref, live_ref, words_ref, q_ref, k_ref, v_ref, o_ref, *, Hkv, D, Gp, TQ,
-                   TK, Tp, NT, NQT, n_flat, block, scale, interpret):
+                   TK, Tp, NT, NQT, n_flat, block, scale, interpret, use_words):
     b = pl.program_id(0)
     g = pl.program_id(1)
     i = pl.program_id(2)
@@ -145,8 +145,10 @@ def _attend_kernel(nkv_ref, nc_ref, base_ref, live_ref, words_ref, q_ref, k_ref,
     def tile(j, carry):
         m, l, acc = carry
         cell = (j * TK + lane)[None, :]                                          # [1, TK]
-        w = words_ref[row * NT + j][:, None]                                     # [M, 1]
-        ok = (((w >> shift) & 1) != 0) | ((cell >= lo[:, None]) & (cell < nkv[:, None]))  # [M, TK]
+        ok = (cell >= lo[:, None]) & (cell < nkv[:, None])                       # [M, TK] the tail / range
+        if use_words:  # QSA: the chosen blocks too (at most 32 per tile: shifts < 32, defined on the GPU)
+            w = words_ref[row * NT + j][:, None]                                 # [M, 1]
+            ok = ok | (((w >> shift) & 1) != 0)
         off = (jnp.minimum(base + j * TK + lane, n_flat - 1)[:, None] * Hkv + g) * D + dcol  # [TK, D]
         kk = k_ref[off].astype(F32)
         s = lax.dot_general(qv, kk, (((1,), (1,)), ((), ())), precision=prec, preferred_element_type=F32) * scale
@@ -194,7 +196,8 @@ def qsa_prefill_kernel(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_b
     words = tile_words(blocks, NT, TK_, block)
     live = live_tiles(words, nkv, nc, rows_per_tile=TQ, tk=TK_, block=block)
     return _attend_call(q, k_cache, v_cache, nkv, nc, cell_base, live, words, Gp=Gp, TQ=TQ, TK=TK_, Tp=Tp, NT=NT,
-                        block=block, scale=scale, interpret=interpret, num_warps=num_warps, name="qsa_attend_prefill")
+                        block=block, scale=scale, interpret=interpret, num_warps=num_warps, name="qsa_attend_prefill",
+                        use_words=True)
 
 
 def _padded_rows(T: int, R: int, interpret: bool) -> int:
@@ -206,10 +209,10 @@ def _padded_rows(T: int, R: int, interpret: bool) -> int:
 
 
 def _attend_call(q, k_cache, v_cache, nkv, nc, cell_base, live, words, *, Gp, TQ, TK, Tp, NT, block, scale, interpret,
-                 num_warps, name):
+                 num_warps, name, use_words):
     """Launch `_attend_kernel` over q [B, T, Hq, D] (rows padded to Tp, the group's heads to Gp) and return float32
     [B, T, Hq, D]: nkv / nc int32 [B * Tp] (each row's tail ``nc * block <= c < nkv``), live int32 [B * Tp // TQ,
-    NT] and words int32 [B * Tp, NT] (`live_tiles`, `tile_words`)."""
+    NT] and words int32 [B * Tp, NT] (`live_tiles`, `tile_words`; read only with ``use_words``)."""
     B, T, Hq, D = q.shape
     n_flat, Hkv, _ = k_cache.shape
     G = Hq // Hkv
@@ -219,7 +222,7 @@ def _attend_call(q, k_cache, v_cache, nkv, nc, cell_base, live, words, *, Gp, TQ
     full = pl.no_block_spec
     call = dispatch.pallas_call(
         functools.partial(_attend_kernel, Hkv=Hkv, D=D, Gp=Gp, TQ=TQ, TK=TK, Tp=Tp, NT=NT, NQT=NQT, n_flat=n_flat,
-                          block=block, scale=float(scale), interpret=interpret),
+                          block=block, scale=float(scale), interpret=interpret, use_words=use_words),
         out_shape=[jax.ShapeDtypeStruct((B, Hkv, Tp * Gp, D), F32)], grid=(B, Hkv, NQT), in_specs=[full] * 8,
         out_specs=[full], interpret=interpret, num_warps=num_warps, num_stages=1, name=name)
     (o,) = call(nkv, nc, cell_base.astype(jnp.int32), live.reshape(-1), words.reshape(-1), qg,
@@ -249,7 +252,9 @@ def attend_range_kernel(q, k_cache, v_cache, lo, hi, cell_base, *, n_cells: int,
     tiles = jnp.arange(NT, dtype=jnp.int32)[None, None, :] * TK_
     rlo, rhi = lo_f.reshape(-1, TQ, 1), hi_f.reshape(-1, TQ, 1)
     live = jnp.any((tiles < rhi) & (tiles + TK_ > rlo) & (rhi > rlo), axis=1).astype(jnp.int32)  # [B*Tp/TQ, NT]
-    words = jnp.zeros((B * Tp, NT), jnp.int32)
-    # block = 1: the kernel's tail range is [nc * block, nkv) = [lo, hi); no block words are set
+    words = jnp.zeros((1,), jnp.int32)
+    # block = 1: the kernel's tail range is [nc * block, nkv) = [lo, hi); no block words (a tile of 64 one-cell
+    # blocks has no 32-bit word: shifting by 32..63 is undefined on the GPU, and gave garbage masks on the H200)
     return _attend_call(q, k_cache, v_cache, hi_f, lo_f, cell_base, live, words, Gp=Gp, TQ=TQ, TK=TK_, Tp=Tp, NT=NT,
-                        block=1, scale=scale, interpret=interpret, num_warps=4, name="attend_range_prefill")
+                        block=1, scale=scale, interpret=interpret, num_warps=4, name="attend_range_prefill",
+                        use_words=False)
