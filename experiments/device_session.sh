@@ -83,7 +83,7 @@ case "$MODE" in
         -p no:cacheprovider tests/pallas/test_layers_kernel_path.py -k "not interpret"
       # the timings below need quiet host cores: wait here for the llama.cpp build (16 cores compiling slowed
       # bench_decode by ~25% on 2026-12-02); the compiled tests above run beside it
-      want anchor && { bash .carry/anchor/anchor.sh wait > "$OUT/anchor_wait.log" 2>&1; echo "=== llama.cpp build done ($(( $(date +%s) - T0 )) s elapsed)"; }
+      [ "${ANCHOR_WAIT_EARLY:-1}" = 1 ] && want anchor && { bash .carry/anchor/anchor.sh wait > "$OUT/anchor_wait.log" 2>&1; echo "=== llama.cpp build done ($(( $(date +%s) - T0 )) s elapsed)"; }
       # launch configs of the GEMV and the attention kernel at the 1.5B file's and the Flash-Next shapes
       part sweep ${SWEEP_S:-300} python3 experiments/sweep_kernels.py --model $MODEL --geometry qwen3.8-flash-next \
         --rows ${SWEEP_ROWS:-1,8} --only ${SWEEP_ONLY:-gemv,attend} --budget_s $(( ${SWEEP_S:-300} - 60 )) \
