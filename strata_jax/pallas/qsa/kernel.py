@@ -48,13 +48,14 @@ DEFAULT_ATTEND = AttendConfig()
 
 def choose_attend_config(D: int, n_cells: int) -> AttendConfig:
     """The launch parameters for a head dim and cell-list length, from `experiments/sweep_kernels.py` on the H200
-    (2026-12-03, one row, device time): D <= 128 (Qwen2.5-1.5B, 12 / 2 heads): up to 128 splits, 8.7 -> 3.6 us
-    at 1,025 cells and 23.2 -> 9.3 us at 4,097; D = 256 (Flash-Next QSA, 24 / 2 heads, 2,051 listed cells):
-    32-cell steps, 64 splits, 8 warps, 118-149 -> 59-63 us. A function of D and the list length only."""
-    del n_cells
-    if D <= 128:
+    (2026-12-03, one row, device time, 16 configs; results/h200_2026-12-03b): D <= 128 (Qwen2.5-1.5B, 12 / 2
+    heads): 16-cell steps, up to 128 splits, 4 warps at lists up to 2,048 cells (3.4-3.6 us at 1,025, was 8.7),
+    32-cell steps and 8 warps above (7.4-7.7 us at 4,097, was 23.2); D = 256 (Flash-Next QSA, 24 / 2 heads,
+    2,051 listed cells): 32-cell steps, 128 splits, 8 warps, 7.6-8.0 us (122 us per call in the step profile
+    before q was read per step instead of held in registers). A function of D and the list length only."""
+    if D <= 128 and n_cells <= 2048:
         return AttendConfig(NC=16, max_split=128, num_warps=4, num_stages=2)
-    return AttendConfig(NC=32, max_split=64, num_warps=8, num_stages=2)
+    return AttendConfig(NC=32, max_split=128, num_warps=8, num_stages=2)
 
 
 def why_not(Hq: int, Hkv: int, D: int, n_cells: int, dtypes) -> str | None:
