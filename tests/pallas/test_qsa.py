@@ -319,3 +319,35 @@ def test_attend_range_segments_and_errors(impl, rng):
     with pytest.raises(UnsupportedError):
         attend_range(q, k, v, jnp.asarray(lo[:, :3], jnp.int32), jnp.asarray(hi, jnp.int32), jnp.asarray(base),
                      n_cells=S, impl=impl)
+
+
+@pytest.mark.parametrize("impl", [i for i in IMPLS if i != "reference"])  # the kernel's own configs
+def test_attend_launch_configs(impl, rng):
+    """The decode attention under the launch configs `choose_attend_config` picks (16 / 32-cell steps, up to 128
+    splits, 8 warps) and with the head dim in slices (DC): close to float64 over lists of scattered cells and -1
+    padding, and a row's bits the same alone and beside another row, outputs poisoned first."""
+    from strata_jax.pallas.qsa import kernel as K
+
+    T, Hq, Hkv, Dh, N, L = 3, 6, 2, 64, 300, 150
+    q = jnp.asarray(rng.standard_normal((T, Hq, Dh)).astype(np.float32))
+    k = jnp.asarray(rng.standard_normal((N, Hkv, Dh)).astype(np.float32))
+    v = jnp.asarray(rng.standard_normal((N, Hkv, Dh)).astype(np.float32))
+    cells = np.full((T, L), -1, np.int32)
+    for t, n in enumerate((150, 37, 90)):
+        cells[t, :n] = np.sort(rng.choice(N, n, replace=False))
+    q64, k64, v64 = (np.asarray(a, np.float64) for a in (q, k, v))
+    want = np.zeros(q.shape)
+    for t in range(T):
+        c = cells[t][cells[t] >= 0]
+        for h in range(Hq):
+            s = k64[c, h // (Hq // Hkv)] @ q64[t, h] / np.sqrt(Dh)
+            e = np.exp(s - s.max())
+            want[t, h] = e @ v64[c, h // (Hq // Hkv)] / e.sum()
+    interpret = impl == "interpret"
+    for cfg in (K.choose_attend_config(Dh, L), K.AttendConfig(NC=32, max_split=128, num_warps=8),
+                K.AttendConfig(NC=16, max_split=4, DC=16)):
+        with dispatch.poison_outputs():
+            o = K.attend_kernel(q, k, v, jnp.asarray(cells), Dh ** -0.5, interpret=interpret, cfg=cfg)
+            one = K.attend_kernel(q[1:2], k, v, jnp.asarray(cells[1:2]), Dh ** -0.5, interpret=interpret, cfg=cfg)
+        assert_close_rel(o, want, 1e-5, f"attend {cfg}")
+        assert_bits_equal(one[0], o[1], f"attend {cfg}: row 1 alone")
