@@ -250,15 +250,16 @@ class Engine:
             with blocks_as_f32(self.weights == "f32"), (load_progress(bar.update) if bar else contextlib.nullcontext()):
                 module = self.family.stage(self.gguf, self.cfg, a, b, devices[i])
             self.stages.append(make_stage(module, i, devices[i]))
-        if bar:
-            bar.close()
         self.kv_dtype = kv_dtype
         self.states = [jax.device_put(s.module.init_state(self.n_slots, self.max_context, kv_dtype), s.device)
                        for s in self.stages]
         self.cache = CompileCache(compile_cache_size)
         self.ple = PleHost.for_stages(self.gguf, self.cfg, self.stages, self.n_slots)  # qwen4exp, else None
         if self.ple is not None and _ple_on_device(ple_table, self.ple, self.stages[self.ple.stage].device):
-            self.ple.place(self.stages[self.ple.stage].device, self.cfg.vocab_size)
+            self.ple.place(self.stages[self.ple.stage].device, self.cfg.vocab_size,
+                           progress=bar.update if bar else None)  # the table's bytes are in the bar's total
+        if bar:
+            bar.close()
         self.mtp = MtpChain(self)  # the MTP draft chain, off until `MtpChain.enable`
         self.load_seconds = time.perf_counter() - t0
         self._tokenizer = None

@@ -7,11 +7,19 @@ committed tokens), then handed to the stage that holds the PLE layer as its ``pl
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from strata_jax.state import Rows
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_rows(table, piece, row):
+    """``table[row:row + len(piece)] = piece`` in place (the table buffer is donated)."""
+    return jax.lax.dynamic_update_slice(table, piece, (row, 0))
 
 
 class PleHost:
@@ -35,12 +43,28 @@ class PleHost:
         self.reset(n_slots)
 
     # ---- the table on the device (a loop of decode steps gathers its own rows: `device_inputs`) ----------------
-    def place(self, device, vocab: int) -> None:
-        """Put the table (uint8 [rows, row_bytes]) and the row-id tables (`DeviceRowIds`) on ``device``."""
+    def place(self, device, vocab: int, progress=None, chunk_bytes: int = 1 << 30) -> None:
+        """Put the table (uint8 [rows, row_bytes]) and the row-id tables (`DeviceRowIds`) on ``device``.
+
+        A table in host memory (the file's memory map: 28.8 GB for Qwen3.8-Flash-Next) goes up in pieces of about
+        ``chunk_bytes``, each written in place into one device buffer (donated), so the device holds the table plus
+        one piece at most and the host reads the map once; ``progress(n_bytes)`` is called after each piece (the
+        load bar)."""
         from strata_jax.layers.ple import DeviceRowIds
 
         self.ids = DeviceRowIds(self.table, vocab, device)
-        self.raw = jax.device_put(self.table.raw, device)
+        raw = self.table.raw
+        step = max(1, int(chunk_bytes) // max(1, raw.shape[1]))
+        if isinstance(raw, jax.Array) or raw.shape[0] <= step:
+            self.raw = jax.device_put(raw, device)
+        else:
+            out = jnp.zeros(raw.shape, jnp.uint8, device=device)
+            for a in range(0, raw.shape[0], step):
+                piece = jax.device_put(np.ascontiguousarray(raw[a:a + step]), device)
+                out = _write_rows(out, piece, a)
+                if progress is not None:
+                    progress(piece.nbytes)
+            self.raw = out
 
     @property
     def on_device(self) -> bool:
