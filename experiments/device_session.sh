@@ -25,7 +25,12 @@
 # peak memory per chunk size), generate (strata-generate, the user path), generate_1k (the same at --max_context 1024,
 # bench_decode's), decode_unshared (STRATA_QMATMUL_SHARED=0: one launch per matrix), fullsize (bench_fullsize.py on
 # the Qwen3.8-Flash-Next shape, one GPU; FULL_S, FULL_LAYERS; FULL_ENV, e.g. "STRATA_ROW_MAP=xla"), pallas_rowmap_xla
-# (the layers' compiled exactness tests with STRATA_ROW_MAP=xla). Pick parts with PARTS="random_gguf probe
+# (the layers' compiled exactness tests with STRATA_ROW_MAP=xla), sweep (experiments/sweep_kernels.py: GEMV and
+# attention launch configs at the 1.5B file's and Flash-Next's shapes; SWEEP_S, SWEEP_ROWS, SWEEP_ONLY),
+# profile_steps / profile_full_steps (profile_step.py --kind steps: 4 steps per program, per token, with the
+# program's HLO), batch_gen (strata-generate --batch N, aggregate tok/s; BATCH_NS) and anchor_batched
+# (llama-batched-bench on the same file). ANCHOR_WAIT_EARLY=0 lets the parts after pallas run beside the llama.cpp
+# build (its 16 compile jobs made the first calls' compiles 2.6x slower on 2026-12-03: keep timed parts after it). Pick parts with PARTS="random_gguf probe
 # ..." (time limits: DECODE_S, GENERATE_S, PREFILL_S, PROBE_S, REPEAT_S, SAMPLER_S; BUDGET for the whole call). The device tool returns only a few files:
 # the parts' logs and JSON come back in $OUT/parts.tgz beside $OUT/session.log.
 set -uo pipefail
