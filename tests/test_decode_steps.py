@@ -2,7 +2,8 @@
 tokens are those of one step per call, greedy and seeded-sampled, on a dense model (K/V cache) and qwen4exp
 (Gated-DeltaNet and QSA state carried through the loop, the n-gram PLE rows gathered on the device), whether the
 budget is a multiple of N or not, when an EOS ends the sequence inside a call, in batch slots and through the
-command line; the program's step loop has a trip count XLA knows.
+command line (solo and batch: the note when it cannot be used, the programs counted); the program's step loop has
+a trip count XLA knows and compiles once.
 
 The reference is `plain_decode` (one step per call: it dumps logits, which keeps one step per call).
 """
@@ -106,6 +107,16 @@ def test_steps_give_the_plain_tokens_qwen4exp_device_ple(samp):
         generate(host, ids[:5], max_new_tokens=6, sampling=samp).tokens
 
 
+def test_steps_program_is_one_xla_program_device_ple():
+    """The device-PLE steps program compiles once: the predecessors of its first call on a slot (the host's, after
+    a prefill) are committed to the device as a previous loop's are (an uncommitted argument is a second XLA
+    program, which the compile cache does not count)."""
+    dev = _qwen4exp("device")
+    generate(dev, [3, 17, 101, 5, 9, 44, 12], max_new_tokens=8, decode_steps=3)  # 7 steps: 2 programs of 3
+    fn = dev.cache._fns[(0, "steps", 1, 3, dev.n_slots)]  # its own count of steps: compiled by this test alone
+    assert fn._cache_size() == 1  # greedy only (`RowSampling.all_greedy` is static: sampled rows are another)
+
+
 def test_steps_program_runs_its_steps_in_a_loop_of_known_trip_count():
     from strata_jax.pallas.structure import hlo_while_loops
     from strata_jax.pipeline.stages import build_steps_fn
@@ -176,6 +187,74 @@ def test_cli_decode_steps_note_stats_and_tokens(tmp_path):
     err, dev = cli("--ple_table", "device")
     assert "not used" not in err and "[3 of 4 steps, 1 single step]" in err
     assert dev["tokens"] == host["tokens"] and len(dev["tokens"]) == 14
+
+
+@pytest.fixture
+def decode_steps_flag():
+    """Sets ``--decode_steps`` in the process's flags (parsed with their defaults if not yet) for the test."""
+    from strata_jax.cli import flags as shared  # defines the flags
+
+    F = shared.FLAGS
+    if not F.is_parsed():
+        F(["test"])
+    saved = F.decode_steps
+
+    def set_(n):
+        F.decode_steps = n
+    yield set_
+    F.decode_steps = saved
+
+
+def test_batch_note_when_steps_cannot_run(engine_for, capsys, decode_steps_flag):
+    """The batch scheduler of the command line (`strata_jax.cli.flags.batch_scheduler`) says in the solo path's
+    note why --decode_steps 4 cannot be used (the n-gram table on the host) and then runs one step per program; with
+    the table on the device it runs 4, silently. Proposals for every request (a server's --draft, --batch_mtp) rule
+    the programs out too."""
+    from strata_jax.cli import flags as shared
+    from strata_jax.pipeline.groups import resolve_groups
+    from strata_jax.pipeline.scheduler import BatchScheduler
+
+    decode_steps_flag(4)
+    sch, _, _ = shared.batch_scheduler(_qwen4exp("host"))
+    err = capsys.readouterr().err
+    assert "--decode_steps 4: not used (the n-gram table is on the host: --ple_table device puts it on the device); " \
+        "one step per call\n" in err and sch.decode_steps == 1
+    sch, _, _ = shared.batch_scheduler(_qwen4exp("device"))
+    assert "not used" not in capsys.readouterr().err and (sch.decode_steps, sch.steps_unavailable) == (4, "")
+    eng = engine_for("smollm2-135m", max_context=CTX, n_slots=2)
+    for res, spec, why in [(resolve_groups(2, 1), 4, "--draft decodes in verify windows"),
+                           (resolve_groups(2, 1, batch_mtp=True), 0, "--batch_mtp decodes in verify windows")]:
+        sch = BatchScheduler(eng, res, solo_spec=spec, decode_steps=4)
+        assert (sch.steps_unavailable, sch.decode_steps) == (why, 1)
+
+
+def test_cli_batch_counts_step_programs(tmp_path):
+    """strata-generate --prompts_file on qwen4exp with the n-gram table on the device and --decode_steps 4: the batch
+    line counts the step programs the scheduler ran (--stats_json), and each request's tokens are its solo tokens
+    (one step per call)."""
+    import json
+    import subprocess
+    import sys
+
+    reqs = tmp_path / "reqs.jsonl"
+    reqs.write_text('{"prompt_ids": [3, 17, 101, 5, 9], "id": "a"}\n'
+                    '{"prompt_ids": [3, 17, 44], "id": "b", "max_new_tokens": 11}\n')
+    st, out = tmp_path / "stats.json", tmp_path / "out.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "strata_jax.cli.generate", "--model",
+                           str(FIXTURES / "hybrid" / "qwen4exp_q8_0.gguf"), "--prompts_file", str(reqs), "--batch",
+                           "2", "--max_new_tokens", "14", "--max_context", "48", "--decode_steps", "4",
+                           "--xla_cache_dir", "", "--ple_table", "device", "--stats_json", str(st), "--out_jsonl",
+                           str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(st.read_text())
+    n = d["step_programs"]
+    assert "not used" not in proc.stderr and d["decode_steps"] == 4 and n > 0
+    assert f"[{n} step program{'' if n == 1 else 's'} of 4 steps]" in proc.stderr.strip().splitlines()[-1]
+    toks = {r["id"]: r["tokens"] for r in map(json.loads, out.read_text().splitlines())}
+    host = _qwen4exp("host")
+    assert toks == {"a": generate(host, [3, 17, 101, 5, 9], max_new_tokens=14).tokens,
+                    "b": generate(host, [3, 17, 44], max_new_tokens=11).tokens}
 
 
 def test_ple_table_placed_in_pieces():

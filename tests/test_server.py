@@ -16,6 +16,7 @@ import concurrent.futures
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -434,7 +435,7 @@ def test_models_health_metrics_and_api_key(served):
                  "strata_proposals_accepted_total", "strata_window_seconds_bucket", "strata_step_seconds_bucket",
                  "strata_time_to_first_token_seconds_bucket"):
         assert name in text, name
-    assert "strata_slots 2.0" in text
+    assert "strata_slots 2.0" in text and "strata_step_programs_total 0.0" in text  # proposals: no step programs
     # an API key: the /v1 routes answer 401 without it (an app on the same loop; nothing decodes here)
     keyed = create_app(served.loop, served.tok, model_id="m", max_context=CTX, vocab_size=served.engine.cfg.vocab_size,
                        defaults=oa.Defaults(), api_key="s3cret")
@@ -446,22 +447,31 @@ def test_models_health_metrics_and_api_key(served):
         assert c.get("/health").status_code == 200
 
 
+def _start_serve(model, *args):
+    """A real strata-serve process (smollm2, 2 slots, context 64, a free port) and, once it listens, its address
+    and the stderr lines printed until then."""
+    proc = subprocess.Popen([sys.executable, "-m", "strata_jax.cli.serve", "--model", model, "--max_context", "64",
+                             "--batch", "2", "--port", "0", *args], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines, t0 = [], time.time()
+    try:
+        while not lines or "http://" not in lines[-1]:
+            lines.append(proc.stderr.readline())
+            assert lines[-1] or proc.poll() is None, "strata-serve exited before listening:\n" + "".join(lines)
+            assert time.time() - t0 < 300
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc, lines[-1].split("http://")[1].split()[0], lines
+
+
 @pytest.mark.slow
 def test_sigterm_drains_and_exits(model_path, tmp_path):
     """A real strata-serve process: SIGTERM while a stream runs lets it finish (every token, [DONE]), refuses new
     connections, and exits with status 0."""
-    proc = subprocess.Popen([sys.executable, "-m", "strata_jax.cli.serve", "--model", model_path("smollm2-135m"),
-                             "--max_context", "64", "--batch", "2", "--port", "0", "--nowarmup", "--xla_cache_dir",
-                             ""], stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc, url, _ = _start_serve(model_path("smollm2-135m"), "--nowarmup", "--xla_cache_dir", "")
     try:
-        url = None
-        t0 = time.time()
-        while url is None:
-            line = proc.stderr.readline()
-            assert line or proc.poll() is None, "strata-serve exited before listening"
-            if "strata-serve:" in line and "http://" in line:
-                url = line.split("http://")[1].split()[0]
-            assert time.time() - t0 < 300
         body = {"prompt": "Once upon a time", "max_tokens": 12, "stream": True, "return_token_ids": True}
         ids, finish, done, sent = [], None, False, False
         with httpx.Client(timeout=300) as c, c.stream("POST", f"http://{url}/v1/completions", json=body) as r:
@@ -548,37 +558,79 @@ def test_serve_help_lists_its_flags_and_the_shared_ones():
 
 
 @pytest.mark.slow
-def test_warmup_compiles_what_a_lone_request_runs(served, monkeypatch):
-    """strata-serve's warm-up (the default scheduler: no --draft) leaves nothing to compile for a request alone or
-    for --batch requests at once: on a fresh compile cache, the warm-up's functions are every function they run."""
+@pytest.mark.parametrize("n_steps", [1, 3])
+def test_warmup_compiles_what_a_lone_request_runs(served, monkeypatch, n_steps):
+    """strata-serve's warm-up (the default scheduler: no --draft; one step per program, or 3 with --decode_steps 3)
+    leaves nothing to compile for a request alone or for --batch requests at once: on a fresh compile cache, the
+    warm-up's functions (its programs of 3 steps for 1 and 2 slots included) are every function they run. /metrics
+    counts the scheduler's programs of several steps."""
     from strata_jax.cli.serve import _warmup
+    from strata_jax.cli.server import Metrics
     from strata_jax.pipeline.groups import resolve_groups
     from strata_jax.pipeline.loop import EngineLoop
     from strata_jax.pipeline.scheduler import BatchScheduler, Request
-    from strata_jax.pipeline.windows import CompileCache
-
-    from strata_jax.pipeline.windows import describe_key
+    from strata_jax.pipeline.windows import CompileCache, describe_key
 
     eng, tok = served.engine, served.tok
     for key in eng.cache._fns:  # whatever the tests before have compiled: every key in words
         assert not describe_key(key).startswith("("), key
     monkeypatch.setattr(eng, "cache", CompileCache(eng.cache.capacity))
-    loop = EngineLoop(BatchScheduler(eng, resolve_groups(2, 1))).start()
+    sch = BatchScheduler(eng, resolve_groups(2, 1), decode_steps=n_steps)
+    loop = EngineLoop(sch).start()
+    metrics = Metrics(loop)
     try:
         _warmup(loop, eng, tok)
-        warm = set(eng.cache._fns)
+        warm, n_warm = set(eng.cache._fns), eng.cache.compiles
         assert any(k[1] == "step" and k[2] == 1 for k in warm) and any(k[1] == "step" and k[2] == 2 for k in warm)
+        steps = {k[2] for k in warm if k[1] == "steps"}
+        assert steps == ({1, 2} if n_steps > 1 else set()) and all(k[3] == n_steps for k in warm if k[1] == "steps")
         ids = _prompt_ids(tok, "chat", "Name a color.")
-        loop.submit(Request(ids, 4, DEFAULT)).wait(300)
-        s = [loop.submit(Request(ids, 4, DEFAULT)) for _ in range(2)]
-        for x in s:
+        loop.submit(Request(ids, 9, DEFAULT)).wait(300)  # 1 + 3 x 2 in programs of 3 steps + 2 single steps
+        for x in loop.submit_all([Request(ids, 9, DEFAULT) for _ in range(2)]):
             x.wait(300)
-        assert set(eng.cache._fns) == warm, set(eng.cache._fns) - warm
+        assert set(eng.cache._fns) == warm and eng.cache.compiles == n_warm, set(eng.cache._fns) - warm
         assert {k[1] for k in warm} >= {"prefill", "step", "reset"}
         for key in warm:
             assert not describe_key(key).startswith("("), key
+        n_sp = sch.stats["step_programs"]
+        assert (n_sp > 0) == (n_steps > 1)
+        assert f"strata_step_programs_total {float(n_sp)}" in metrics.text()[0].decode()
     finally:
         assert loop.close(timeout=60)
+
+
+@pytest.mark.slow
+def test_serve_warmup_compiles_the_step_programs(model_path, tmp_path):
+    """strata-serve --decode_steps 3: the warm-up line says what it compiled and what the XLA cache read and wrote
+    (a second start reads every program back, compiles none); a request after it compiles nothing (/metrics) and
+    runs programs of 3 steps, which /metrics counts."""
+    def metric(text, name):
+        return float(next(ln.split()[-1] for ln in text.splitlines() if ln.startswith(name + " ")))
+
+    xla = str(tmp_path / "xla")
+    for run in range(2):
+        proc, url, lines = _start_serve(model_path("smollm2-135m"), "--decode_steps", "3", "--xla_cache_dir", xla)
+        try:
+            assert "warming up: 1 request of 5 tokens, then 2 at once of 6 tokens ...\n" in lines, lines
+            warm = next(ln for ln in lines if ln.startswith("warmed up in "))
+            m = re.search(r": built (\d+) functions in [\d.]+ s; XLA cache: (\d+) read, (\d+) compiled and written$",
+                          warm.strip())
+            assert m and int(m[1]) >= 6, warm  # prefill, reset, a step and a program of 3 steps for 1 and 2 slots
+            read, written = int(m[2]), int(m[3])
+            assert (read == 0 and written > 0) if run == 0 else (read > 0 and written == 0), warm
+            before = httpx.get(f"http://{url}/metrics").text
+            r = httpx.post(f"http://{url}/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 9},
+                           timeout=300)
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 9
+            after = httpx.get(f"http://{url}/metrics").text
+            assert metric(after, "strata_compiles") == metric(before, "strata_compiles") == int(m[1])
+            assert metric(after, "strata_step_programs_total") >= metric(before, "strata_step_programs_total") + 2
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=120) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def test_unseeded_sampled_requests_draw_fresh_seeds():

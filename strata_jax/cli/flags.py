@@ -53,9 +53,9 @@ flags.DEFINE_integer("decode_steps", None, f"Plain decode steps per device progr
                      "same tokens, streamed in bursts of this many, one program launch per burst instead of one "
                      f"per token. Default: {DECODE_STEPS_GPU} on a GPU (there a one-step program takes longer to "
                      "launch than to run), 1 on a CPU. The last tokens of the budget (fewer than N) run one step "
-                     "per call. Not used (one step per call, with a note) with --draft (verify windows), "
-                     "--dump_logits, a --layer_split, or a qwen4exp model whose n-gram table stays on the host "
-                     "(--ple_table); in batch mode only while no request waits for a slot.",
+                     "per call. Not used (one step per call, with a note) with --draft or --batch_mtp (verify "
+                     "windows), --dump_logits, a --layer_split, or a qwen4exp model whose n-gram table stays on the "
+                     "host (--ple_table); in batch mode only while no request waits for a slot.",
                      lower_bound=1, upper_bound=DECODE_STEPS_MAX)
 flags.DEFINE_enum("ple_table", "auto", ["auto", "host", "device"], "qwen4exp's n-gram (PLE) table: host = read "
                   "from the file's memory map for every step; device = a copy on the GPU (28.8 GB at full size), "
@@ -390,8 +390,9 @@ def slots_for(n_requests: int | None, n_stages: int) -> tuple[int, str]:
 def batch_scheduler(engine, *, solo_spec: bool = False, n_requests: int | None = None, **kwargs):
     """The `BatchScheduler` of the batch flags on ``engine``: memory report (stderr; printed at load on a split),
     the slots (``--batch``, or `slots_for` ``n_requests`` when the requests are known in advance), their fit check,
-    group resolution (one ``batch:`` line on stderr), the proposer factory. With ``solo_spec`` (the server) a
-    request decoding alone also gets ``--draft``'s proposals up to `spec_cap` (with the solo path's policy).
+    group resolution (one ``batch:`` line on stderr), the proposer factory, a note when ``--decode_steps`` cannot
+    be used (`note_steps_unused`). With ``solo_spec`` (the server) a request decoding alone also gets ``--draft``'s
+    proposals up to `spec_cap` (with the solo path's policy).
     ``kwargs`` go to the scheduler. Returns (scheduler, resolution, proposer name or None).
 
     Raises:
@@ -426,7 +427,14 @@ def batch_scheduler(engine, *, solo_spec: bool = False, n_requests: int | None =
     sch = BatchScheduler(engine, res, proposer_factory=factory, spec_min_p=FLAGS.spec_min_p, solo_spec=spec,
                          spec_policy=bool(spec), prefill_chunks=FLAGS.batch_prefill_chunks,
                          decode_steps=FLAGS.decode_steps or default_decode_steps(engine.stages[0].device), **kwargs)
+    note_steps_unused(sch.steps_unavailable)
     return sch, res, pname
+
+
+def note_steps_unused(why: str) -> None:
+    """The note for a ``--decode_steps N`` > 1 that cannot be used (``why``: the reason in words; '': none)."""
+    if why and (FLAGS.decode_steps or 1) > 1:
+        CONSOLE.note(f"--decode_steps {FLAGS.decode_steps}: not used ({why}); one step per call")
 
 
 # ---- running a command -----------------------------------------------------------------------------------------------

@@ -252,9 +252,7 @@ def main(argv) -> int:
     if d_eng is not None and d_eng is not engine:
         shared.watch_compiles(d_eng, "draft model: ")
         caches.append(d_eng.cache)
-    unused = _decode_steps_unused(engine, proposer)
-    if unused and (FLAGS.decode_steps or 1) > 1:
-        con.note(f"--decode_steps {FLAGS.decode_steps}: not used ({unused}); one step per call")
+    shared.note_steps_unused(_decode_steps_unused(engine, proposer))
     gen = generate(engine, ids, max_new_tokens=FLAGS.max_new_tokens, sampling=shared.default_sampling(), eos_ids=eos,
                    stop=stop_strings(tok, FLAGS.stop), on_token=on_token, dump_logits=FLAGS.dump_logits is not None,
                    proposer=proposer, spec=spec if proposer is not None else 0, spec_min_p=FLAGS.spec_min_p,
@@ -300,8 +298,9 @@ def run_batch(engine, lines) -> int:
     out of both the token count and the time (their count and seconds are reported; ``--stats_json`` has both
     rates), and so is the time spent waiting for an ``arrival`` while no request is active. The summary also gives
     the time to first token (median and max over the requests: arrival to first token, queueing and compiling
-    included) and, when a prompt was read beside decoding slots, their rate over those steps
-    (`BatchScheduler.decode_beside_prefill`).
+    included), when a prompt was read beside decoding slots their rate over those steps
+    (`BatchScheduler.decode_beside_prefill`), and with ``--decode_steps`` N > 1 the windows that ran N steps in one
+    program.
 
     Raises:
       StrataError: a bad request, a prompt longer than --max_context, a batch that does not fit, impossible group
@@ -386,6 +385,9 @@ def run_batch(engine, lines) -> int:
     if st["solo_windows"]:
         wins += (f" + {st['solo_windows']} window{'' if st['solo_windows'] == 1 else 's'} of a request decoding "
                  f"alone")
+    if sch.decode_steps > 1:  # programs of several plain steps, among the windows
+        n_sp = st["step_programs"]
+        wins += f" [{n_sp} step program{'' if n_sp == 1 else 's'} of {sch.decode_steps} steps]"
     props = (f"proposals: {acc} of {prop} accepted ({100 * acc / prop:.0f}%)" if prop else "no proposals")
     ttfts = sorted(r.ttft_s for r in results if r.ttft_s is not None)
     ttft = (f"time to first token median {statistics.median(ttfts):.2f} s, max {ttfts[-1]:.2f} s" if ttfts else
@@ -411,7 +413,8 @@ def run_batch(engine, lines) -> int:
                           "their time) and the time spent waiting for arrivals with no request active "
                           "(idle_seconds); tok_s_with_compiles counts everything",
              "compiled_steps": compiled_steps, "compiled_step_tokens": compiled_tok,
-             "compiled_step_seconds": compiled_s, **{k: v for k, v in sch.stats.items()},
+             "compiled_step_seconds": compiled_s, "decode_steps": sch.decode_steps,
+             **{k: v for k, v in sch.stats.items()},
              "ttft_s": {"median": statistics.median(ttfts), "max": ttfts[-1]} if ttfts else None,
              "decode_beside_prefill_tok_s": beside, "batch_prefill_chunks": FLAGS.batch_prefill_chunks,
              "proposed": prop, "accepted": acc, "model": str(FLAGS.model),

@@ -38,7 +38,8 @@ flags.DEFINE_integer("max_queue", 64, "Most requests waiting for a free slot; on
 flags.DEFINE_string("model_name", None, "The model id /v1/models lists and answers name (default: the --model "
                     "name, without .gguf).")
 flags.DEFINE_bool("warmup", True, "Before listening, decode one short request alone, then --batch at once, so the "
-                  "first requests do not wait for the prefill and window compiles.")
+                  "first requests do not wait for the prefill and window compiles (nor for the programs of "
+                  "several steps, --decode_steps).")
 
 
 def _draining_server_class():
@@ -90,17 +91,27 @@ def _bind() -> socket.socket:
     return sock
 
 
+def _warmup_rounds(sch) -> list[tuple[int, int]]:
+    """The warm-up's rounds: (requests at once, tokens each): one request alone, then with ``--batch`` > 1 every
+    slot at once. 3 tokens each; with `BatchScheduler.decode_steps` N > 1, enough for one program of N steps and a
+    single step after it: N + 2 alone, N + n + 1 for n at once (the first prompt read decodes one token while
+    each of the n - 1 others is read)."""
+    n, N = sch.engine.n_slots, sch.decode_steps
+    return [(k, 3 if N == 1 else N + k + 1) for k in [1] + ([n] if n > 1 else [])]
+
+
 def _warmup(loop, engine, tokenizer) -> None:
-    """One short request alone (the prefill and the solo path's decode shapes: a lone request's), then, with
-    ``--batch`` > 1, ``--batch`` at once (the batch window shapes), before the first client's request."""
+    """`_warmup_rounds` on ``loop`` before the first client's request: the prefill and the solo path's decode
+    shapes (a lone request's), then the batch window shapes, each with its program of several decode steps when
+    the scheduler runs them; the requests of a round reach the scheduler together."""
     from strata_jax.pipeline.scheduler import Request
     from strata_jax.sampling import SamplingParams
 
-    ids = list(tokenizer.encode("Hello"))[: max(1, engine.max_context - 4)] or [0]
-    rounds = [1] + ([engine.n_slots] if engine.n_slots > 1 else [])
-    for r, n in enumerate(rounds):
-        streams = [loop.submit(Request(ids, 3, SamplingParams(0.0), rid=f"warmup-{r}-{i}")) for i in range(n)]
-        for s in streams:
+    rounds = _warmup_rounds(loop.sch)
+    most = max(k for _, k in rounds)
+    ids = list(tokenizer.encode("Hello"))[: max(1, engine.max_context - 1 - most)] or [0]
+    for r, (n, k) in enumerate(rounds):
+        for s in loop.submit_all([Request(ids, k, SamplingParams(0.0), rid=f"warmup-{r}-{i}") for i in range(n)]):
             s.wait()
 
 
@@ -155,8 +166,9 @@ def main(argv) -> int:
     metrics.watch_compiles(caches, shared.XLA_CACHE)
     loop = EngineLoop(sch, max_queue=FLAGS.max_queue, on_step=metrics.on_step).start()
     if FLAGS.warmup:
-        shared.CONSOLE.note(f"warming up: 1 request{f', then {engine.n_slots} at once,' if engine.n_slots > 1 else ''}"
-                            f" of 3 tokens ...")
+        what = ", then ".join(f"{'1 request' if n == 1 else f'{n} at once'} of {k} tokens"
+                              for n, k in _warmup_rounds(sch))
+        shared.CONSOLE.note(f"warming up: {what} ...")
         t0 = time.perf_counter()
         _warmup(loop, engine, tok)
         shared.CONSOLE.note(f"warmed up in {time.perf_counter() - t0:.1f} s: {shared.compile_summary(caches)}")

@@ -3,9 +3,9 @@
 Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or server-sent events with ``"stream":
 true``; bodies checked by `strata_jax.cli.openai_api.parse_request`), ``GET /v1/models``, ``GET /health`` (200 while
 the engine loop runs, else 503) and ``GET /metrics`` (Prometheus text: requests by outcome, prompt and generated
-tokens, queue depth, busy slots, proposals offered / accepted, window latency by mode, scheduler step latency, time
-to first token, request latency). With ``api_key`` the ``/v1`` routes need ``Authorization: Bearer KEY`` (401
-otherwise).
+tokens, queue depth, busy slots, proposals offered / accepted, programs of several decode steps, window latency by
+mode, scheduler step latency, time to first token, request latency). With ``api_key`` the ``/v1`` routes need
+``Authorization: Bearer KEY`` (401 otherwise).
 
 A request is tokenized and checked here, then submitted to the loop (a full queue: 429 with ``Retry-After``). The
 answer waits for the first event of its stream: a request that failed before its first token gets its error status
@@ -37,6 +37,19 @@ from strata_jax.pipeline.sequence import stop_strings
 log = logging.getLogger("strata_jax.serve")
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class _ReadCounter:
+    """A Prometheus counter whose value ``read()`` gives at each scrape (prometheus_client's Counter holds its
+    own)."""
+
+    def __init__(self, name: str, doc: str, read):
+        self.name, self.doc, self.read = name, doc, read
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        yield CounterMetricFamily(self.name, self.doc, value=self.read())
 
 
 class Metrics:
@@ -71,7 +84,8 @@ class Metrics:
             self.watch(loop)
 
     def watch(self, loop: EngineLoop) -> None:
-        """Gauges read from ``loop`` at each scrape: queue depth, busy slots, slots."""
+        """Gauges read from ``loop`` at each scrape: queue depth, busy slots, slots; and the scheduler's
+        ``step_programs`` as the counter ``strata_step_programs_total``."""
         from prometheus_client import Gauge
 
         if self.loop is not None:
@@ -81,6 +95,9 @@ class Metrics:
         Gauge("strata_queue_depth", "Requests waiting for a slot", registry=r).set_function(lambda: loop.queue_depth)
         Gauge("strata_slots_busy", "Slots holding a request (in prefill or decoding)", registry=r).set_function(lambda: loop.running)
         Gauge("strata_slots", "Batch slots (--batch)", registry=r).set(loop.n_slots)
+        r.register(_ReadCounter("strata_step_programs", f"Device programs of several plain decode steps "
+                                f"(--decode_steps: {loop.sch.decode_steps} per program)",
+                                lambda: loop.sch.stats["step_programs"]))
 
     def watch_compiles(self, caches, xla=None) -> None:
         """Gauges read at each scrape: functions compiled and seconds spent compiling (the `CompileCache` objects

@@ -187,6 +187,12 @@ class EngineLoop:
             self._cv.notify()
         return stream
 
+    def submit_all(self, reqs) -> list[RequestStream]:
+        """`submit` each of ``reqs`` under one hold of the lock: the loop's thread takes them into the scheduler in
+        the same step."""
+        with self._cv:  # a Condition's default lock is reentrant: `submit` takes it again
+            return [self.submit(r) for r in reqs]
+
     def cancel(self, rid) -> None:
         """End request ``rid`` (any thread): dropped if queued, its slot freed at the next window boundary if
         decoding; a no-op for a finished or unknown id."""

@@ -74,15 +74,17 @@ class PleHost:
     def device_inputs(self, slots) -> dict:
         """The inputs of a device loop over ``slots``' steps: the tables and each slot's predecessors int32 [B,
         ngram_size - 1] (the device copy a previous loop left, else the host's). When the previous loop ran these
-        very slots in this order, its array is passed as it is (no device op per call)."""
+        very slots in this order, its array is passed as it is (no device op per call). ``prev`` is always committed
+        to the table's device: jit compiles a program per kind of argument, and a previous loop's is committed."""
         got = [self._dev.get(s) for s in slots]
         arr = got[0][0] if got[0] is not None else None
         if arr is not None and arr.shape[0] == len(slots) and all(
                 g is not None and g[0] is arr and g[1] == b for b, g in enumerate(got)):
             prev = arr
         else:
-            prev = jnp.concatenate([g[0][g[1]:g[1] + 1] if g is not None else
-                                    jnp.asarray(self.prev[s][None], jnp.int32) for s, g in zip(slots, got)])
+            prev = jax.device_put(jnp.concatenate([g[0][g[1]:g[1] + 1] if g is not None else
+                                                   jnp.asarray(self.prev[s][None], jnp.int32)
+                                                   for s, g in zip(slots, got)]), self.raw.sharding)
         return {**self.ids.arrays, "raw": self.raw, "prev": prev}
 
     def set_device_prev(self, slots, prev) -> None:

@@ -258,7 +258,7 @@ class BatchScheduler:
         the next window: the decoding slots wait).
       clock: seconds (default ``time.perf_counter``).
       decode_steps: plain steps of serial / solo windows run as this many steps per device program
-        (`Engine.run_steps`, where `Engine.can_run_steps`) while no request waits for a slot or is being read, no
+        (`Engine.run_steps`; 1 where `steps_unavailable`) while no request waits for a slot or is being read, no
         slot has proposals and every slot's budget holds them; the tokens are those of one step per window.
 
     Attributes (besides the arguments): queue, active (slot -> busy slot), admitting (slot -> `_Admission`: its
@@ -291,13 +291,14 @@ class BatchScheduler:
         solo_spec = int(solo_spec)
         if solo_spec and not 2 <= solo_spec <= MAX_WINDOW:
             raise StrataError(f"--spec {solo_spec}: the window cap must lie in 2..{MAX_WINDOW}")
-        self.decode_steps = check_decode_steps(decode_steps) if engine.can_run_steps else 1
         if int(prefill_chunks) < 0:
             raise StrataError(f"--batch_prefill_chunks {prefill_chunks}: must be >= 0 (0 = each prompt whole)")
         self.prefill_chunks = int(prefill_chunks)
         self.groups = [list(range(g * (N // G), (g + 1) * (N // G))) for g in range(G)]
         self.props_per_window = {"batch_mtp": 1, "piped_mtp": resolution.piped_mtp}.get(self.mode, 0)
         self.solo_props = solo_spec - 1 if solo_spec else self.props_per_window
+        n_steps = check_decode_steps(decode_steps) if engine.can_run_steps else 1
+        self.decode_steps = 1 if self.steps_unavailable else n_steps
         if proposer_factory is None:
             from strata_jax.proposers import LookupProposer
 
@@ -324,6 +325,19 @@ class BatchScheduler:
         self.stats = {"windows": 0, "solo_windows": 0, "admissions": 0, "drains": 0, "ticks": 0, "errors": 0,
                       "chained": 0, "step_programs": 0, "prefill_chunks": 0, "beside_prefill_steps": 0,
                       "beside_prefill_tokens": 0, "beside_prefill_seconds": 0.0, "beside_prefill_compiled_steps": 0}
+
+    @property
+    def steps_unavailable(self) -> str:
+        """Why no plain step here runs as several per program, in words ('' when they may): the engine's reason
+        (`Engine.steps_unavailable`), pipelined groups, or proposals for every request."""
+        why = self.engine.steps_unavailable
+        if why:
+            return why
+        if self.mode in ("pipelined", "piped_mtp"):
+            return "pipelined slot groups run one step per window"
+        if self.props_per_window or self.solo_props:
+            return ("--batch_mtp" if self.mode == "batch_mtp" else "--draft") + " decodes in verify windows"
+        return ""
 
     # ---- requests ------------------------------------------------------------------------------------------------
     def submit(self, req: Request):
