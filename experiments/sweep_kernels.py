@@ -29,6 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_kernels
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -88,14 +89,6 @@ def model_shapes(src) -> tuple[list[dict], dict]:
     return rows, attn
 
 
-def _random_planar(rng, qt, n, k, lead=()):
-    from strata_jax.pallas.quant_matmul import planar
-    from strata_jax.testing.blocks import random_blocks
-
-    w = jnp.asarray(random_blocks(rng, qt, n, k, lead))
-    return w if qt not in planar.FORMATS else planar.repack(w, qtype=qt, n_cols=k)
-
-
 def _compile_all(jobs, workers=8):
     """[(key, jitted fn, args)] -> {key: compiled} (compiles in threads: XLA releases the GIL)."""
     def one(j):
@@ -132,6 +125,8 @@ def _device_us(runs, reps: int) -> dict:
 
 
 def sweep_gemv(shapes, rows_list, reps, interpret, rng, ceiling, ids, deadline=None):
+    from bench_kernels import _weights  # (GGUF blocks, the planar / float array the kernels read)
+
     from strata_jax.pallas.quant_matmul import gemv as V
 
     out = []
@@ -141,7 +136,7 @@ def sweep_gemv(shapes, rows_list, reps, interpret, rng, ceiling, ids, deadline=N
             continue
         qt, n, k, nm, U = Q[sh["qtype"]], sh["n_out"], sh["k_in"], sh["n_mats"], sh["slots"]
         E = 16 if U else 0
-        ws = tuple(_random_planar(rng, qt, n, k, (E,) if E else (1,)) for _ in range(nm))
+        ws = tuple(_weights(rng, qt, n, k, (E,) if E else (1,))[1] for _ in range(nm))
         nbytes = sum(w.size * w.dtype.itemsize for w in ws) * (max(U, 1) / max(E, 1))
         slots = jnp.asarray(rng.choice(E, U, replace=False) if U else [0], jnp.int32)
         for M in rows_list:

@@ -297,8 +297,7 @@ class BatchScheduler:
         self.groups = [list(range(g * (N // G), (g + 1) * (N // G))) for g in range(G)]
         self.props_per_window = {"batch_mtp": 1, "piped_mtp": resolution.piped_mtp}.get(self.mode, 0)
         self.solo_props = solo_spec - 1 if solo_spec else self.props_per_window
-        n_steps = check_decode_steps(decode_steps) if engine.can_run_steps else 1
-        self.decode_steps = 1 if self.steps_unavailable else n_steps
+        self.decode_steps = 1 if self.steps_unavailable else check_decode_steps(decode_steps)
         if proposer_factory is None:
             from strata_jax.proposers import LookupProposer
 
@@ -678,8 +677,8 @@ class BatchScheduler:
         is due, no live segment has a proposer, and every live segment's budget, ``ahead`` tokens from now, holds
         them."""
         n = self.decode_steps
-        if (n <= 1 or self.mode in ("pipelined", "piped_mtp") or self._ready() or self.admitting
-                or self._cancel_due()):  # requests not arrived yet (``arrival``) do not wait
+        # (decode_steps is 1 where `steps_unavailable`: pipelined groups); requests not arrived yet do not wait
+        if n <= 1 or self._ready() or self.admitting or self._cancel_due():
             return 1
         live = [a for a in segs if a is not None]
         if any(a.seq.proposer is not None or a.seq.budget - ahead < n for a in live):

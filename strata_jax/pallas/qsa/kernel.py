@@ -43,9 +43,6 @@ class AttendConfig:
     tag: str = ""
 
 
-DEFAULT_ATTEND = AttendConfig()
-
-
 def choose_attend_config(D: int, n_cells: int) -> AttendConfig:
     """The launch parameters for a head dim and cell-list length, from `experiments/sweep_kernels.py` on the H200
     (2026-12-03, one row, device time, 16 configs; results/h200_2026-12-03b): D <= 128 (Qwen2.5-1.5B, 12 / 2

@@ -43,7 +43,7 @@ def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, interpret):
     (interpret mode: all Dp lanes to row i of an [rows, Dp] output, sliced by the caller)."""
     o_ref = refs[n_extra]
     i = pl.program_id(0)
-    r = jnp.minimum(i, N - 1)            # interpret mode's idle row reads the last row and stores nothing
+    r = jnp.minimum(i, N - 1)            # interpret mode's idle row reads the last row (its output is sliced off)
     col = lax.broadcasted_iota(jnp.int32, (1, Dp), 1)
     live = col < n
     cc = jnp.minimum(col, n - 1)         # in-bounds addresses for the masked lanes
