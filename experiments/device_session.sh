@@ -93,6 +93,13 @@ case "$MODE" in
       part sweep ${SWEEP_S:-300} python3 experiments/sweep_kernels.py --model $MODEL --geometry qwen3.8-flash-next \
         --rows ${SWEEP_ROWS:-1,8} --only ${SWEEP_ONLY:-gemv,attend} --budget_s $(( ${SWEEP_S:-300} - 60 )) \
         --out "$OUT/sweep.json"
+      # the GEMV's plane path against its decoder path (STRATA_QMATMUL_PLANES=0), a few configs, GEMVs only
+      for PL in 0 1; do
+        part sweep_planes$PL ${SWEEP_S:-150} env STRATA_QMATMUL_PLANES=$PL python3 experiments/sweep_kernels.py \
+          --model $MODEL --geometry qwen3.8-flash-next --rows ${SWEEP_ROWS:-1,8} --only gemv \
+          --gemv_configs "${SWEEP_CONFIGS:-32,4,4,1056,2;16,8,4,2112,2;64,4,4,1056,2;32,8,4,528,2}" \
+          --budget_s $(( ${SWEEP_S:-150} - 50 )) --out "$OUT/sweep_planes$PL.json"
+      done
       part kernels 230 python3 experiments/bench_kernels.py --only head,moe_variants,prefill,formats,sweep_planar \
         --budget_s 210 --out "$OUT/kernels.json"
     else
@@ -118,6 +125,9 @@ case "$MODE" in
     fi
     part decode_new ${DECODE_S:-200} $NEW python3 experiments/bench_decode.py --model $MODEL --prompt_tokens 64 \
       --decode_tokens 64 --decode_steps ${DECODE_STEPS:-2,4,8} --out "$OUT/decode_new.json"
+    part decode_noplanes ${DECODE_S:-200} $NEW STRATA_QMATMUL_PLANES=0 python3 experiments/bench_decode.py \
+      --model $MODEL --prompt_tokens 64 --decode_tokens 64 --decode_steps ${DECODE_STEPS:-2,4,8} \
+      --out "$OUT/decode_noplanes.json"
     if [ "$MODE" = run ]; then
       part decode_bytes 80 $NEW STRATA_QMATMUL=bytes python3 experiments/bench_decode.py --model $MODEL \
         --prompt_tokens 64 --decode_tokens 32 --out "$OUT/decode_bytes.json"
@@ -135,6 +145,9 @@ case "$MODE" in
     # the user path at bench_decode's --max_context (1024; strata-generate's default is 4096)
     part generate_1k ${GENERATE_S:-150} $NEW python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" \
       --max_new_tokens 128 --max_context 1024 --stats_json "$OUT/generate_1k.json"
+    part generate_1k_noplanes ${GENERATE_S:-150} $NEW STRATA_QMATMUL_PLANES=0 python3 -m strata_jax.cli.generate \
+      --model $MODEL --prompt_ids "$IDS" --max_new_tokens 128 --max_context 1024 \
+      --stats_json "$OUT/generate_1k_noplanes.json"
     # --decode_steps N gives the tokens of one step per call: greedy and seeded, 1 vs 4 (and 8) steps per call
     steps_exact() {
       for samp in "--temperature 0" "--temperature 0.8 --top_k 40 --seed 7"; do
@@ -258,7 +271,9 @@ for label, name in (("old (base package)", "profile_old.json"), ("new (kernels, 
     if hl:
         print(f"  {'':26s} compiled: {hl['graphs']} command-buffer calls, {sum(hl['in_graphs'].values())} launches "
               f"in graphs, {sum(hl['outside'].values())} alone {dict(sorted(hl['outside'].items(), key=lambda kv: -kv[1])[:4])}")
-for label, name in (("new, default kernels (planar)", "decode_new.json"), ("new, STRATA_QMATMUL=bytes", "decode_bytes.json"),
+for label, name in (("new, default kernels (planar)", "decode_new.json"),
+                    ("new, GEMV plane path off (STRATA_QMATMUL_PLANES=0)", "decode_noplanes.json"),
+                    ("new, STRATA_QMATMUL=bytes", "decode_bytes.json"),
                     ("new, one launch per matrix (STRATA_QMATMUL_SHARED=0)", "decode_unshared.json"),
                     ("new, layers stacked (STRATA_STACK_LAYERS=1)", "decode_stacked.json"),
                     ("new, first accepted command-buffer update mode", "decode_cbm.json")):
@@ -267,6 +282,7 @@ for label, name in (("new, default kernels (planar)", "decode_new.json"), ("new,
         print(f"bench_decode ({label}, command buffers on): decode {d['decode_tok_s']:.1f} tok/s, prefill "
               f"{d['prefill_tok_s']:.1f} tok/s, {d['fraction_of_ceiling']:.3f} of the ceiling")
 for label, name in (("", "generate.json"), (", --max_context 1024", "generate_1k.json"),
+                    (", --max_context 1024, plane path off", "generate_1k_noplanes.json"),
                     (", --max_context 1024, first accepted update mode", "generate_cbm.json")):
     g = load(name)
     if g:

@@ -235,11 +235,15 @@ def main(argv=None):
                     "RESULTS.md's XLA bf16 GEMV)")
     ap.add_argument("--budget_s", type=float, default=None, help="GEMV shapes are started only within this time")
     ap.add_argument("--small", action="store_true", help="CPU plumbing: interpret mode, two configs, tiny shapes")
+    ap.add_argument("--gemv_configs", default="", help="GEMV configs instead of the built-in list: "
+                    "BN,G,warps,programs,stages;... (the first is reported as the default)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     interpret = args.small or jax.default_backend() != "gpu"
     global GEMV_CONFIGS, ATTEND_CONFIGS
+    if args.gemv_configs:
+        GEMV_CONFIGS = [tuple(int(v) for v in c.split(",")) for c in args.gemv_configs.split(";") if c.strip()]
     if args.small:
         GEMV_CONFIGS, ATTEND_CONFIGS = GEMV_CONFIGS[:2], ATTEND_CONFIGS[:2]
     ids = iter(range(10 ** 9))

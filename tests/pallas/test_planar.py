@@ -14,7 +14,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from strata_jax.errors import UnsupportedError
 from strata_jax.pallas import dispatch, structure
 from strata_jax.pallas.grouped_experts import moe_experts
-from strata_jax.pallas.quant_matmul import gemm, planar, prepare_weight, qmatmul, qmatmul_shared
+from strata_jax.pallas.quant_matmul import gemm, gemv, planar, prepare_weight, qmatmul, qmatmul_shared
 
 from pallas_testlib import IMPLS, assert_bits_equal, random_weight
 
@@ -73,10 +73,20 @@ def _weight(rng, qtype, n_out, k_in, lead=()):
 
 
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
-@pytest.mark.parametrize("qtype", FAMILIES, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", FAMILIES + [q for q in gemv.PLANES if q not in FAMILIES], ids=lambda q: q.name)
 def test_gemv_accuracy(impl, qtype, rng, monkeypatch):
-    """The planar GEMV (3 rows; 20 output rows: a partial tile) within 1e-5 of float64, outputs poisoned first."""
+    """The planar GEMV (3 rows; 20 output rows: a partial tile) within 1e-5 of float64, outputs poisoned first;
+    the formats of the plane path (`gemv.PLANES`) on it and on the decoder path."""
     monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    if qtype in gemv.PLANES:
+        assert gemv.uses_planes(qtype)
+        monkeypatch.setenv("STRATA_QMATMUL_PLANES", "0")
+        assert not gemv.uses_planes(qtype)
+        n_out, k_in = 20, 512
+        w, w64 = _weight(rng, qtype, n_out, k_in)
+        x = rng.standard_normal((3, k_in)).astype(np.float32)
+        f64_check(qmatmul(jnp.asarray(x), w, qtype, n_out, k_in, impl=impl), x, w64, 1e-5, f"{impl} decoder path")
+        monkeypatch.setenv("STRATA_QMATMUL_PLANES", "1")
     n_out, k_in = 20, 512
     w, w64 = _weight(rng, qtype, n_out, k_in)
     x = rng.standard_normal((3, k_in)).astype(np.float32)

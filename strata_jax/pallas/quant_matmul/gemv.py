@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
+from gguf.constants import GGMLQuantizationType as Q
 from jax.experimental import pallas as pl
 
 from strata_jax.pallas import dispatch
@@ -173,18 +176,134 @@ def row_update(f, dl, mn, xm):
     return jnp.sum(t, axis=tuple(range(2, nd)))
 
 
+# --- the plane path: formats whose codes are bit planes of 2, 4 or 8 bits (no tables, no sign bits) ---
+#
+# A code is moved into the mantissa of 1.0 instead of being shifted down and converted: for a ``b``-bit code at
+# bit ``p`` (p + b <= 16) of a half word, ``bitcast(ONE | (h & mask)) - 1 == u * 2**(p - 23)`` exactly; the
+# activations are prepared once per call (`plane_inputs`: each value scaled by ``2**(23 - p)`` of its code's
+# position, exact, and laid out by code position; sums of 16 values for the offsets and minima), so the product
+# is ``u * x`` rounded once, as the shifted form gives. A loop step costs per value one LOP3 and one FADD, and
+# one FFMA per row; a thread keeps whole words, so the sums inside a scale unit stay in its registers.
+# ``PLANES[qtype]``: (region, bits, weight of the plane's code in ``u``) per plane; ``u = sum(weight * code)``.
+PLANES = {
+    Q.Q8_0: (("q8", 8, 1),), Q.Q4_0: (("q4", 4, 1),), Q.Q4_1: (("q4", 4, 1),), Q.Q2_K: (("q2", 2, 1),),
+    Q.Q4_K: (("q4", 4, 1),), Q.Q6_K: (("q4", 4, 1), ("q2", 2, 16)),
+}
+_XOR = {Q.Q8_0: 0x80808080}   # the q8 plane stores int8 codes; the decoder's u is the byte with its top bit flipped
+_ONE = 0x3F800000
+
+
+def uses_planes(qtype) -> bool:
+    """Whether the GEMV takes the plane path for this format (``STRATA_QMATMUL_PLANES=0``: the decoder path for
+    every format, for comparisons)."""
+    return qtype in PLANES and dispatch.env_choice("STRATA_QMATMUL_PLANES", "1", ("0", "1")) == "1"
+
+
+def plane_bits(qtype) -> tuple:
+    """The distinct plane widths of a plane-path format, in `plane_inputs` order."""
+    return tuple(sorted({b for _, b, _ in PLANES[qtype]}, reverse=True))
+
+
+def plane_inputs(x, qtype):
+    """The plane path's activations: x float32 [..., K] -> (per plane width b of `plane_bits`: float32
+    [..., 32 / b, K / 32, b], value ``32 g + a * 32 / b + n`` of the group at [n, g, a], scaled by ``2 ** (23 -
+    b * (n mod 16 / b))``; the sums of each 16 values, float32 [..., K / 16]). Plain XLA ops: the GEMVs that read
+    one activation share them."""
+    x = x.astype(jnp.float32)
+    lead, K = x.shape[:-1], x.shape[-1]
+    outs = []
+    for b in plane_bits(qtype):
+        per_word, per_half = 32 // b, 16 // b
+        xb = jnp.moveaxis(x.reshape(*lead, K // 32, b, per_word), -1, -3)          # [..., 32/b, K/32, b]
+        scale = np.asarray([2.0 ** (23 - b * (n % per_half)) for n in range(per_word)], np.float32)
+        outs.append(xb * scale.reshape(per_word, 1, 1))
+    outs.append(jnp.sum(x.reshape(*lead, K // 16, 16), axis=-1))
+    return tuple(outs)
+
+
+class _UnitSource(D.Source):
+    """A decoder's view for the plane path's scales: one value axis, ``ax[0]`` the format's first value axis at
+    values ``v0`` (int32 [1, 1, n]) of each group; the decoder's codes are not used (dead code)."""
+
+    def __init__(self, w_ref, rows, lay, grp, v0, vs, tables):
+        super().__init__(grp, (v0.shape[-1],))
+        self.ax = [v0 // math.prod(vs[1:])]
+        self.w_ref, self.rows, self.lay, self.tables = w_ref, rows, lay, tables
+
+    words = RefSource.words
+    table = RefSource.table
+
+
+def _unit_scales(qtype, w_ref, rows, lay, grp, v0, tables):
+    """(dl, mn - dl * off or None) of the scale units holding values ``v0`` of each group: float32
+    broadcastable to [BN, G, n]."""
+    c = D.DECODERS[qtype](_UnitSource(w_ref, rows, lay, grp, v0, D.VSHAPE[qtype], tables))
+    mn = c.mn
+    if c.off:
+        mn = -(c.dl * jnp.float32(c.off)) if mn is None else mn - c.dl * jnp.float32(c.off)
+    return c.dl, mn
+
+
+def plane_step(qtype, w_ref, rows, k_in, c, G, xq, tables):
+    """One loop step of the plane path: per activation row m, float32 [BN, G] = the sum over each of the
+    step's G groups of ``w * x_m``. ``rows``: int32 [BN, 1, 1] (`tile_rows`); ``xq[m]``: a function
+    (input i of `plane_inputs`, int32 flat indices within row m's array i) -> float32 values."""
+    lay = P.layout(qtype, k_in)
+    BN = rows.shape[0]
+    g0 = c * G
+    grp3 = g0 + lax.broadcasted_iota(jnp.int32, (1, G, 1), 1)
+    gi = g0 + lax.broadcasted_iota(jnp.int32, (G, 1), 0)
+    widths = plane_bits(qtype)
+    outs = [None] * len(xq)
+
+    def add(m, u):
+        outs[m] = u if outs[m] is None else outs[m] + u
+
+    for region, bits, weight in PLANES[qtype]:
+        per_word, per_half = 32 // bits, 16 // bits
+        xi = widths.index(bits)
+        a = lax.broadcasted_iota(jnp.int32, (1, 1, bits), 2)    # word of the group (a group = ``bits`` words)
+        ai = lax.broadcasted_iota(jnp.int32, (1, bits), 1)
+        wd = w_ref[rows * lay.row_words + lay.offsets[region] + grp3 * bits + a]     # uint32 [BN, G, bits]
+        if qtype in _XOR:
+            wd = wd ^ jnp.uint32(_XOR[qtype])
+        for h, hw in enumerate((wd, wd >> 16)):
+            dl, _ = _unit_scales(qtype, w_ref, rows, lay, grp3, a * per_word + h * per_half, tables)
+            if weight != 1:
+                dl = dl * jnp.float32(weight)
+            fs = [lax.bitcast_convert_type((hw & jnp.uint32(((1 << bits) - 1) << (bits * n))) | jnp.uint32(_ONE),
+                                           jnp.float32) - 1.0 for n in range(per_half)]
+            for m, xm in enumerate(xq):
+                t = None
+                for n in range(per_half):
+                    nn = h * per_half + n
+                    xv = xm(xi, (nn * (k_in // 32) + gi) * bits + ai)                 # [G, bits]
+                    p = fs[n] * xv[None]
+                    t = p if t is None else t + p
+                add(m, jnp.sum(dl * t, axis=2))
+    u16 = lax.broadcasted_iota(jnp.int32, (1, 1, 2), 2)
+    _, mn = _unit_scales(qtype, w_ref, rows, lay, grp3, u16 * 16, tables)
+    if mn is not None:
+        for m, xm in enumerate(xq):
+            xs = xm(len(widths), gi * 2 + lax.broadcasted_iota(jnp.int32, (1, 2), 1))   # [G, 2]
+            add(m, jnp.sum(mn * xs[None], axis=2))
+    return [jnp.broadcast_to(o, (BN, G)) for o in outs]
+
+
 def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, masked, BN, x_per_slot,
-            table_names):
+            table_names, x_sizes, planes):
     w_refs = refs[:n_mats]
-    x_ref = refs[n_mats]
-    tables = dict(zip(table_names, refs[n_mats + 1:n_mats + 1 + len(table_names)]))
-    o_refs = refs[n_mats + 1 + len(table_names):]
+    n_x = len(x_sizes)
+    x_refs = refs[n_mats:n_mats + n_x]
+    x_ref = x_refs[0]
+    tables = dict(zip(table_names, refs[n_mats + n_x:n_mats + n_x + len(table_names)]))
+    o_refs = refs[n_mats + n_x + len(table_names):]
     i = pl.program_id(0)
     s = pl.program_id(1)
     u = pl.program_id(2)
     e = slot_ref[u]            # which stacked matrix this program reads (-1: an unused slot, skipped)
     xu = u if x_per_slot else 0
-    nd = 2 + len(vshape(qtype))
+    nd = 3 if planes else 2 + len(vshape(qtype))
 
     @pl.when(e >= 0)
     def _():
@@ -193,13 +312,20 @@ def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, ma
         def body(j, accs):
             c, live = split_step(s, j, cps, n_chunks, masked)
             grp = c * G + lax.broadcasted_iota(jnp.int32, (G,), 0)
-            xs = [x_ref[xu, m, pl.ds(c * G, G)].astype(jnp.float32) for m in range(M)]    # [G, *vshape] each
+            if planes:   # `plane_inputs`, flat: [U, M, n] each
+                xs = [functools.partial(lambda m, i, idx: x_refs[i][(xu * M + m) * x_sizes[i] + idx], m)
+                      for m in range(M)]
+            else:
+                xs = [x_ref[xu, m, pl.ds(c * G, G)].astype(jnp.float32) for m in range(M)]  # [G, *vshape] each
             out = []
             for w_ref, acc in zip(w_refs, accs):
-                f, dl, mn = decode_tile(qtype, w_ref, rows, grp, k_in, tables)
+                if planes:
+                    ts = plane_step(qtype, w_ref, rows, k_in, c, G, xs, tables)
+                else:
+                    f, dl, mn = decode_tile(qtype, w_ref, rows, grp, k_in, tables)
+                    ts = [row_update(f, dl, mn, xs[m]) for m in range(M)]
                 for m in range(M):
-                    t = row_update(f, dl, mn, xs[m])
-                    out.append(acc[m] + (jnp.where(live, t, 0.0) if masked else t))
+                    out.append(acc[m] + (jnp.where(live, ts[m], 0.0) if masked else ts[m]))
             return tuple(tuple(out[a * M:(a + 1) * M]) for a in range(n_mats))
 
         zero = tuple(jnp.zeros((BN, G), jnp.float32) for _ in range(M))
@@ -252,19 +378,26 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
     names = D.TABLES.get(qtype, ())
     tabs = [jnp.asarray(D.table(n)) for n in names]
     U_x = x.shape[0] if x_per_slot else 1
-    xr = x.reshape(U_x, M, k_in // P.GROUP, *vs)
+    planes = uses_planes(qtype)
+    if planes:
+        xr = tuple(a.reshape(-1) for a in plane_inputs(x, qtype))
+        x_sizes = tuple(a.size // (U_x * M) for a in xr)
+    else:
+        xr = (x.reshape(U_x, M, k_in // P.GROUP, *vs),)
+        x_sizes = (k_in,)
     n_pad = t["n_tiles"] * cfg.BN
     full = pl.no_block_spec
     n_mats = len(stacks)
     call = dispatch.pallas_call(
         functools.partial(_kernel, n_mats=n_mats, qtype=qtype, M=M, n_out=n_out, k_in=k_in, G=t["G"],
                           cps=t["cps"], n_chunks=t["n_chunks"], masked=t["masked"], BN=cfg.BN,
-                          x_per_slot=x_per_slot, table_names=names),
+                          x_per_slot=x_per_slot, table_names=names, x_sizes=x_sizes, planes=planes),
         out_shape=[jax.ShapeDtypeStruct((U, t["split"], n_pad, M), jnp.float32)] * n_mats,
-        grid=(t["n_tiles"], t["split"], U), in_specs=[full] * (2 + n_mats + len(tabs)), out_specs=[full] * n_mats,
+        grid=(t["n_tiles"], t["split"], U), in_specs=[full] * (1 + n_mats + len(xr) + len(tabs)),
+        out_specs=[full] * n_mats,
         interpret=interpret, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         name=f"qmatmul_planar_{getattr(qtype, 'name', qtype)}" + (f"_x{n_mats}" if fused else "") + cfg.tag)
-    parts = call(slot_expert, *(w.reshape(-1) for w in stacks), xr, *tabs)
+    parts = call(slot_expert, *(w.reshape(-1) for w in stacks), *xr, *tabs)
     outs = []
     for part in parts:
         out = part[:, 0]
