@@ -94,9 +94,10 @@ case "$MODE" in
         --rows ${SWEEP_ROWS:-1,8} --only ${SWEEP_ONLY:-gemv,attend} --budget_s $(( ${SWEEP_S:-300} - 60 )) \
         --out "$OUT/sweep.json"
       # the GEMV's plane path against its decoder path (STRATA_QMATMUL_PLANES=0), a few configs, GEMVs only
-      for PL in 0 1; do
+      for PL in ${SWEEP_PLANES:-0 1}; do
         part sweep_planes$PL ${SWEEP_S:-150} env STRATA_QMATMUL_PLANES=$PL python3 experiments/sweep_kernels.py \
-          --model $MODEL --geometry qwen3.8-flash-next --rows ${SWEEP_ROWS:-1,8} --only gemv \
+          ${SWEEP_SRC:---model $MODEL --geometry qwen3.8-flash-next} ${SWEEP_QTYPES:+--qtypes $SWEEP_QTYPES} \
+          --rows ${SWEEP_ROWS:-1,8} --rows_top ${SWEEP_TOP:-3} --only gemv \
           --gemv_configs "${SWEEP_CONFIGS:-32,4,4,1056,2;16,8,4,2112,2;64,4,4,1056,2;32,8,4,528,2}" \
           --budget_s $(( ${SWEEP_S:-150} - 50 )) --out "$OUT/sweep_planes$PL.json"
       done

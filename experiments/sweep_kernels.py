@@ -237,6 +237,8 @@ def main(argv=None):
     ap.add_argument("--small", action="store_true", help="CPU plumbing: interpret mode, two configs, tiny shapes")
     ap.add_argument("--gemv_configs", default="", help="GEMV configs instead of the built-in list: "
                     "BN,G,warps,programs,stages;... (the first is reported as the default)")
+    ap.add_argument("--qtypes", default="", help="GEMV shapes of these block formats only (comma-separated, "
+                    "e.g. Q4_K,Q2_K; default: all)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
@@ -260,6 +262,8 @@ def main(argv=None):
     deadline = None if args.budget_s is None else t0 + args.budget_s
     for src in srcs:
         shapes, attn = model_shapes(src)
+        if args.qtypes:
+            shapes = [sh for sh in shapes if sh["qtype"] in args.qtypes.split(",")]
         label = src if isinstance(src, str) else src.path
         print(f"== {label}: {len(shapes)} GEMV shapes; attention {attn}", flush=True)
         if args.small:

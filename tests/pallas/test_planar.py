@@ -76,9 +76,11 @@ def _weight(rng, qtype, n_out, k_in, lead=()):
 @pytest.mark.parametrize("qtype", FAMILIES + [q for q in gemv.PLANES if q not in FAMILIES], ids=lambda q: q.name)
 def test_gemv_accuracy(impl, qtype, rng, monkeypatch):
     """The planar GEMV (3 rows; 20 output rows: a partial tile) within 1e-5 of float64, outputs poisoned first;
-    the formats of the plane path (`gemv.PLANES`) on it and on the decoder path."""
+    the formats of the plane path (`gemv.PLANES`) on it (``STRATA_QMATMUL_PLANES=all``) and on the decoder path."""
     monkeypatch.setenv("STRATA_QMATMUL", "planar")
     if qtype in gemv.PLANES:
+        assert gemv.uses_planes(qtype) == (qtype in gemv.PLANES_DEFAULT)
+        monkeypatch.setenv("STRATA_QMATMUL_PLANES", "all")
         assert gemv.uses_planes(qtype)
         monkeypatch.setenv("STRATA_QMATMUL_PLANES", "0")
         assert not gemv.uses_planes(qtype)
@@ -86,7 +88,7 @@ def test_gemv_accuracy(impl, qtype, rng, monkeypatch):
         w, w64 = _weight(rng, qtype, n_out, k_in)
         x = rng.standard_normal((3, k_in)).astype(np.float32)
         f64_check(qmatmul(jnp.asarray(x), w, qtype, n_out, k_in, impl=impl), x, w64, 1e-5, f"{impl} decoder path")
-        monkeypatch.setenv("STRATA_QMATMUL_PLANES", "1")
+        monkeypatch.setenv("STRATA_QMATMUL_PLANES", "all")
     n_out, k_in = 20, 512
     w, w64 = _weight(rng, qtype, n_out, k_in)
     x = rng.standard_normal((3, k_in)).astype(np.float32)

@@ -58,9 +58,23 @@ class Config:
 DEFAULT = Config()
 
 
+# From experiments/sweep_kernels.py on the H200 (2026-12-04, experiments/results/h200_2026-12-04/call2): the plane
+# path's Q4_K at the 1.5B file's shapes is fastest with (16, 8, 4, 2112) at 1 and 8 rows (gate+up 8960x1536: 9.76 /
+# 40.13 us against 10.98 / 42.68 with DEFAULT); the Q6_K output head (decoder path) with (32, 8, 4, 528) at one
+# row (151936x1536: 121.3 against 142.2 us; Flash-Next's 248320x2560: 311.8 against 359.4 us).
+PLANES_Q4K = Config(BN=16, G=8, target_programs=2112)
+HEAD_Q6K = Config(BN=32, G=8, target_programs=528)
+HEAD_ROWS = 65536   # a weight with this many output rows or more is an output head / embedding
+
+
 def choose_config(qtype, n_out: int, k_in: int) -> Config:
-    """Launch parameters for a weight (first choice, to be tuned by experiments/bench_kernels.py on the H200)."""
-    del qtype, n_out, k_in
+    """Launch parameters for a weight: a function of the format, the shape and the path (`uses_planes`), never of
+    the row count, so a row's reduction order is the same in every window."""
+    del k_in
+    if qtype == Q.Q4_K and uses_planes(qtype):
+        return PLANES_Q4K
+    if qtype == Q.Q6_K and n_out >= HEAD_ROWS and not uses_planes(qtype):
+        return HEAD_Q6K
     return DEFAULT
 
 
@@ -189,14 +203,23 @@ PLANES = {
     Q.Q8_0: (("q8", 8, 1),), Q.Q4_0: (("q4", 4, 1),), Q.Q4_1: (("q4", 4, 1),), Q.Q2_K: (("q2", 2, 1),),
     Q.Q4_K: (("q4", 4, 1),), Q.Q6_K: (("q4", 4, 1), ("q2", 2, 16)),
 }
+# The formats that take the plane path by default: those it made faster on the H200 (2026-12-04, sweep_kernels at
+# the 1.5B file's shapes; Q4_K gate+up 8960x1536 13.86 -> 10.98 us at 1 row, 61.8 -> 42.7 at 8). Q6_K's two planes
+# were slower (head 142 -> 164 us at 1 row, 336 -> 817 at 8): it keeps the decoder path unless
+# STRATA_QMATMUL_PLANES=all.
+PLANES_DEFAULT = frozenset(PLANES) - {Q.Q6_K}
 _XOR = {Q.Q8_0: 0x80808080}   # the q8 plane stores int8 codes; the decoder's u is the byte with its top bit flipped
 _ONE = 0x3F800000
 
 
 def uses_planes(qtype) -> bool:
-    """Whether the GEMV takes the plane path for this format (``STRATA_QMATMUL_PLANES=0``: the decoder path for
-    every format, for comparisons)."""
-    return qtype in PLANES and dispatch.env_choice("STRATA_QMATMUL_PLANES", "1", ("0", "1")) == "1"
+    """Whether the GEMV takes the plane path for this format: `PLANES_DEFAULT` (``STRATA_QMATMUL_PLANES=1``, the
+    default), every format of `PLANES` (``all``) or none (``0``: the decoder path, for comparisons).
+
+    Raises:
+      UnsupportedError: another value of ``STRATA_QMATMUL_PLANES``."""
+    mode = dispatch.env_choice("STRATA_QMATMUL_PLANES", "1", ("0", "1", "all"))
+    return qtype in (PLANES_DEFAULT if mode == "1" else PLANES if mode == "all" else ())
 
 
 def plane_bits(qtype) -> tuple:
