@@ -186,6 +186,9 @@ for r in range($n): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500
       part fullsize ${FULL_S:-300} $NEW ${FULL_ENV:-} python3 experiments/bench_fullsize.py --geometry qwen3.8-flash-next \
         --devices 1 ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --decode_steps ${FULL_STEPS:-4} --out "$OUT/fullsize.json"
     fi
+    # generate_1k again after the parts above (with ANCHOR_WAIT_EARLY=0: once the llama.cpp build is done)
+    part generate_1k_late ${GENERATE_S:-150} $NEW python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" \
+      --max_new_tokens 128 --max_context 1024 --stats_json "$OUT/generate_1k_late.json"
     part profile_new 100 $NEW python3 experiments/profile_step.py --model $MODEL $PROF --out "$OUT/profile_new.json"
     # the same step at strata-generate's default context (4096 cells; bench_decode's is 1024)
     part profile_4k 100 $NEW python3 experiments/profile_step.py --model $MODEL $PROF --max_context 4096 \
@@ -284,6 +287,7 @@ for label, name in (("new, default kernels (planar)", "decode_new.json"),
               f"{d['prefill_tok_s']:.1f} tok/s, {d['fraction_of_ceiling']:.3f} of the ceiling")
 for label, name in (("", "generate.json"), (", --max_context 1024", "generate_1k.json"),
                     (", --max_context 1024, plane path off", "generate_1k_noplanes.json"),
+                    (", --max_context 1024, after the other parts", "generate_1k_late.json"),
                     (", --max_context 1024, first accepted update mode", "generate_cbm.json")):
     g = load(name)
     if g:

@@ -100,7 +100,8 @@ def test_steps_give_the_plain_tokens_qwen4exp_device_ple(samp):
     ids = [3, 17, 101, 5, 9, 44, 12]
     want = generate(host, ids, max_new_tokens=14, sampling=samp).tokens
     got = generate(dev, ids, max_new_tokens=14, sampling=samp, decode_steps=4)
-    assert got.tokens == want and got.stats.windows == 3 + 1  # 13 steps: three calls of 4, one single step
+    assert got.tokens == want and got.stats.windows == 3 + 1  # 13 steps: three calls of 4, a fourth keeps 1 of 4
+    assert got.stats.step_programs == 4
     # the predecessors the device loop left reach the host for what follows: a second prompt in the same slot
     # (reset) and a prompt continued after the loop (host PLE rows from the synced predecessors)
     assert generate(dev, ids[:5], max_new_tokens=6, sampling=samp, decode_steps=4).tokens == \
@@ -112,7 +113,7 @@ def test_steps_program_is_one_xla_program_device_ple():
     a prefill) are committed to the device as a previous loop's are (an uncommitted argument is a second XLA
     program, which the compile cache does not count)."""
     dev = _qwen4exp("device")
-    generate(dev, [3, 17, 101, 5, 9, 44, 12], max_new_tokens=8, decode_steps=3)  # 7 steps: 2 programs of 3
+    generate(dev, [3, 17, 101, 5, 9, 44, 12], max_new_tokens=8, decode_steps=3)  # 7 steps: 3 programs of 3
     fn = dev.cache._fns[(0, "steps", 1, 3, dev.n_slots)]  # its own count of steps: compiled by this test alone
     assert fn._cache_size() == 1  # greedy only (`RowSampling.all_greedy` is static: sampled rows are another)
 
@@ -185,8 +186,14 @@ def test_cli_decode_steps_note_stats_and_tokens(tmp_path):
     assert "--decode_steps 4: not used (the n-gram table is on the host" in err
     assert host["decode_steps"] == 1
     err, dev = cli("--ple_table", "device")
-    assert "not used" not in err and "[3 of 4 steps, 1 single step]" in err
+    # 13 steps: 4 programs of 4 (the last keeps 1: no one-step program to compile)
+    assert "not used" not in err and "[4 of 4 steps, 0 single steps]" in err
     assert dev["tokens"] == host["tokens"] and len(dev["tokens"]) == 14
+    # near the context end the tail runs one step per call: 1 + 64 - 1 - 5 = 59 tokens, the last 2 single
+    err, end = cli("--ple_table", "device", "--max_new_tokens", "100")
+    assert "[14 of 4 steps, 2 single steps]" in err and len(end["tokens"]) == 59
+    err, end_host = cli("--ple_table", "host", "--max_new_tokens", "100")
+    assert end["tokens"] == end_host["tokens"]
 
 
 @pytest.fixture

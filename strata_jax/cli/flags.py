@@ -52,8 +52,9 @@ flags.DEFINE_enum("weights", "auto", ["auto", "blocks", "f32"],
 flags.DEFINE_integer("decode_steps", None, f"Plain decode steps per device program, 1..{DECODE_STEPS_MAX}: the "
                      "same tokens, streamed in bursts of this many, one program launch per burst instead of one "
                      f"per token. Default: {DECODE_STEPS_GPU} on a GPU (there a one-step program takes longer to "
-                     "launch than to run), 1 on a CPU. The last tokens of the budget (fewer than N) run one step "
-                     "per call. Not used (one step per call, with a note) with --draft or --batch_mtp (verify "
+                     "launch than to run), 1 on a CPU. The budget's last tokens (fewer than N) run in one more "
+                     "N-step program whose extra steps are dropped (near the context end: one step per call). "
+                     "Not used (one step per call, with a note) with --draft or --batch_mtp (verify "
                      "windows), --dump_logits, a --layer_split, or a qwen4exp model whose n-gram table stays on the "
                      "host (--ple_table); in batch mode only while no request waits for a slot.",
                      lower_bound=1, upper_bound=DECODE_STEPS_MAX)

@@ -67,7 +67,7 @@ class GenerationStats:
     # ``windows``, their time (device time the host did not wait for) not in any rate
     dropped: int = 0
     ahead: int = 0  # plain steps launched from the previous step's pick before that step was read
-    decode_steps: int = 1  # plain decode steps per device call (`Engine.run_steps`; the budget's tail runs one by one)
+    decode_steps: int = 1  # plain decode steps per device call (`Engine.run_steps`)
     step_programs: int = 0  # calls that ran decode_steps steps (the other windows: single steps)
 
     def add_compiled_window(self, tokens: int, window_seconds: float, round_seconds: float) -> None:
@@ -205,8 +205,9 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
       on_prefill_chunk: ``on_prefill_chunk(read, len(prompt_ids))`` after each prompt chunk (`Engine.prefill`).
       decode_steps: plain decode steps per device program (`Engine.run_steps`; the same tokens, streamed in
         bursts of this many): used where the engine allows it (`Engine.can_run_steps`) and logits are not dumped,
-        else 1. Steps near the end of the budget run one at a time, so no step runs past ``max_new_tokens`` or
-        the context end.
+        else 1. The budget's last tokens (fewer than ``decode_steps``) run in one more such program whose extra
+        steps are dropped (no second program to compile, ~40 s on a GPU for the 1.5B shape); within
+        ``decode_steps`` cells of the context end they run one step per call, so no step writes past it.
 
     Returns:
       `Generation`.
@@ -242,16 +243,16 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
     steps = stats.decode_steps = decode_steps if (not dump_logits and engine.can_run_steps) else 1
     # One call ahead: call i + 1 is launched from call i's last pick, still on the device, before the host reads
     # call i and streams it, so the device runs call i + 1 while the host works. A call is one step, or ``steps``
-    # steps in one program while the budget holds them. When call i ends the sequence (EOS, a stop string; for a
-    # call of several steps, at any of them), what ran past the end is dropped: it wrote K/V cells and state past
-    # the end of this sequence, which the next prefill in this slot resets (`Engine.prefill` from position 0). No
-    # step is launched past max_new_tokens or the context end (`Sequence.budget`).
+    # steps in one program. When call i ends the sequence (EOS, a stop string, max_new_tokens; for a call of
+    # several steps, at any of them), what ran past the end is dropped: it wrote K/V cells and state past the end
+    # of this sequence, which the next prefill in this slot resets (`Engine.prefill` from position 0). No step
+    # writes past the context end: there the last tokens run one step per call.
 
     def launch(token, pos: int, budget: int) -> _Call:
-        if steps > 1 and budget >= steps:
+        if steps > 1 and (budget >= steps or pos + steps <= engine.max_context):
             stats.step_programs += 1
             out = engine.run_steps(token, Rows.make([slot], [pos], [1]), samp, steps)
-            return _Call(out["picks"], out["last"], pos, steps)
+            return _Call(out["picks"], out["last"], pos, min(steps, budget))
         out, pos = _launch_step(engine, slot, token, pos, samp)
         return _Call(out["picks"], out["picks"], pos, 1, out.get("logits") if dump_logits else None)
 

@@ -58,11 +58,14 @@ class Config:
 DEFAULT = Config()
 
 
-# From experiments/sweep_kernels.py on the H200 (2026-12-04, experiments/results/h200_2026-12-04/call2): the plane
-# path's Q4_K at the 1.5B file's shapes is fastest with (16, 8, 4, 2112) at 1 and 8 rows (gate+up 8960x1536: 9.76 /
-# 40.13 us against 10.98 / 42.68 with DEFAULT); the Q6_K output head (decoder path) with (32, 8, 4, 528) at one
-# row (151936x1536: 121.3 against 142.2 us; Flash-Next's 248320x2560: 311.8 against 359.4 us).
-PLANES_Q4K = Config(BN=16, G=8, target_programs=2112)
+# From experiments/sweep_kernels.py on the H200 (2026-12-04, experiments/results/h200_2026-12-04/call{2,3}), device
+# time per shape at 1 and 8 rows: the plane path's Q4_K is fastest with (16, 8, 4, 2112) at the 1.5B file's K =
+# 1536 / 8960 x 1536 shapes (gate+up 8960x1536: 9.76 / 40.13 us against 10.98 / 42.68 with DEFAULT) and with (32,
+# 8, 4, 528) at Flash-Next's K >= 2560 (attn_gate 6144x2560: 7.04 / 19.30 us against 7.36 / 34.68; per token at
+# one row within 1% of the best config); the Q6_K output head (decoder path) with (32, 8, 4, 528) at one row
+# (151936x1536: 121.3 against 142.2 us; Flash-Next's 248320x2560: 311.8 against 359.4 us).
+PLANES_Q4K_SMALL_K = Config(BN=16, G=8, target_programs=2112)
+PLANES_Q4K = Config(BN=32, G=8, target_programs=528)
 HEAD_Q6K = Config(BN=32, G=8, target_programs=528)
 HEAD_ROWS = 65536   # a weight with this many output rows or more is an output head / embedding
 
@@ -70,9 +73,8 @@ HEAD_ROWS = 65536   # a weight with this many output rows or more is an output h
 def choose_config(qtype, n_out: int, k_in: int) -> Config:
     """Launch parameters for a weight: a function of the format, the shape and the path (`uses_planes`), never of
     the row count, so a row's reduction order is the same in every window."""
-    del k_in
     if qtype == Q.Q4_K and uses_planes(qtype):
-        return PLANES_Q4K
+        return PLANES_Q4K if k_in >= 2048 else PLANES_Q4K_SMALL_K
     if qtype == Q.Q6_K and n_out >= HEAD_ROWS and not uses_planes(qtype):
         return HEAD_Q6K
     return DEFAULT
@@ -203,11 +205,12 @@ PLANES = {
     Q.Q8_0: (("q8", 8, 1),), Q.Q4_0: (("q4", 4, 1),), Q.Q4_1: (("q4", 4, 1),), Q.Q2_K: (("q2", 2, 1),),
     Q.Q4_K: (("q4", 4, 1),), Q.Q6_K: (("q4", 4, 1), ("q2", 2, 16)),
 }
-# The formats that take the plane path by default: those it made faster on the H200 (2026-12-04, sweep_kernels at
-# the 1.5B file's shapes; Q4_K gate+up 8960x1536 13.86 -> 10.98 us at 1 row, 61.8 -> 42.7 at 8). Q6_K's two planes
-# were slower (head 142 -> 164 us at 1 row, 336 -> 817 at 8): it keeps the decoder path unless
-# STRATA_QMATMUL_PLANES=all.
-PLANES_DEFAULT = frozenset(PLANES) - {Q.Q6_K}
+# The formats that take the plane path by default: those it made faster on the H200 (2026-12-04, sweep_kernels,
+# DEFAULT config: Q4_K gate+up 8960x1536 13.86 -> 10.98 us at 1 row, 61.8 -> 42.7 at 8; Flash-Next's Q2_K expert
+# gate+up 15.5 -> 11.2 and 53.2 -> 37.1; its Q4_0 expert down 7.32 -> 7.13 and 26.1 -> 27.0). Slower there, so
+# on the decoder path unless STRATA_QMATMUL_PLANES=all: Q6_K's two planes (head 142 -> 164 us at 1 row, 336 -> 817
+# at 8) and Q8_0 (the shared expert's down 2560x640: 2.07 -> 2.23 us). Q4_1: not measured (no shipped file has it).
+PLANES_DEFAULT = frozenset(PLANES) - {Q.Q6_K, Q.Q8_0}
 _XOR = {Q.Q8_0: 0x80808080}   # the q8 plane stores int8 codes; the decoder's u is the byte with its top bit flipped
 _ONE = 0x3F800000
 
