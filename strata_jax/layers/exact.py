@@ -13,18 +13,27 @@ import jax
 import jax.numpy as jnp
 
 
-def row_sum(x: jax.Array) -> jax.Array:
-    """Sum over the last axis in a fixed pairwise order. x [..., n] -> [..., 1] (keepdims)."""
-    n = x.shape[-1]
+def pairwise_sum(x: jax.Array, axis: int = -1) -> jax.Array:
+    """Sum over ``axis`` in a fixed pairwise order (elementwise adds of halves, zero-padded to a power of two):
+    the order depends only on the axis's length. The axis is kept with length 1."""
+    axis = axis % x.ndim
+    n = x.shape[axis]
     p = 1
     while p < n:
         p *= 2
     if p != n:
-        x = jnp.concatenate([x, jnp.zeros(x.shape[:-1] + (p - n,), x.dtype)], axis=-1)
-    while x.shape[-1] > 1:
-        h = x.shape[-1] // 2
-        x = x[..., :h] + x[..., h:]
+        pad = list(x.shape)
+        pad[axis] = p - n
+        x = jnp.concatenate([x, jnp.zeros(pad, x.dtype)], axis=axis)
+    while x.shape[axis] > 1:
+        h = x.shape[axis] // 2
+        x = jax.lax.slice_in_dim(x, 0, h, axis=axis) + jax.lax.slice_in_dim(x, h, 2 * h, axis=axis)
     return x
+
+
+def row_sum(x: jax.Array) -> jax.Array:
+    """Sum over the last axis in a fixed pairwise order. x [..., n] -> [..., 1] (keepdims)."""
+    return pairwise_sum(x, -1)
 
 
 def row_mean(x: jax.Array) -> jax.Array:
