@@ -30,6 +30,7 @@ from jax import lax
 from gguf.constants import GGMLQuantizationType as Q
 from jax.experimental import pallas as pl
 
+from strata_jax.layers import exact
 from strata_jax.pallas import dispatch
 from strata_jax.pallas.quant_matmul import decode as D
 from strata_jax.pallas.quant_matmul import planar as P
@@ -243,7 +244,8 @@ def plane_inputs(x, qtype):
         xb = jnp.moveaxis(x.reshape(*lead, K // 32, b, per_word), -1, -3)          # [..., 32/b, K/32, b]
         scale = np.asarray([2.0 ** (23 - b * (n % per_half)) for n in range(per_word)], np.float32)
         outs.append(xb * scale.reshape(per_word, 1, 1))
-    outs.append(jnp.sum(x.reshape(*lead, K // 16, 16), axis=-1))
+    # elementwise adds (a fixed pairwise tree), not a reduce: XLA fuses them with the planes into one launch
+    outs.append(exact.pairwise_sum(x.reshape(*lead, K // 16, 16), -1)[..., 0])
     return tuple(outs)
 
 
@@ -317,7 +319,7 @@ def plane_step(qtype, w_ref, rows, k_in, c, G, xq, tables):
 
 
 def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, masked, BN, x_per_slot,
-            table_names, x_sizes, planes):
+            table_names, x_sizes, planes, x_offs=()):
     w_refs = refs[:n_mats]
     n_x = len(x_sizes)
     x_refs = refs[n_mats:n_mats + n_x]
@@ -338,8 +340,8 @@ def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, ma
         def body(j, accs):
             c, live = split_step(s, j, cps, n_chunks, masked)
             grp = c * G + lax.broadcasted_iota(jnp.int32, (G,), 0)
-            if planes:   # `plane_inputs`, flat: [U, M, n] each
-                xs = [functools.partial(lambda m, i, idx: x_refs[i][(xu * M + m) * x_sizes[i] + idx], m)
+            if planes:   # `plane_inputs` side by side in one flat [U, M, n] array, input i at x_offs[i]
+                xs = [functools.partial(lambda m, i, idx: x_ref[(xu * M + m) * x_sizes[0] + x_offs[i] + idx], m)
                       for m in range(M)]
             else:
                 xs = [x_ref[xu, m, pl.ds(c * G, G)].astype(jnp.float32) for m in range(M)]  # [G, *vshape] each
@@ -405,9 +407,14 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
     tabs = [jnp.asarray(D.table(n)) for n in names]
     U_x = x.shape[0] if x_per_slot else 1
     planes = uses_planes(qtype)
+    x_offs = ()
     if planes:
-        xr = tuple(a.reshape(-1) for a in plane_inputs(x, qtype))
-        x_sizes = tuple(a.size // (U_x * M) for a in xr)
+        # one array (a concatenate XLA fuses with the ops that compute its pieces): one launch before the GEMV
+        # instead of a transpose and a reduce (2026-12-04b, 1.5B steps HLO: 7 of a layer's ~20 launches)
+        xp = [a.reshape(U_x * M, -1) for a in plane_inputs(x, qtype)]
+        x_offs = tuple(int(o) for o in np.cumsum([0] + [a.shape[1] for a in xp[:-1]]))
+        xr = (jnp.concatenate(xp, axis=1).reshape(-1),)
+        x_sizes = (sum(a.shape[1] for a in xp),)
     else:
         xr = (x.reshape(U_x, M, k_in // P.GROUP, *vs),)
         x_sizes = (k_in,)
@@ -417,7 +424,8 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
     call = dispatch.pallas_call(
         functools.partial(_kernel, n_mats=n_mats, qtype=qtype, M=M, n_out=n_out, k_in=k_in, G=t["G"],
                           cps=t["cps"], n_chunks=t["n_chunks"], masked=t["masked"], BN=cfg.BN,
-                          x_per_slot=x_per_slot, table_names=names, x_sizes=x_sizes, planes=planes),
+                          x_per_slot=x_per_slot, table_names=names, x_sizes=x_sizes, planes=planes,
+                          x_offs=x_offs),
         out_shape=[jax.ShapeDtypeStruct((U, t["split"], n_pad, M), jnp.float32)] * n_mats,
         grid=(t["n_tiles"], t["split"], U), in_specs=[full] * (1 + n_mats + len(xr) + len(tabs)),
         out_specs=[full] * n_mats,
