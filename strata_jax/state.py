@@ -76,6 +76,13 @@ def write_cells(cache: jax.Array, rows: Rows, values: jax.Array, max_context: in
         values = jax.lax.bitcast_convert_type(values.astype(jnp.bfloat16), jnp.uint16)
     else:
         values = values.astype(cache.dtype)
+    if B * T == 1:
+        # one cell (a solo decode step): a dynamic_update_slice whose scalar indices XLA computes inside it; the
+        # scatter cost an index select and concatenate of their own (H200 step HLO, 2026-12-04b). Same cell
+        # (in range either way), same bits.
+        lead = () if layer is None else (layer,)
+        idx = lead + (slot[0, 0], cell[0, 0]) + (0,) * (cache.ndim - len(lead) - 2)
+        return jax.lax.dynamic_update_slice(cache, values.reshape((1,) * (len(lead) + 2) + values.shape[2:]), idx)
     if layer is None:
         return cache.at[slot, cell].set(values)
     return cache.at[layer, slot, cell].set(values)

@@ -39,3 +39,8 @@ class RMSNorm(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return rms_norm(x, self.w[...], self.eps)
+
+    def add_norm(self, x: jax.Array, r: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(``x + r``, the norm of it), float32 [..., D] each: a residual add and this norm in one launch on the
+        kernel path (`strata_jax.pallas.rows.add_rms_norm`; the same bits as the add and `__call__`)."""
+        return row_ops.add_rms_norm(x, r, self.w[...], self.eps)

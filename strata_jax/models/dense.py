@@ -86,7 +86,8 @@ class DenseBlock(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         pos = rows.positions(T)
         local = self.is_local[...]
-        theta = jnp.where(local, cfg.rope_theta_local, cfg.rope_theta)
+        # a constant where no layer is local: one cos/sin per step for all layers, not one per layer
+        theta = jnp.where(local, cfg.rope_theta_local, cfg.rope_theta) if any(cfg.layer_local) else cfg.rope_theta
         q = apply_rope(q, pos, cfg.rope_dim, theta, cfg.rope_neox)
         k = apply_rope(k, pos, cfg.rope_dim, theta, cfg.rope_neox)
         kc, vc = kv
@@ -98,8 +99,8 @@ class DenseBlock(nnx.Module):
         o = self.wo(o.reshape(B, T, cfg.n_head * cfg.head_dim), ex)
         if self.post_attn_norm is not None:
             o = self.post_attn_norm(o)
-        h = h + o
-        y = self.ffn(self.ffn_norm(h), ex)
+        h, a = self.ffn_norm.add_norm(h, o)
+        y = self.ffn(a, ex)
         if self.post_ffw_norm is not None:
             y = self.post_ffw_norm(y)
         return h + y, (kc, vc)

@@ -49,6 +49,27 @@ def test_accuracy_and_rows_independent(op, impl, rng):
         assert_bits_equal(f(other, w, impl)[4], y[1, 3], f"{op} n={n}: row among 7 others")
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_add_rms_norm(impl, rng):
+    """The fused residual add + RMSNorm: the bits of the add and of `rms_norm` of the sum on the same path,
+    float64 accuracy, a row's bits whatever the other rows."""
+    for n in (40, 1536):
+        x = jnp.asarray(rng.standard_normal((3, 5, n)).astype(np.float32) * 2)
+        r = jnp.asarray(rng.standard_normal((3, 5, n)).astype(np.float32))
+        w = jnp.asarray(rng.uniform(0.5, 1.5, n).astype(np.float32))
+        with dispatch.poison_outputs():
+            h, y = rows.add_rms_norm(x, r, w, EPS, impl=impl)
+        assert_bits_equal(h, x + r, f"n={n}: the sum")
+        assert_bits_equal(y, rows.rms_norm(x + r, w, EPS, impl=impl), f"n={n}: the norm of the sum")
+        h64 = np.asarray(x, np.float64) + np.asarray(r, np.float64)
+        assert_close_rel(y, h64 / np.sqrt(np.mean(h64 * h64, -1, keepdims=True) + EPS) * np.asarray(w, np.float64),
+                         1e-6, f"n={n}")
+        assert_bits_equal(rows.add_rms_norm(x[1:2, 3:4], r[1:2, 3:4], w, EPS, impl=impl)[1][0, 0], y[1, 3],
+                          f"n={n}: row alone")
+    with pytest.raises(UnsupportedError):
+        rows.add_rms_norm(x, r[:1], w, EPS, impl=impl)
+
+
 def test_errors_and_fallback(monkeypatch, capsys):
     x = jnp.ones((2, 8), jnp.int32)
     with pytest.raises(UnsupportedError):

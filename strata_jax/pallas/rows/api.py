@@ -1,4 +1,4 @@
-"""Public API of the per-row ops: `rms_norm`, `row_sum`, `softmax`, `row_map`.
+"""Public API of the per-row ops: `rms_norm` (and `add_rms_norm`), `row_sum`, `softmax`, `row_map`.
 
 Sources: RMSNorm (Zhang & Sennrich 2019; HF ``LlamaRMSNorm``: ``x * rsqrt(mean(x^2) + eps) * w``), HF ``l2norm``
 (``x * rsqrt(sum(x^2) + eps)``), softmax over the last axis.
@@ -7,6 +7,7 @@ All four act on the last axis of ``x`` [..., n] (any float dtype, computed in fl
 
 * ``rms_norm(x, w, eps, *, mean=True)`` -> float32 [..., n]: ``x * rsqrt(mean(x^2) + eps) * w`` (``w`` float32
   [n] or None); ``mean=False`` divides by nothing (the L2 normalisation ``x * rsqrt(sum(x^2) + eps)``).
+* ``add_rms_norm(x, r, w, eps)`` -> (``x + r``, its ``rms_norm``): a residual add and the norm behind it.
 * ``row_sum(x)`` -> float32 [..., 1].
 * ``softmax(x)`` -> float32 [..., n] (-inf entries give 0).
 * ``row_map(fn, x)`` -> float32 [..., n]: an elementwise ``fn`` (sigmoid, softplus, ...) applied per row (for
@@ -30,6 +31,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from strata_jax.errors import UnsupportedError
 from strata_jax.pallas import dispatch
 from strata_jax.pallas.rows import kernel as _k
 from strata_jax.pallas.rows import reference as _ref
@@ -64,6 +66,29 @@ def rms_norm(x, w, eps: float, *, mean: bool = True, impl: str = "auto"):
     path = dispatch.resolve("rows.rms_norm", impl, _why_not(x))
     w = None if w is None else jnp.asarray(w, jnp.float32).reshape(-1)
     return _rms_norm(x, w, eps=float(eps), mean=bool(mean), path=path, poison=dispatch.poisoning())
+
+
+@functools.partial(jax.jit, static_argnames=("eps", "path", "poison"))
+def _add_rms_norm(x, r, w, *, eps, path, poison):
+    if path == "reference":
+        h = x.astype(jnp.float32) + r.astype(jnp.float32)
+        return h, _ref.rms_norm(h, w, eps, True)
+    with dispatch.poison_outputs(poison):
+        h, y = _k.add_rms_norm(_rows(x), _rows(r), w, eps, interpret=path == "interpret")
+        return h.reshape(x.shape), y.reshape(x.shape)
+
+
+def add_rms_norm(x, r, w, eps: float, *, impl: str = "auto"):
+    """(h, y), float32 [..., n] each: the residual sum ``h = x + r`` and ``rms_norm(h, w, eps)``, in one launch
+    on the kernel path (the bits of the add and of `rms_norm` of h). ``r`` has x's shape.
+
+    Raises:
+      UnsupportedError: as `rms_norm`, or r's shape differs from x's."""
+    if r.shape != x.shape:
+        raise UnsupportedError(f"rows.add_rms_norm: x {x.shape} and r {r.shape} differ")
+    path = dispatch.resolve("rows.rms_norm", impl, _why_not(x))
+    w = None if w is None else jnp.asarray(w, jnp.float32).reshape(-1)
+    return _add_rms_norm(x, r, w, eps=float(eps), path=path, poison=dispatch.poisoning())
 
 
 @functools.partial(jax.jit, static_argnames=("path", "poison"))

@@ -37,28 +37,33 @@ def padded_width(n: int) -> int:
     return max(MIN_WIDTH, pl.next_power_of_2(int(n)))
 
 
-def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, interpret):
-    """Program i: row i of the flat x_ref [N * n] as a [1, Dp] tile (lanes >= n = ``fill``), the extra operands
-    (flat [n] each, lanes >= n = 0), ``kernel(x, *extras) -> [1, Dp]``, lanes < ``ow`` stored to row i of o
-    (interpret mode: all Dp lanes to row i of an [rows, Dp] output, sliced by the caller)."""
-    o_ref = refs[n_extra]
+def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_out, interpret):
+    """Program i: row i of the flat x_ref [N * n] as a [1, Dp] tile (lanes >= n = ``fill``), row i of each of the
+    ``n_rows`` further row operands (flat [N * n], lanes >= n = 0), the extra operands (flat [n] each, lanes >= n =
+    0), ``kernel(x, *rows, *extras) -> [1, Dp]`` (or ``n_out`` of them), lanes < ``ow`` stored to row i of each
+    output (interpret mode: all Dp lanes to row i of an [rows, Dp] output, sliced by the caller)."""
+    o_refs = refs[n_rows + n_extra:]
     i = pl.program_id(0)
     r = jnp.minimum(i, N - 1)            # interpret mode's idle row reads the last row (its output is sliced off)
     col = lax.broadcasted_iota(jnp.int32, (1, Dp), 1)
     live = col < n
     cc = jnp.minimum(col, n - 1)         # in-bounds addresses for the masked lanes
     x = jnp.where(live, x_ref[r * n + cc].astype(jnp.float32), fill)
-    extras = [jnp.where(live, e[cc].astype(jnp.float32), 0.0) for e in refs[:n_extra]]
-    y = kernel(x, *extras).astype(jnp.float32)
-    if interpret:  # the interpreter's masked store is a scatter that also writes its masked lanes: a whole row
-        o_ref[i * Dp + col] = y
-    else:
-        plt.store(o_ref.at[r * ow + jnp.minimum(col, ow - 1)], y, mask=col < ow)
+    more = [jnp.where(live, e[r * n + cc].astype(jnp.float32), 0.0) for e in refs[:n_rows]]
+    extras = [jnp.where(live, e[cc].astype(jnp.float32), 0.0) for e in refs[n_rows:n_rows + n_extra]]
+    ys = kernel(x, *more, *extras)
+    for o_ref, y in zip(o_refs, ys if n_out > 1 else (ys,)):
+        y = y.astype(jnp.float32)
+        if interpret:  # the interpreter's masked store is a scatter that also writes its masked lanes: a whole row
+            o_ref[i * Dp + col] = y
+        else:
+            plt.store(o_ref.at[r * ow + jnp.minimum(col, ow - 1)], y, mask=col < ow)
 
 
-def _launch(kernel, x2, fill, *, interpret, extra=(), out_width=None, name):
-    """``kernel(x [1, Dp], *extras [1, Dp]) -> [1, Dp]`` for every row of x2 [N, n], one program per row; returns
-    float32 [N, out_width or n] (the first lanes of each row's result)."""
+def _launch(kernel, x2, fill, *, interpret, rows_in=(), extra=(), out_width=None, n_out=1, name):
+    """``kernel(x [1, Dp], *rows_in [1, Dp], *extras [1, Dp]) -> [1, Dp]`` (or a tuple of ``n_out``) for every row
+    of x2 [N, n] (``rows_in``: more [N, n] operands read row by row), one program per row; returns float32 [N,
+    out_width or n] (the first lanes of each row's result), or a tuple of ``n_out`` of them."""
     N, n = x2.shape
     Dp = padded_width(n)
     rows = max(N, 2) if interpret else N
@@ -66,12 +71,13 @@ def _launch(kernel, x2, fill, *, interpret, extra=(), out_width=None, name):
     full = pl.no_block_spec
     call = dispatch.pallas_call(
         functools.partial(_row_program, kernel=kernel, N=N, n=n, Dp=Dp, ow=ow, fill=fill, n_extra=len(extra),
-                          interpret=interpret),
-        out_shape=[jax.ShapeDtypeStruct((rows * Dp,) if interpret else (N * ow,), jnp.float32)], grid=(rows,),
-        in_specs=[full] * (1 + len(extra)), out_specs=[full], interpret=interpret, num_warps=4, num_stages=1,
-        name=name)
-    (out,) = call(x2.reshape(-1), *(e.reshape(-1) for e in extra))
-    return out.reshape(rows, Dp)[:N, :ow] if interpret else out.reshape(N, ow)
+                          n_rows=len(rows_in), n_out=n_out, interpret=interpret),
+        out_shape=[jax.ShapeDtypeStruct((rows * Dp,) if interpret else (N * ow,), jnp.float32)] * n_out,
+        grid=(rows,), in_specs=[full] * (1 + len(rows_in) + len(extra)), out_specs=[full] * n_out,
+        interpret=interpret, num_warps=4, num_stages=1, name=name)
+    outs = call(x2.reshape(-1), *(e.reshape(-1) for e in rows_in), *(e.reshape(-1) for e in extra))
+    outs = [o.reshape(rows, Dp)[:N, :ow] if interpret else o.reshape(N, ow) for o in outs]
+    return tuple(outs) if n_out > 1 else outs[0]
 
 
 def _norm_kernel(x, *w, eps, n, mean):
@@ -87,6 +93,18 @@ def rms_norm(x2, w, eps, *, mean, interpret):
     k = functools.partial(_norm_kernel, eps=float(eps), n=float(n), mean=mean)
     return _launch(k, x2, 0.0, interpret=interpret, extra=() if w is None else (w,),
                    name="rows_rms_norm" if mean else "rows_l2_norm")
+
+
+def _add_norm_kernel(x, r, *w, eps, n):
+    h = x + r
+    return h, _norm_kernel(h, *w, eps=eps, n=n, mean=True)
+
+
+def add_rms_norm(x2, r2, w, eps, *, interpret):
+    """(x2 + r2, RMSNorm of it) for rows [N, n]: one launch for a residual add and the norm behind it."""
+    k = functools.partial(_add_norm_kernel, eps=float(eps), n=float(x2.shape[1]))
+    return _launch(k, x2, 0.0, interpret=interpret, rows_in=(r2,), extra=() if w is None else (w,), n_out=2,
+                   name="rows_add_rms_norm")
 
 
 def _sum_kernel(x):
