@@ -14,12 +14,13 @@ prefill program on its first call, which is timed as that size's first call (``c
 seconds during it). Then each prompt (greedy, random ids, the prefixes of one sequence) is read ``--repeats`` times
 warm with `Engine.prefill` (one host read per chunk, as the solo path reads) and the best time is kept.
 
-Memory: ``device.memory_stats()`` where the backend has it (GPU; None on a CPU): ``resident_bytes`` (in use after
-the load: weights + state) and, per case, ``peak_bytes`` (the process's peak so far: JAX cannot reset it, so the
-cases run with chunk sizes ascending and prompts ascending, the order in which the peak is expected to rise; a case
-that does not raise it reads the earlier peak; ``compile[C]["peak_bytes"]`` is the peak right after a chunk
-size's first call, whose compile may allocate device buffers of its own, e.g. for autotuning). A read of a long prompt should not raise the peak above that of
-a short one at the same chunk size: chunks are read one at a time.
+Memory: ``device.memory_stats()`` where the backend has it (`strata_jax.pipeline.memory.device_memory`; GPU; None on
+a CPU): ``resident_bytes`` (in use after the load: weights + state) and, per case, ``peak_bytes`` (the process's
+peak so far: JAX cannot reset it, so the cases run with chunk sizes ascending and prompts ascending, the order in
+which the peak is expected to rise; a case that does not raise it reads the earlier peak;
+``compile[C]["peak_bytes"]`` is the peak right after a chunk size's first call, whose compile may allocate device
+buffers of its own, e.g. for autotuning). A read of a long prompt should not raise the peak above that of a short
+one at the same chunk size: chunks are read one at a time.
 
 ``--budget_s``: before each call the time it will take is estimated (the previous call's compile for a first call,
 the tokens at this chunk size's measured rate for a warm one) and cases that would pass the budget are skipped and
@@ -42,21 +43,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x.strip()]
-
-
-def memory(devices) -> dict | None:
-    """``{"bytes_in_use", "peak_bytes_in_use"}`` summed over ``devices``, None where the backend reports none."""
-    tot: dict = {}
-    for d in devices:
-        try:
-            st = d.memory_stats()
-        except Exception:  # noqa: BLE001 - backends without the call
-            st = None
-        if not st or "bytes_in_use" not in st:
-            return None
-        for k in ("bytes_in_use", "peak_bytes_in_use"):
-            tot[k] = tot.get(k, 0) + int(st.get(k, st["bytes_in_use"]))
-    return tot
 
 
 def table(res: dict) -> list[str]:
@@ -118,6 +104,7 @@ def main() -> None:
 
     from strata_jax.models_registry import resolve_model
     from strata_jax.pipeline.engine import Engine, check_prefill_chunk
+    from strata_jax.pipeline.memory import device_memory as memory
     from strata_jax.sampling import SamplingParams
 
     prompts, chunks = sorted(set(_ints(args.prompts))), sorted(set(_ints(args.chunks)))

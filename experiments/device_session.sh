@@ -29,7 +29,13 @@
 # attention launch configs at the 1.5B file's and Flash-Next's shapes; SWEEP_S, SWEEP_ROWS, SWEEP_ONLY),
 # profile_steps / profile_full_steps (profile_step.py --kind steps: 4 steps per program, per token, with the
 # program's HLO), batch_gen (strata-generate --batch N, aggregate tok/s; BATCH_NS) and anchor_batched
-# (llama-batched-bench on the same file). ANCHOR_WAIT_EARLY=0 lets the parts after pallas run beside the llama.cpp
+# (llama-batched-bench on the same file). The real file path at full size (after fullsize; issue 12 item 8):
+# realfile_write (../shared/tools/make_qwen4exp_gguf.py, carried in .carry/tools, writes /tmp/flash.gguf: the
+# Flash-Next shape with random blocks, REAL_LAYERS layers (48: 53.6 GB, ~2 min); a file already there from an earlier
+# call on a warm machine is reused unless REAL_REWRITE=1), realfile_generate (strata-generate --model on it, 64 tokens,
+# --decode_steps as the GPU's default), realfile_batch (--batch 4 --max_context 8192: 4 requests of 64 tokens) and
+# realfile_anchor (llama-bench on the same file, REPS=2; the llama.cpp build starts at the top of the call); each
+# under REALFILE_S; only when named in PARTS. ANCHOR_WAIT_EARLY=0 lets the parts after pallas run beside the llama.cpp
 # build (its 16 compile jobs made the first calls' compiles 2.6x slower on 2026-12-03: keep timed parts after it). Pick parts with PARTS="random_gguf probe
 # ..." (time limits: DECODE_S, GENERATE_S, PREFILL_S, PROBE_S, REPEAT_S, SAMPLER_S; BUDGET for the whole call). The device tool returns only a few files:
 # the parts' logs and JSON come back in $OUT/parts.tgz beside $OUT/session.log.
@@ -55,9 +61,11 @@ part() {  # part NAME SECONDS CMD...: run CMD with a timeout, logged to $OUT/NAM
 
 case "$MODE" in
   prepare)
-    mkdir -p .carry/whl .carry/anchor .carry/old
+    mkdir -p .carry/whl .carry/anchor .carry/old .carry/tools
     cp /opt/pypi/files/gguf-*.whl .carry/whl/ 2>/dev/null || python3 -m pip download -q --no-deps -d .carry/whl gguf
     cp ../shared/tools/llamacpp/* .carry/anchor/ 2>/dev/null || cp /work/shared/tools/llamacpp/* .carry/anchor/
+    # the Flash-Next-shape GGUF writer of the realfile_* parts
+    cp ../shared/tools/make_qwen4exp_gguf.py .carry/tools/ 2>/dev/null || cp /work/shared/tools/make_qwen4exp_gguf.py .carry/tools/
     rm -rf .carry/old/strata_jax .carry/old/configs && git archive "$BASE" strata_jax configs | tar -x -C .carry/old
     # the profiler's own modules (standalone), so that profile_step.py runs against the old package too
     cp strata_jax/pallas/trace.py strata_jax/pallas/gpu_flags.py .carry/old/strata_jax/pallas/
@@ -78,7 +86,7 @@ case "$MODE" in
       FLAGS=$(python3 -c "from strata_jax.pallas import gpu_flags as g; print(' '.join(g.xla_flags(True)))")
       part env 30 python3 -c "import jax, flax; print(jax.__version__, flax.__version__, jax.devices())"
       part flags 30 env XLA_FLAGS="$FLAGS" python3 -c "import jax; print('XLA flags accepted:', jax.devices())"
-      want anchor && bash .carry/anchor/anchor.sh build > "$OUT/anchor_build.log" 2>&1
+      { want anchor || want realfile_anchor; } && bash .carry/anchor/anchor.sh build > "$OUT/anchor_build.log" 2>&1
       part random_gguf 60 python3 -m strata_jax.testing.random_gguf fill experiments/data/qwen2.5-coder-1.5b.header.xz $MODEL
       # -v: each test's name and result as it finishes, so a part cut by its timeout still says which failed
       part pallas ${PALLAS_S:-150} env STRATA_TEST_GPU=1 python3 -m pytest -v -rf --tb=short -p no:cacheprovider \
@@ -185,6 +193,37 @@ for r in range($n): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500
     if [ "$MODE" = run ]; then  # the Qwen3.8-Flash-Next shape on one GPU (random weights made on the device)
       part fullsize ${FULL_S:-300} $NEW ${FULL_ENV:-} python3 experiments/bench_fullsize.py --geometry qwen3.8-flash-next \
         --devices 1 ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --decode_steps ${FULL_STEPS:-4} --out "$OUT/fullsize.json"
+    fi
+    # the real file path at full size: a Flash-Next-shape GGUF written here (random blocks), loaded through
+    # strata-generate --model FILE (memory map; load seconds, device memory, decode tok/s in its --stats_json); only
+    # when named in PARTS (PARTS=all leaves them out: they need 54 GB of disk and most of a call)
+    if [ "$MODE" = run ] && [[ " $PARTS " == *" realfile_"* ]]; then
+      REAL=/tmp/flash.gguf
+      realfile_write() {
+        if [ -s $REAL ] && [ "${REAL_REWRITE:-0}" = 0 ]; then
+          echo "reusing $REAL ($(stat -c %s $REAL) bytes, written by an earlier call; REAL_REWRITE=1 writes it again)"; return 0
+        fi
+        local need=$(( ${REAL_LAYERS:-48} * 1091 + 1230 )) free  # MB: 1.09 GB per layer + embeddings, head, PLE table
+        free=$(df --output=avail -B 1000000 /tmp | tail -n 1)
+        echo "about $need MB to write, $free MB free in /tmp"
+        [ "$free" -gt $(( need + 2000 )) ] || { echo "not enough disk for $REAL"; return 1; }
+        local t0; t0=$(date +%s)
+        python3 .carry/tools/make_qwen4exp_gguf.py $REAL.partial ${REAL_LAYERS:-48} || return 1
+        mv $REAL.partial $REAL
+        echo "wrote $REAL: $(stat -c %s $REAL) bytes, ${REAL_LAYERS:-48} layers, in $(( $(date +%s) - t0 )) s"
+      }
+      export REAL REAL_LAYERS REAL_REWRITE; export -f realfile_write
+      part realfile_write ${REALFILE_S:-300} bash -c realfile_write
+      part realfile_generate ${REALFILE_S:-300} $NEW python3 -m strata_jax.cli.generate --model $REAL --prompt_ids "$IDS" \
+        --max_new_tokens 64 --stats_json "$OUT/realfile_generate.json"
+      if want realfile_batch; then  # 4 requests of 64-token prompts, 64 tokens each, in 4 slots of 8192 cells
+        python3 -c "import json
+for r in range(4): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500 for i in range(64)], 'max_new_tokens': 64}))" \
+          > "$OUT/realfile_prompts.jsonl"
+      fi
+      part realfile_batch ${REALFILE_S:-300} $NEW python3 -m strata_jax.cli.generate --model $REAL --batch 4 \
+        --prompts_file "$OUT/realfile_prompts.jsonl" --max_context 8192 --stats_json "$OUT/realfile_batch.json"
+      part realfile_anchor ${REALFILE_S:-300} env REPS=2 bash .carry/anchor/anchor.sh bench $REAL
     fi
     # generate_1k again after the parts above (with ANCHOR_WAIT_EARLY=0: once the llama.cpp build is done)
     part generate_1k_late ${GENERATE_S:-150} $NEW python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" \
@@ -297,6 +336,27 @@ for label, name in (("", "generate.json"), (", --max_context 1024", "generate_1k
 f = load("fullsize.json")
 if f:
     print("Flash-Next shape, 1 GPU: " + json.dumps({k: v for k, v in f.items() if not isinstance(v, (dict, list))})[:400])
+try:
+    print("real file: " + [ln.strip() for ln in open(os.path.join(out, "realfile_write.log"))
+                           if ln.startswith(("wrote", "reusing"))][-1])
+except (OSError, IndexError):
+    pass
+for label, name, rate in (("1 stream", "realfile_generate.json", "decode_tok_s"),
+                          ("--batch 4 x 8192 cells, aggregate", "realfile_batch.json", "tok_s")):
+    g = load(name)
+    if g:
+        m = g.get("memory") or {}
+        mem = (f"{m.get('source')} memory {(m.get('bytes_in_use') or 0) / 2**30:.1f} GiB in use, peak "
+               f"{(m.get('peak_bytes_in_use') or 0) / 2**30:.1f} of {(m.get('bytes_limit') or 0) / 2**30:.1f} GiB")
+        print(f"strata-generate (real file, {label}): decode {g.get(rate) or 0:.1f} tok/s, load "
+              f"{g.get('load_seconds') or 0:.1f} s, {mem}, {g.get('compiles')} compiles in "
+              f"{g.get('compile_seconds') or 0:.1f} s")
+try:
+    for ln in open(os.path.join(out, "realfile_anchor.log")):
+        if re.search(r"\| +(tg|pp)\d+", ln):
+            print("llama.cpp (real file) " + " ".join(ln.split()))
+except OSError:
+    pass
 k = load("kernels.json")
 if k and k.get("summary"):
     print(f"kernels (fraction of the {k.get('ceiling_GBps') or 0:.0f} GB/s ceiling; {len(k.get('skipped', []))} cases "

@@ -214,7 +214,23 @@ def test_prompts_file_refused_combinations(tmp_path, args, needles):
 def test_unusable_tokenizer_prompt():
     """qwen4exp_q8_0.gguf's tokenizer cannot be built (BPE with tokens missing): --prompt says so, no traceback."""
     assert_clean_error(run_cli("--model", HYBRID_Q8, "--prompt", "hi", "--max_context", "16"),
-                       "no usable tokenizer", "--prompt_ids")
+                       "--prompt needs the model's tokenizer", "no usable one", "--prompt_ids")
+
+
+def test_unusable_tokenizer_before_the_weights_load(tmp_path):
+    """The tokenizer is checked from the header before any weights load (a 50 GB file takes minutes to load): on a
+    copy of qwen4exp_q8_0.gguf's header alone (no tensor data) a text prompt, --stop and a text request fail on the
+    tokenizer, not on the missing data; --prompt_ids needs no tokenizer and reaches the load (truncated)."""
+    from strata_jax.testing.random_gguf import write_header
+
+    head = tmp_path / "head.gguf"
+    write_header(HYBRID_Q8, str(head))
+    m = ("--model", str(head), "--max_context", "16")
+    assert_clean_error(run_cli(*m, "--prompt", "hi"), "--prompt needs the model's tokenizer", "--prompt_ids")
+    assert_clean_error(run_cli(*m, "--prompt_ids", "1,2", "--stop", "x"), "--stop needs the model's tokenizer")
+    f = _jsonl(tmp_path, '{"prompt_ids": [1, 2]}', '{"prompt": "a", "id": "t"}')
+    assert_clean_error(run_cli(*m, "--prompts_file", f), f"--prompts_file {f}:2: request 't'", "give 'prompt_ids'")
+    assert_clean_error(run_cli(*m, "--prompt_ids", "1,2"), "truncated")
 
 
 @pytest.mark.slow

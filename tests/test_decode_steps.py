@@ -185,6 +185,9 @@ def test_cli_decode_steps_note_stats_and_tokens(tmp_path):
     err, host = cli("--ple_table", "host")
     assert "--decode_steps 4: not used (the n-gram table is on the host" in err
     assert host["decode_steps"] == 1
+    # the memory the run held (a CPU: the process's resident memory) in the stats line and the JSON
+    assert "process memory (RSS) " in err.strip().splitlines()[-1] and host["memory"]["source"] == "process"
+    assert host["memory"]["peak_bytes_in_use"] > 0 and host["memory_report"]["stages"][0]["weight_bytes"] > 0
     err, dev = cli("--ple_table", "device")
     # 13 steps: 4 programs of 4 (the last keeps 1: no one-step program to compile)
     assert "not used" not in err and "[4 of 4 steps, 0 single steps]" in err

@@ -93,6 +93,31 @@ def test_memory_report_and_refusal(model_path):
     assert eng.n_slots == 3 and state_bytes_per_slot(eng)[0] == rep["stages"][0]["slot_bytes"]
 
 
+def test_memory_in_use():
+    """The run's memory for the stats line and --stats_json: the stages' devices' statistics summed, each device once
+    (two stages on one GPU count it once); on a backend without statistics (CPU) the process's resident memory."""
+    from types import SimpleNamespace as NS
+
+    from strata_jax.pipeline.memory import device_memory, memory_in_use, memory_text
+
+    class Dev:
+        def __init__(self, stats):
+            self.stats = stats
+
+        def memory_stats(self):
+            return self.stats
+
+    g = 2 ** 30
+    a, b = Dev({"bytes_in_use": 3 * g, "peak_bytes_in_use": 5 * g, "bytes_limit": 8 * g}), Dev({"bytes_in_use": g})
+    m = memory_in_use(NS(stages=[NS(device=a), NS(device=a), NS(device=b)]))
+    assert m == {"source": "device", "bytes_in_use": 4 * g, "peak_bytes_in_use": 6 * g, "bytes_limit": 8 * g}
+    assert memory_text(m) == "device memory 4.0 GiB in use, peak 6.0 of 8.0 GiB"
+    assert device_memory([a, Dev(None)]) is None and device_memory([]) is None
+    cpu = memory_in_use(NS(stages=[NS(device=jax.devices("cpu")[0])]))
+    assert cpu["source"] == "process" and 0 < cpu["bytes_in_use"] <= cpu["peak_bytes_in_use"]
+    assert memory_text(cpu).startswith("process memory (RSS) ") and memory_text(None) == ""
+
+
 def test_set_slots_resizes_ple_history():
     """qwen4exp keeps each slot's PLE predecessor ids on the host: `set_slots` must resize them with the state (a
     batch on a qwen4exp file crashed in slot 1's prefill). The same prompt read into either slot gives one pick."""

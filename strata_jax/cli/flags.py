@@ -296,6 +296,29 @@ def load_engine():
 XLA_CACHE = None  # the `XlaCacheStats` of this process's compilation cache (None: off)
 
 
+def header_tokenizer(needed_for: str, hint: str = ""):
+    """``--model``'s tokenizer, built from the file's header before any weights load, for a run that needs it (a
+    text prompt, ``--stop``, text requests, the server): a file without a usable one (`usable_tokenizer`) fails here
+    (one ``error:`` line naming ``needed_for``, then ``hint``), not after minutes of loading weights.
+
+    Raises:
+      SystemExit: via `fail`; StrataError: unknown model, a file that is not GGUF, an unsupported architecture (the
+        more basic problem, said first).
+    """
+    from strata_jax.cli.requests import usable_tokenizer
+    from strata_jax.gguf import open_gguf
+    from strata_jax.models.registry import family_of
+    from strata_jax.models_registry import resolve_model
+
+    g = open_gguf(resolve_model(FLAGS.model, FLAGS.cache_dir), header_only=True)
+    family_of(g)
+    tok, why = usable_tokenizer(g)
+    if tok is None:
+        fail(f"{needed_for} needs the model's tokenizer, and this model has no usable one ({why})"
+             + (f": {hint}" if hint else ""))
+    return tok
+
+
 def check_draft_tokenizer(target_path, draft_path) -> None:
     """A ``--draft_model`` tokenizes as the target does (`strata_jax.proposers.draft_model.check_same_tokenizer`),
     checked from the two files' headers before either model's weights load.

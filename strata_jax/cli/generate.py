@@ -145,16 +145,30 @@ def _check_flags(argv) -> dict:
     return plan
 
 
-def _prompt_ids(engine, plan: dict):
-    """The prompt's token ids, and the tokenizer that renders the output (None: output printed as ids)."""
+def _tokenizer_needed(plan: dict) -> tuple[str, str] | None:
+    """What in this run needs the model's tokenizer, and the way around it, as `shared.header_tokenizer` names them
+    (checked from the file's header before any weights load); None when nothing does (the output is then rendered as
+    text when the tokenizer is usable, else printed as ids)."""
+    if plan["text"] is not None:
+        return ("--prompt_file" if FLAGS.prompt_file is not None else "--prompt"), "give the prompt as --prompt_ids"
+    if FLAGS.stop:
+        return "--stop", ""
+    for pl in plan["lines"] or ():
+        if "prompt" in pl.d:
+            return f"--prompts_file {pl.where}: request {pl.rid!r}'s 'prompt'", "give 'prompt_ids'"
+    return None
+
+
+def _prompt_ids(engine, plan: dict, tok):
+    """The prompt's token ids, and the tokenizer that renders the output (None: output printed as ids). ``tok``: the
+    tokenizer `shared.header_tokenizer` built for a text prompt or --stop, else None (the engine's, when usable)."""
     from strata_jax.cli.requests import chat_messages, check_prompt_ids_vocab, usable_tokenizer
 
-    tok, why = usable_tokenizer(engine)
+    if tok is None:
+        tok, _ = usable_tokenizer(engine)
     if plan["ids"] is not None:
         check_prompt_ids_vocab(plan["ids"], engine.cfg.vocab_size, "--prompt_ids")
         return plan["ids"], tok
-    if tok is None:
-        fail(f"this model has no usable tokenizer ({why}): give the prompt as --prompt_ids")
     text = plan["text"]
     if FLAGS.chat:
         text = tok.apply_chat_template(chat_messages(text, FLAGS.system), add_generation_prompt=True)
@@ -176,11 +190,12 @@ def _decode_steps_unused(engine, proposer) -> str:
     return engine.steps_unavailable
 
 
-def solo_stats_line(engine, st, caches) -> str:
+def solo_stats_line(engine, st, caches, memory: dict | None = None) -> str:
     """The solo run's stats line (stderr), in words: load time and weights (and stages on a split), the prompt and
     its prefill rate, the tokens generated and the decode rate, the decode steps (or verify windows) that compiled
-    and were left out of that rate (their tokens and their time both), the proposals, the compiles and the XLA
-    cache's reads and writes, the stop reason."""
+    and were left out of that rate (their tokens and their time both), the proposals, the memory in use and its
+    peak (``memory``: `strata_jax.pipeline.memory.memory_in_use`), the compiles and the XLA cache's reads and
+    writes, the stop reason."""
     n_st = len(engine.stages)
     kind = "verify windows" if st.spec else ("decode calls" if st.decode_steps > 1 else "decode steps")
     parts = [f"loaded in {engine.load_seconds:.1f} s, {engine.weights} weights"
@@ -208,6 +223,10 @@ def solo_stats_line(engine, st, caches) -> str:
                      f"{kind[:-1] if st.windows == 1 else kind} compiled")
     if st.spec:
         parts.append(st.spec_summary())
+    if memory:
+        from strata_jax.pipeline.memory import memory_text
+
+        parts.append(memory_text(memory))
     parts += [shared.compile_summary(caches), f"stop: {st.stop_reason}"]
     return "[" + " | ".join(parts) + "]"
 
@@ -218,20 +237,21 @@ def main(argv) -> int:
 
     from strata_jax.cli.console import prompt_progress
     from strata_jax.pipeline.engine import default_decode_steps
+    from strata_jax.pipeline.memory import memory_in_use
     from strata_jax.pipeline.sequence import stop_strings
     from strata_jax.pipeline.solo import generate
     from strata_jax.proposers import SpecPolicy, make_proposer
 
     plan = _check_flags(argv)
+    need = _tokenizer_needed(plan)
+    tok = shared.header_tokenizer(*need) if need else None  # before the weights load: a 50 GB load takes minutes
     engine = shared.load_engine()
     if FLAGS.prompts_file:
-        return run_batch(engine, plan["lines"])
-    ids, tok = _prompt_ids(engine, plan)
+        return run_batch(engine, plan["lines"], tok)
+    ids, tok = _prompt_ids(engine, plan, tok)
     if len(ids) >= FLAGS.max_context:
         fail(f"prompt of {len(ids)} tokens does not fit in --max_context {FLAGS.max_context} (it needs at least "
              f"{len(ids) + 1}: the prompt and one generated token)")
-    if FLAGS.stop and tok is None:
-        fail("--stop needs the model's tokenizer, and this model has no usable one")
     con = shared.CONSOLE
     if tok is not None:
         dec = tok.stream_decoder(skip_special=True)
@@ -262,7 +282,8 @@ def main(argv) -> int:
     if tok is not None:
         con.text(dec.flush())
     con.text("\n")
-    con.note(solo_stats_line(engine, gen.stats, caches))
+    mem = memory_in_use(engine)
+    con.note(solo_stats_line(engine, gen.stats, caches, mem))
     if FLAGS.dump_logits:
         np.savez(FLAGS.dump_logits, prompt_ids=np.asarray(ids, np.int32), prefill_logits=gen.prefill_logits,
                  step_logits=gen.step_logits, tokens=np.asarray(gen.tokens, np.int32))
@@ -273,10 +294,19 @@ def main(argv) -> int:
              "text": tok.decode(gen.tokens, skip_special=True) if tok is not None else None,
              "compiles": sum(c.compiles for c in caches), "compile_seconds": sum(c.compile_seconds for c in caches),
              "xla_cache": None if x is None else {"path": x.path, "read": x.hits, "written": x.written,
-                                                  "requests": x.requests}}
+                                                  "requests": x.requests},
+             **_memory_facts(engine, mem)}
         with open(FLAGS.stats_json, "w") as f:
             json.dump(d, f, indent=1)
     return 0
+
+
+def _memory_facts(engine, mem: dict | None) -> dict:
+    """The memory keys of a --stats_json: ``memory`` (`memory_in_use` at the end of the run: source, bytes in use,
+    peak, limit) and ``memory_report`` (the engine's own count: weight bytes and state bytes per slot, per stage)."""
+    from strata_jax.pipeline.memory import memory_report
+
+    return {"memory": mem, "memory_report": memory_report(engine)}
 
 
 def _run_facts() -> dict:
@@ -287,8 +317,9 @@ def _run_facts() -> dict:
     return {"backend": jax.default_backend(), "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
-def run_batch(engine, lines) -> int:
-    """The ``--prompts_file`` branch: the requests (``lines`` from `read_prompts_file`) tokenized and checked against
+def run_batch(engine, lines, tok=None) -> int:
+    """The ``--prompts_file`` branch: the requests (``lines`` from `read_prompts_file`; ``tok``: the tokenizer
+    `shared.header_tokenizer` built when a request or --stop needs it, else None) tokenized and checked against
     the context, the scheduler of the batch flags (`strata_jax.cli.flags.batch_scheduler`: memory report, slots
     (no more than the requests), fit check, one ``batch:`` line), the requests through it with each request's text
     streamed as it is generated (`strata_jax.cli.console.LabelledLines`: ``[id] line`` on stdout), a summary line,
@@ -308,11 +339,12 @@ def run_batch(engine, lines) -> int:
     """
     from strata_jax.cli.console import LabelledLines
     from strata_jax.cli.requests import build_requests, usable_tokenizer, write_jsonl
+    from strata_jax.pipeline.memory import memory_in_use, memory_text
     from strata_jax.pipeline.sequence import stop_strings
 
-    tok, why = usable_tokenizer(engine)
-    if FLAGS.stop and tok is None:
-        fail(f"--stop needs the model's tokenizer, and this model has no usable one ({why})")
+    why = None
+    if tok is None:
+        tok, why = usable_tokenizer(engine)
     if tok is not None:
         eos = tuple(tok.eos_ids)
     else:
@@ -396,8 +428,10 @@ def run_batch(engine, lines) -> int:
     if beside is not None:  # what reading a prompt cost the slots decoding beside it
         ttft += (f"; decode beside prompt reads {beside:.1f} tok/s ({st['beside_prefill_tokens']} tok over "
                  f"{st['beside_prefill_steps']} step{'' if st['beside_prefill_steps'] == 1 else 's'})")
+    mem = memory_in_use(engine)
     shared.CONSOLE.note(f"[batch: {n_slots} slot{'' if n_slots == 1 else 's'}, {res.mode} | {len(results)} requests, "
                         f"{n} tok in {dt:.2f} s | {rate} | {ttft} | {wins} | {props} | "
+                        f"loaded in {engine.load_seconds:.1f} s | {memory_text(mem) or 'memory n/a'} | "
                         f"{shared.compile_summary(caches)}]")
     if FLAGS.out_jsonl:
         write_jsonl(FLAGS.out_jsonl, results, tok)
@@ -423,6 +457,7 @@ def run_batch(engine, lines) -> int:
              "compile_seconds_during_run": sum(c.compile_seconds for c in caches) - compile_s0,
              "xla_cache": None if x is None else {"path": x.path, "read": x.hits, "written": x.written,
                                                   "requests": x.requests},
+             **_memory_facts(engine, mem),
              "per_request": [{k: v for k, v in r.as_dict().items() if k != "tokens"} | {"generated": len(r.tokens)}
                              for r in results]}
         with open(FLAGS.stats_json, "w") as f:

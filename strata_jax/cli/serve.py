@@ -142,14 +142,7 @@ def main(argv) -> int:
         fail(f"strata-serve needs the 'serve' extra ({', '.join(missing)} missing): pip install -e '.[serve]'")
     import uvicorn
     sock = _bind()
-    from strata_jax.cli.requests import usable_tokenizer
-    from strata_jax.gguf import open_gguf
-    from strata_jax.models_registry import resolve_model
-
-    # the tokenizer from the file's header, before any weights load (chat and text prompts need it)
-    tok, why = usable_tokenizer(open_gguf(resolve_model(FLAGS.model, FLAGS.cache_dir)))
-    if tok is None:
-        fail(f"strata-serve needs the model's tokenizer, and this model has no usable one ({why})")
+    tok = shared.header_tokenizer("strata-serve")  # chat and text prompts need it: checked before any weights load
     engine = shared.load_engine()
     from strata_jax.cli import openai_api as oa
     from strata_jax.cli.server import Metrics, create_app

@@ -1,8 +1,10 @@
 """What an engine holds in memory, and how many slots fit: bytes of weights and of state per slot on each stage,
 the hand-off rows between stages, and the device's (or the machine's) limit.
 
-Used at start (`memory_lines` is logged, `check_batch_fits` refuses a ``--batch`` that does not fit) and by the
-load-time choice of the weights' form (`memory_bytes`, `strata_jax.pipeline.engine.Engine`'s ``weights="auto"``).
+Used at start (`memory_lines` is logged, `check_batch_fits` refuses a ``--batch`` that does not fit), by the
+load-time choice of the weights' form (`memory_bytes`, `strata_jax.pipeline.engine.Engine`'s ``weights="auto"``), and
+at the end of a run (`memory_in_use`: what the devices hold and held at most, for the stats line and
+``--stats_json``).
 """
 
 from __future__ import annotations
@@ -103,6 +105,76 @@ def memory_bytes() -> int | None:
         except OSError:
             pass
     return min(got) if got else None
+
+
+def device_memory(devices) -> dict | None:
+    """``{"bytes_in_use", "peak_bytes_in_use", "bytes_limit"}`` summed over ``devices`` (each device once), from
+    ``memory_stats()``; None where the backend reports none (CPU). The peak is the process's since the device was
+    first used (JAX cannot reset it); a backend without a peak or a limit reports the bytes in use or 0 for it."""
+    tot = {"bytes_in_use": 0, "peak_bytes_in_use": 0, "bytes_limit": 0}
+    seen = set()
+    for d in devices:
+        if d in seen:
+            continue
+        seen.add(d)
+        try:
+            st = d.memory_stats()
+        except Exception:  # noqa: BLE001 - backends without the call
+            st = None
+        if not st or "bytes_in_use" not in st:
+            return None
+        tot["bytes_in_use"] += int(st["bytes_in_use"])
+        tot["peak_bytes_in_use"] += int(st.get("peak_bytes_in_use", st["bytes_in_use"]))
+        tot["bytes_limit"] += int(st.get("bytes_limit") or 0)
+    return tot if seen else None
+
+
+def process_memory() -> dict | None:
+    """This process's resident memory: ``{"bytes_in_use", "peak_bytes_in_use"}`` (the resident set now, from
+    /proc/self/statm, and its peak, ``getrusage``'s ru_maxrss); None where neither can be read. On a CPU backend the
+    weights and state live there (pages of the model file's memory map count once read)."""
+    out = {}
+    try:
+        with open("/proc/self/statm") as f:
+            out["bytes_in_use"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+    try:
+        import resource
+
+        out["peak_bytes_in_use"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+    except (ImportError, OSError, ValueError):
+        pass
+    if not out:
+        return None
+    out.setdefault("bytes_in_use", out.get("peak_bytes_in_use"))
+    out.setdefault("peak_bytes_in_use", out["bytes_in_use"])
+    return out
+
+
+def memory_in_use(engine) -> dict | None:
+    """What ``engine``'s devices hold now and held at most: `device_memory` over its stages' devices (``"source":
+    "device"``, with ``bytes_limit``), or on a backend without memory statistics (CPU) the process's resident memory
+    (`process_memory`, ``"source": "process"``, ``bytes_limit`` the machine's, `memory_bytes`); None when neither is
+    known."""
+    got = device_memory([s.device for s in engine.stages])
+    if got is not None:
+        return {"source": "device", **got}
+    got = process_memory()
+    if got is None:
+        return None
+    return {"source": "process", **got, "bytes_limit": memory_bytes() or 0}
+
+
+def memory_text(m: dict | None) -> str:
+    """`memory_in_use` in words, GiB: ``device memory 52.1 GiB in use, peak 60.3 of 139.8 GiB`` (or ``process memory
+    (RSS) ...`` on a CPU); '' for None."""
+    if not m:
+        return ""
+    gib = 1 / 2 ** 30
+    what = "device memory" if m["source"] == "device" else "process memory (RSS)"
+    lim = f" of {m['bytes_limit'] * gib:.1f}" if m.get("bytes_limit") else ""
+    return f"{what} {m['bytes_in_use'] * gib:.1f} GiB in use, peak {m['peak_bytes_in_use'] * gib:.1f}{lim} GiB"
 
 
 def device_limit(device) -> int | None:
