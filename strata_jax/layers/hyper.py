@@ -27,8 +27,9 @@ from strata_jax.layers.norms import rms_norm
 
 
 def norm_per_stream(R: jax.Array, w: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm of each stream of R float32 [..., hc, D] separately, times ``w`` [hc*D] (reshaped [hc, D])."""
-    return rms_norm(R, None, eps) * w.reshape(R.shape[-2:])
+    """RMSNorm of each stream of R float32 [..., hc, D] separately, times ``w`` [hc*D] (reshaped [hc, D]): one
+    launch, the weight applied in the norm's kernel (the same product as after it)."""
+    return rms_norm(R, w.reshape(R.shape[-2:]), eps)
 
 
 def stream_mean(x: jax.Array) -> jax.Array:

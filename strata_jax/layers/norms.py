@@ -21,7 +21,8 @@ def rms_norm(x: jax.Array, w: jax.Array | None, eps: float) -> jax.Array:
 
     Args:
       x: [..., D] float32.
-      w: [D] float32 scale (already including any +1), or None for no scale.
+      w: [D] float32 scale (already including any +1), [k, D] for x [..., k, D] (one scale per position of the
+        second-to-last axis, e.g. per hyper-connection stream), or None for no scale.
       eps: added to the mean square.
 
     Returns:

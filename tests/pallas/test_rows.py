@@ -70,6 +70,20 @@ def test_add_rms_norm(impl, rng):
         rows.add_rms_norm(x, r[:1], w, EPS, impl=impl)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_rms_norm_weight_per_stream(impl, rng):
+    """A [k, n] weight for x [..., k, n] (hyper-connection streams): the bits of the norm times the weight after
+    it, in one call; a row's bits whatever the other rows."""
+    x = jnp.asarray(rng.standard_normal((3, 4, 40)).astype(np.float32) * 2)
+    w = jnp.asarray(rng.uniform(0.5, 1.5, (4, 40)).astype(np.float32))
+    with dispatch.poison_outputs():
+        y = rows.rms_norm(x, w, EPS, impl=impl)
+    assert_bits_equal(y, rows.rms_norm(x, None, EPS, impl=impl) * w, "weight inside vs after")
+    assert_bits_equal(rows.rms_norm(x[1:2], w, EPS, impl=impl)[0], y[1], "one row of streams alone")
+    with pytest.raises(UnsupportedError):
+        rows.rms_norm(x, w[:3], EPS, impl=impl)
+
+
 def test_errors_and_fallback(monkeypatch, capsys):
     x = jnp.ones((2, 8), jnp.int32)
     with pytest.raises(UnsupportedError):

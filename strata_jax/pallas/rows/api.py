@@ -61,11 +61,29 @@ def _rms_norm(x, w, *, eps, mean, path, poison):
         return _k.rms_norm(_rows(x), w, eps, mean=mean, interpret=path == "interpret").reshape(x.shape)
 
 
+def _norm_weight(x, w):
+    """``w`` as float32 [n], or [k, n] for x [..., k, n] (a weight per position of x's second-to-last axis, e.g.
+    one per hyper-connection stream)."""
+    if w is None:
+        return None
+    w = jnp.asarray(w, jnp.float32)
+    if w.ndim == 2:
+        if x.ndim < 2 or w.shape != x.shape[-2:]:
+            raise UnsupportedError(f"rows.rms_norm: a weight {w.shape} needs x [..., {w.shape[0]}, {w.shape[1]}], "
+                                   f"got {x.shape}")
+        return w
+    return w.reshape(-1)
+
+
 def rms_norm(x, w, eps: float, *, mean: bool = True, impl: str = "auto"):
-    """float32 [..., n]: ``x * rsqrt(mean(x^2) + eps) * w`` per row (module docstring)."""
+    """float32 [..., n]: ``x * rsqrt(mean(x^2) + eps) * w`` per row (module docstring); ``w`` float32 [n], [k, n]
+    for x [..., k, n] (row ``(..., j)`` scaled by ``w[j]``, in the same launch), or None.
+
+    Raises:
+      UnsupportedError: a [k, n] weight that does not match x's last two axes (or as the module docstring)."""
     path = dispatch.resolve("rows.rms_norm", impl, _why_not(x))
-    w = None if w is None else jnp.asarray(w, jnp.float32).reshape(-1)
-    return _rms_norm(x, w, eps=float(eps), mean=bool(mean), path=path, poison=dispatch.poisoning())
+    return _rms_norm(x, _norm_weight(x, w), eps=float(eps), mean=bool(mean), path=path,
+                     poison=dispatch.poisoning())
 
 
 @functools.partial(jax.jit, static_argnames=("eps", "path", "poison"))
@@ -87,7 +105,7 @@ def add_rms_norm(x, r, w, eps: float, *, impl: str = "auto"):
     if r.shape != x.shape:
         raise UnsupportedError(f"rows.add_rms_norm: x {x.shape} and r {r.shape} differ")
     path = dispatch.resolve("rows.rms_norm", impl, _why_not(x))
-    w = None if w is None else jnp.asarray(w, jnp.float32).reshape(-1)
+    w = _norm_weight(x, w)
     return _add_rms_norm(x, r, w, eps=float(eps), path=path, poison=dispatch.poisoning())
 
 

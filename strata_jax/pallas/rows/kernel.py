@@ -37,10 +37,10 @@ def padded_width(n: int) -> int:
     return max(MIN_WIDTH, pl.next_power_of_2(int(n)))
 
 
-def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_out, interpret):
+def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_out, extra_rows, interpret):
     """Program i: row i of the flat x_ref [N * n] as a [1, Dp] tile (lanes >= n = ``fill``), row i of each of the
-    ``n_rows`` further row operands (flat [N * n], lanes >= n = 0), the extra operands (flat [n] each, lanes >= n =
-    0), ``kernel(x, *rows, *extras) -> [1, Dp]`` (or ``n_out`` of them), lanes < ``ow`` stored to row i of each
+    ``n_rows`` further row operands (flat [N * n], lanes >= n = 0), the extra operands (flat [k * n] each, row i
+    reading its row ``i mod k``, k from ``extra_rows``; lanes >= n = 0), ``kernel(x, *rows, *extras) -> [1, Dp]`` (or ``n_out`` of them), lanes < ``ow`` stored to row i of each
     output (interpret mode: all Dp lanes to row i of an [rows, Dp] output, sliced by the caller)."""
     o_refs = refs[n_rows + n_extra:]
     i = pl.program_id(0)
@@ -50,7 +50,8 @@ def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_ou
     cc = jnp.minimum(col, n - 1)         # in-bounds addresses for the masked lanes
     x = jnp.where(live, x_ref[r * n + cc].astype(jnp.float32), fill)
     more = [jnp.where(live, e[r * n + cc].astype(jnp.float32), 0.0) for e in refs[:n_rows]]
-    extras = [jnp.where(live, e[cc].astype(jnp.float32), 0.0) for e in refs[n_rows:n_rows + n_extra]]
+    extras = [jnp.where(live, e[(r % k) * n + cc if k > 1 else cc].astype(jnp.float32), 0.0)
+              for e, k in zip(refs[n_rows:n_rows + n_extra], extra_rows)]
     ys = kernel(x, *more, *extras)
     for o_ref, y in zip(o_refs, ys if n_out > 1 else (ys,)):
         y = y.astype(jnp.float32)
@@ -62,8 +63,9 @@ def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_ou
 
 def _launch(kernel, x2, fill, *, interpret, rows_in=(), extra=(), out_width=None, n_out=1, name):
     """``kernel(x [1, Dp], *rows_in [1, Dp], *extras [1, Dp]) -> [1, Dp]`` (or a tuple of ``n_out``) for every row
-    of x2 [N, n] (``rows_in``: more [N, n] operands read row by row), one program per row; returns float32 [N,
-    out_width or n] (the first lanes of each row's result), or a tuple of ``n_out`` of them."""
+    of x2 [N, n] (``rows_in``: more [N, n] operands read row by row; ``extra``: [n] or [k, n] operands, row i
+    reading row i mod k), one program per row; returns float32 [N, out_width or n] (the first lanes of each row's
+    result), or a tuple of ``n_out`` of them."""
     N, n = x2.shape
     Dp = padded_width(n)
     rows = max(N, 2) if interpret else N
@@ -71,7 +73,8 @@ def _launch(kernel, x2, fill, *, interpret, rows_in=(), extra=(), out_width=None
     full = pl.no_block_spec
     call = dispatch.pallas_call(
         functools.partial(_row_program, kernel=kernel, N=N, n=n, Dp=Dp, ow=ow, fill=fill, n_extra=len(extra),
-                          n_rows=len(rows_in), n_out=n_out, interpret=interpret),
+                          n_rows=len(rows_in), n_out=n_out, extra_rows=tuple(e.size // n for e in extra),
+                          interpret=interpret),
         out_shape=[jax.ShapeDtypeStruct((rows * Dp,) if interpret else (N * ow,), jnp.float32)] * n_out,
         grid=(rows,), in_specs=[full] * (1 + len(rows_in) + len(extra)), out_specs=[full] * n_out,
         interpret=interpret, num_warps=4, num_stages=1, name=name)
