@@ -174,6 +174,7 @@ def test_help_names_the_module():
 @pytest.mark.parametrize("lines, needles", [
     (['{"prompt": "a", "id": 1}', '{"prompt": "b", "id": 1}'], [":2:", "duplicate id 1", "line 1"]),
     (['{"prompt": "a"}', '{"prompt": "b", "id": 0}'], [":2:", "duplicate id 0"]),  # line 1's default id is 0
+    (['{"prompt": "a", "id": "1"}', '{"prompt": "b", "id": 1}'], [":2:", "duplicate id 1", "as text"]),
     (['{"prompt": "a", "id": [1]}'], [":1:", "'id'", "string or a number"]),
     (['{"prompt_ids": [1, -2]}'], [":1:", "'prompt_ids'", ">= 0"]),
     (['{"prompt": "a"}', '{"prompt": "a", "top_k": 5000}'], [":2:", "'top_k' 5000", "0..1024"]),

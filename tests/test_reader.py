@@ -193,6 +193,12 @@ def test_absurd_counts(tmp_path):
     _refused(tmp_path, E.set_field(lay.data, E.part(lay, "kv:general.name:vtype"), 13), "unknown GGUF value type 13")
 
 
+def test_cut_file_says_truncated(tmp_path):
+    """A file cut inside its header (plausible counts, too few bytes) is called truncated, not corrupt."""
+    lay = E.layout()
+    _refused(tmp_path, lay.data[:100], "truncated GGUF file", "100 bytes")
+
+
 def test_nested_arrays(tmp_path):
     """Arrays of arrays: read up to MAX_ARRAY_DEPTH levels; 500 levels (a 6 KB key, a RecursionError before) and
     more sub-arrays than MAX_SUBARRAYS (100k empty ones: 4M of them cost 1.2 GB before) are refused with little

@@ -162,10 +162,11 @@ def read_prompts_file(path: str) -> list[PromptLine]:
         except StrataError as e:
             raise StrataError(f"--prompts_file {where}: {e}") from None
         rid = d.get("id", len(out))
-        if rid in seen:
-            raise StrataError(f"--prompts_file {where}: duplicate id {rid!r} (already used on line {seen[rid]}; "
-                              f"a line without 'id' gets its request index)")
-        seen[rid] = n
+        key = str(rid)  # ids stream as [id] labels: "1" and 1 would read alike
+        if key in seen:
+            raise StrataError(f"--prompts_file {where}: duplicate id {rid!r} (already used on line {seen[key]}; "
+                              f"ids are compared as text, and a line without 'id' gets its request index)")
+        seen[key] = n
         out.append(PromptLine(where, rid, d))
     if not out:
         raise StrataError(f"--prompts_file {path}: no requests")

@@ -248,6 +248,9 @@ class GGUFFile:
         # each key costs >= 13 bytes (length, one byte of name, type) and each tensor info >= 24: refuse counts
         # the file cannot hold before reading any
         if n_kv > MAX_KEYS or n_tensors > MAX_TENSORS or 13 * n_kv + 24 * n_tensors > size - c.pos:
+            if n_kv <= MAX_KEYS and n_tensors <= MAX_TENSORS:  # plausible counts, too few bytes: a cut file
+                raise StrataError(f"{self.path}: truncated GGUF file ({size} bytes cannot hold the header's "
+                                  f"{n_tensors} tensors and {n_kv} metadata keys)")
             raise StrataError(f"{self.path}: corrupt GGUF header ({n_tensors} tensors and {n_kv} metadata keys "
                               f"in a {size}-byte file; at most {MAX_TENSORS} and {MAX_KEYS} are read)")
         self.metadata: dict[str, Any] = {}
