@@ -412,9 +412,10 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
         # one array (a concatenate XLA fuses with the ops that compute its pieces): one launch before the GEMV
         # instead of a transpose and a reduce (2026-12-04b, 1.5B steps HLO: 7 of a layer's ~20 launches)
         xp = [a.reshape(U_x * M, -1) for a in plane_inputs(x, qtype)]
-        x_offs = tuple(int(o) for o in np.cumsum([0] + [a.shape[1] for a in xp[:-1]]))
+        widths = [a.shape[1] for a in xp]
+        x_offs = tuple(int(o) for o in np.cumsum([0] + widths[:-1]))
         xr = (jnp.concatenate(xp, axis=1).reshape(-1),)
-        x_sizes = (sum(a.shape[1] for a in xp),)
+        x_sizes = (sum(widths),)
     else:
         xr = (x.reshape(U_x, M, k_in // P.GROUP, *vs),)
         x_sizes = (k_in,)

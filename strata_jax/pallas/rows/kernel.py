@@ -40,8 +40,9 @@ def padded_width(n: int) -> int:
 def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_out, extra_rows, interpret):
     """Program i: row i of the flat x_ref [N * n] as a [1, Dp] tile (lanes >= n = ``fill``), row i of each of the
     ``n_rows`` further row operands (flat [N * n], lanes >= n = 0), the extra operands (flat [k * n] each, row i
-    reading its row ``i mod k``, k from ``extra_rows``; lanes >= n = 0), ``kernel(x, *rows, *extras) -> [1, Dp]`` (or ``n_out`` of them), lanes < ``ow`` stored to row i of each
-    output (interpret mode: all Dp lanes to row i of an [rows, Dp] output, sliced by the caller)."""
+    reading its row ``i mod k``, k from ``extra_rows``; lanes >= n = 0), ``kernel(x, *rows, *extras) -> [1, Dp]``
+    (or ``n_out`` of them), lanes < ``ow`` stored to row i of each output (interpret mode: all Dp lanes to row i of
+    an [rows, Dp] output, sliced by the caller)."""
     o_refs = refs[n_rows + n_extra:]
     i = pl.program_id(0)
     r = jnp.minimum(i, N - 1)            # interpret mode's idle row reads the last row (its output is sliced off)
