@@ -88,6 +88,25 @@ case "$MODE" in
       part flags 30 env XLA_FLAGS="$FLAGS" python3 -c "import jax; print('XLA flags accepted:', jax.devices())"
       { want anchor || want realfile_anchor; } && bash .carry/anchor/anchor.sh build > "$OUT/anchor_build.log" 2>&1
       part random_gguf 60 python3 -m strata_jax.testing.random_gguf fill experiments/data/qwen2.5-coder-1.5b.header.xz $MODEL
+      # issue 12 item 3: experiments/batch_exactness.py on the tiny qwen4exp fixture with a random MTP block, both
+      # stages on this GPU (--same_device), the anchor's workload (EX_REQ x EX_NEW, 4 slots); one process per
+      # (mode, greedy|seeded), all at once (each computes its own solo references); the pallas part runs beside it
+      # when named after it in PARTS (the exactness processes start first, in the background)
+      if want exactness; then
+        python3 -m strata_jax.testing.mtp_block tests/fixtures/hybrid/qwen4exp_q8_0.gguf /tmp/qwen4exp_mtp.gguf \
+          > "$OUT/exactness_fixture.log" 2>&1
+        EX_PIDS=""
+        for mode in ${EX_MODES:-serial pipelined batch_mtp piped_mtp}; do
+          for s in 0 1; do
+            timeout $(( $(left) - 15 )) env PYTHONPATH=/tmp/site:$PWD python3 experiments/batch_exactness.py \
+              --model /tmp/qwen4exp_mtp.gguf --stages 2 --same_device --slots 4 --requests ${EX_REQ:-32} \
+              --new ${EX_NEW:-512} --draft mtp --piped 3 --max_context 1024 --sampled $s --modes $mode \
+              --out "$OUT/exact_${mode}_$s.json" > "$OUT/exact_${mode}_$s.log" 2>&1 &
+            EX_PIDS="$EX_PIDS $!"
+          done
+        done
+        echo "=== exactness: $(echo $EX_PIDS | wc -w) processes started ($(date +%T))"
+      fi
       # -v: each test's name and result as it finishes, so a part cut by its timeout still says which failed
       part pallas ${PALLAS_S:-150} env STRATA_TEST_GPU=1 python3 -m pytest -v -rf --tb=short -p no:cacheprovider \
         ${PALLAS_FILES:-tests/pallas} -k "${PALLAS_K:-not hlo_loops and not interpret}"
@@ -224,6 +243,18 @@ for r in range(4): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500 
       part realfile_batch ${REALFILE_S:-300} $NEW python3 -m strata_jax.cli.generate --model $REAL --batch 4 \
         --prompts_file "$OUT/realfile_prompts.jsonl" --max_context 8192 --stats_json "$OUT/realfile_batch.json"
       part realfile_anchor ${REALFILE_S:-300} env REPS=2 bash .carry/anchor/anchor.sh bench $REAL
+    fi
+    # issue 12 item 5: every function of the full-size Flash-Next model compiled cold (an empty XLA cache of its
+    # own), weights abstract (compile_probe.py), quantized-matmul kernels on; COMPILE_JOBS compiles at once
+    if [ "$MODE" = run ]; then
+      part compile_full ${COMPILE_S:-300} env JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache_cold_$T0 python3 \
+        experiments/compile_probe.py --geometry qwen3.8-flash-next --n_layer 48 --ops all --jobs ${COMPILE_JOBS:-3} \
+        --kinds ${COMPILE_KINDS:-prefill,step,window2,window3,window4,window5,window6,window7,window8,mtp_prefill,mtp_window4} \
+        --timeout ${COMPILE_TIMEOUT:-150} --out "$OUT/compile_full.json"
+    fi
+    if [ -n "${EX_PIDS:-}" ]; then  # the exactness processes started before the pallas part
+      echo "=== exactness: waiting ($(date +%T), $(left) s left)"; wait $EX_PIDS
+      for f in "$OUT"/exact_*.log; do echo "    $(basename $f .log): $(grep -E '^(serial|pipelined|batch_mtp|piped_mtp) |resolves|ALL EXACT|MISMATCHES' $f | tr '\n' ' ' | cut -c1-220)"; done
     fi
     # generate_1k again after the parts above (with ANCHOR_WAIT_EARLY=0: once the llama.cpp build is done)
     part generate_1k_late ${GENERATE_S:-150} $NEW python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" \
