@@ -111,6 +111,46 @@ def test_qwen38_expert_formats(impl, rng):
     assert_close_rel(y, want, 1e-5, f"{impl} Q2_K/Q2_K/Q4_0 experts")
 
 
+@pytest.mark.parametrize("impl", [i for i in IMPLS if i != "reference"])
+@pytest.mark.parametrize("variant", ["kblock", "unit"])
+def test_planar_prefill_precisions(impl, variant, rng, monkeypatch):
+    """MoE prefill on planar weights (Qwen3.8-Flash-Next's expert formats; rows sorted by expert into 16-row tiles
+    of the grouped tensor-core GEMM, STRATA_QMATMUL_GEMM's kernel) at each STRATA_QMATMUL_PRECISION against
+    float64, and each row's bits the same in a 20-row chunk and in a 12-row chunk where it sits elsewhere."""
+    from strata_jax.pallas.quant_matmul import planar
+    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    monkeypatch.setenv("STRATA_QMATMUL_GEMM", variant)
+    M, H2, F2 = 20, 256, 64
+    raws = [random_weight(rng, q, n, kk, lead=(E,)) for q, n, kk in ((QWEN38[0], F2, H2), (QWEN38[1], F2, H2),
+                                                                     (QWEN38[2], H2, F2))]
+    gate, up, down = (planar.repack(jnp.asarray(r), qtype=q, n_cols=r.shape[-1] * 256 // 84 if q == Q.Q2_K else
+                                    r.shape[-1] * 32 // 18) for r, q in zip(raws, QWEN38))
+    x = jnp.asarray(rng.standard_normal((M, H2)).astype(np.float32))
+    ids = jnp.asarray(np.stack([rng.choice(E, K, replace=False) for _ in range(M)]).astype(np.int32))
+    w = jnp.asarray(rng.uniform(0.1, 1, (M, K)).astype(np.float32))
+    deq = lambda raw, q, n: np.asarray(dequantize(np.asarray(raw), q, n), np.float64)
+    x64 = np.asarray(x, np.float64)
+    want = np.zeros((M, H2))
+    for m in range(M):
+        for j in range(K):
+            e = int(ids[m, j])
+            g, u = deq(raws[0][e], QWEN38[0], H2) @ x64[m], deq(raws[1][e], QWEN38[1], H2) @ x64[m]
+            want[m] += float(w[m, j]) * (deq(raws[2][e], QWEN38[2], F2) @ (g / (1 + np.exp(-g)) * u))
+    # bounds on max |y - y64| / max |y64| (two products and a SwiGLU; measured 2026-12-05, 3 seeds: kblock bf16
+    # 3.2e-3 .. 4.4e-3, bf16x2 4.0e-6 .. 1.1e-5, bf16x3 1.2e-7 .. 1.6e-7; unit 1.9e-3 .. 2.6e-3, 4.5e-6 .. 6.9e-6,
+    # 1.1e-7 .. 2.0e-7)
+    for prec, tol in (("bf16", 2e-2), ("bf16x2", 5e-5), ("bf16x3", 2e-6)):
+        monkeypatch.setenv("STRATA_QMATMUL_PRECISION", prec)
+        with dispatch.poison_outputs():
+            y = moe_experts(x, ids, w, gate, up, down, QWEN38, impl=impl, prefill=True)
+        assert_close_rel(y, want, tol, f"{impl} {variant} {prec}")
+        if prec == "bf16":
+            assert np.max(np.abs(np.asarray(y) - want)) > 1e-5 * np.max(np.abs(want)), "bf16: precision ignored"
+    sel = np.r_[15:20, 0:7]                                   # 12 rows, rows 15..19 first
+    y12 = moe_experts(x[sel], ids[sel], w[sel], gate, up, down, QWEN38, impl=impl, prefill=True)
+    assert_bits_equal(y12, np.asarray(y)[sel], f"{variant}: 12 rows elsewhere vs the 20-row chunk")
+
+
 def test_errors(rng):
     x, ids, w, gate, up, down = make(rng, 2)
     with pytest.raises(UnsupportedError):

@@ -208,21 +208,28 @@ def test_tc16_rows_independent(impl, rng):
         assert_bits_equal(run(others)[0], alone[1], f"{qtype.name}: row 2 among other rows")
 
 
+# The GEMM's bound on max |y - y64| / (|x| @ |w|) per precision (bfloat16 pieces per inexact operand). Measured in
+# interpret mode (2026-12-05, 37 x 512 x 40) over KBLOCK_TYPES: kblock bf16 4.8e-4 .. 7.9e-4, bf16x2 1.1e-6 ..
+# 4.5e-6, bf16x3 2.5e-8 .. 5.2e-8; unit bf16 3.9e-4 .. 6.1e-4, bf16x2 1.1e-6 .. 2.7e-6, bf16x3 2.5e-8 .. 4.7e-8.
+GEMM_BOUNDS = {"bf16": 4e-3, "bf16x2": 1e-5, "bf16x3": 1e-6}
+
+
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
-def test_gemm_precisions_and_rows(impl, rng, monkeypatch):
-    """The tensor-core GEMM (M > 8): each precision's accuracy against float64 (bf16: activations rounded once,
-    ~1e-3; bf16x2 ~1e-6; bf16x3 float32-like), and a row's bits independent of the chunk's row count, the row's
-    position and the other rows."""
+@pytest.mark.parametrize("variant", gemm.VARIANTS)
+def test_gemm_precisions_and_rows(impl, variant, rng, monkeypatch):
+    """The tensor-core GEMM (M > 8) through `qmatmul`, each kernel (STRATA_QMATMUL_GEMM): each precision's
+    accuracy against float64 (bf16: operands rounded once, ~1e-3; bf16x2 ~1e-6; bf16x3 float32-like), and a
+    row's bits independent of the chunk's row count, the row's position and the other rows."""
     monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    monkeypatch.setenv("STRATA_QMATMUL_GEMM", variant)
     qtype, n_out, k_in = Q.Q6_K, 40, 256
     w, w64 = _weight(rng, qtype, n_out, k_in)
     X = jnp.asarray(rng.standard_normal((40, k_in)).astype(np.float32))
-    bounds = {"bf16": 4e-3, "bf16x2": 1e-5, "bf16x3": 1e-6}
-    for prec, tol in bounds.items():
+    for prec, tol in GEMM_BOUNDS.items():
         monkeypatch.setenv("STRATA_QMATMUL_PRECISION", prec)
         with dispatch.poison_outputs():
             y = qmatmul(X, w, qtype, n_out, k_in, impl=impl)
-        rel = f64_check(y, X, w64, tol, f"{impl} GEMM {prec}")
+        rel = f64_check(y, X, w64, tol, f"{impl} {variant} GEMM {prec}")
         if prec == "bf16":
             assert rel > 1e-5, f"bf16 ({rel:.2g}) is no less accurate than bf16x3: the precision switch is ignored"
     perm = jnp.asarray(rng.permutation(40)[:17])
@@ -233,12 +240,135 @@ def test_gemm_precisions_and_rows(impl, rng, monkeypatch):
         qmatmul(X, w, qtype, n_out, k_in, impl=impl)
 
 
-@pytest.mark.parametrize("impl", KERNEL_IMPLS)
-def test_grouped_experts_planar(impl, rng, monkeypatch):
-    """Routed experts on planar Q2_K / IQ4_NL stacks: the window path (union slots, 8-row groups) and the prefill
-    path (pairs sorted by expert, grouped tensor-core GEMM) against the reference; rows bitwise independent of the
-    call's other rows in both (a 9-row prefill chunk == those rows of the 12-row chunk)."""
+def test_gemm_variant_switch(rng, monkeypatch):
+    """STRATA_QMATMUL_GEMM picks the GEMM's kernel (traced as on a GPU: kblock by default, unit on request) and
+    reaches the MoE prefill GEMM too; an unknown value raises."""
     monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    monkeypatch.setattr(dispatch, "on_gpu", lambda: True)
+    w, _ = _weight(rng, Q.Q4_K, 32, 256)
+    x = jnp.zeros((16, 256), jnp.float32)
+    ws = [_weight(rng, Q.Q4_K, 256, 256, (2,))[0] for _ in range(3)]     # 2 experts' gate, up, down
+    ids = jnp.asarray(np.tile([[0, 1]], (16, 1)).astype(np.int32))
+    tw = jnp.ones((16, 2), jnp.float32)
+
+    def kernels(fn, *args):   # a new function each time: make_jaxpr caches the trace by function
+        return set(structure.jaxpr_report(jax.make_jaxpr(lambda *a: fn(*a))(*args)).kernels)
+    dense = lambda x, w: qmatmul(x, w, Q.Q4_K, 32, 256, impl="kernel")  # noqa: E731
+    moe = lambda x, *ws: moe_experts(x, ids, tw, *ws, Q.Q4_K, impl="kernel", prefill=True)  # noqa: E731
+    monkeypatch.delenv("STRATA_QMATMUL_GEMM", raising=False)
+    assert gemm.gemm_variant() == gemm.DEFAULT_VARIANT == "kblock"
+    assert kernels(dense, x, w) == {"qmatmul_tc_Q4_K_kblock"}
+    assert kernels(moe, x, *ws) == {"qmatmul_tc_Q4_K_kblock"}
+    monkeypatch.setenv("STRATA_QMATMUL_GEMM", "unit")
+    assert kernels(dense, x, w) == {"qmatmul_tc_Q4_K"}
+    assert kernels(moe, x, *ws) == {"qmatmul_tc_Q4_K"}
+    monkeypatch.setenv("STRATA_QMATMUL_GEMM", "tiles")
+    with pytest.raises(UnsupportedError, match="STRATA_QMATMUL_GEMM"):
+        qmatmul(x, w, Q.Q4_K, 32, 256, impl="kernel")
+
+
+# The K-block kernel: the shipped models' formats (Q4_K, Q6_K, Q8_0, Q2_K, Q4_0), a 4-bit table lookup with 6-bit
+# scales (IQ4_XS), a grid format with sign bits (IQ2_S), the float weights
+KBLOCK_TYPES = [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q2_K, Q.Q4_0, Q.IQ4_XS, Q.IQ2_S, Q.F16, Q.BF16, Q.F32]
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+@pytest.mark.parametrize("qtype", KBLOCK_TYPES, ids=lambda q: q.name)
+def test_kblock_accuracy(impl, qtype, rng):
+    """The K-block GEMM against float64 of gguf-py's weights at each precision, outputs poisoned first: the
+    prefill tiles (37 rows in one 128-row tile, 40 output rows in a partial 128-row weight tile) and the 16-row
+    tiles of MoE prefill / the tensor-core GEMV (3 tiles, KB = 128); bf16 must be measurably worse."""
+    interpret = impl == "interpret"
+    n_out, k_in = 40, 512
+    w, w64 = _weight(rng, qtype, n_out, k_in)
+    x = rng.standard_normal((37, k_in)).astype(np.float32)
+    for cfg in (None, gemm.kblock_config(qtype, n_out, k_in, BM=16)):
+        for prec, tol in GEMM_BOUNDS.items():
+            with dispatch.poison_outputs():
+                y = gemm.gemm(jnp.asarray(x), w, qtype, n_out, k_in, interpret=interpret, precision=prec,
+                              cfg=cfg, variant="kblock")
+            assert y.shape == (37, n_out) and y.dtype == jnp.float32
+            rel = f64_check(y, x, w64, tol, f"{impl} kblock {qtype.name} {prec} BM={cfg.BM if cfg else 128}")
+            if prec == "bf16":
+                assert rel > 1e-5, f"bf16 {rel:.2g}: the precision is ignored"
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES + [Q.F16, Q.BF16, Q.F32], ids=lambda q: q.name)
+def test_kblock_weights_exact(qtype, rng):
+    """The K-block kernel forms the weights of `planar.dequantize` (= gguf-py's) exactly: one-hot activation rows
+    at bf16x3 (three pieces hold a float32 weight exactly; the products by 1.0 and 0.0 are exact) give back every
+    weight bit for bit (up to the sign of zero; interpret mode)."""
+    n_out, k_in = 24, 256
+    w, w64 = _weight(rng, qtype, n_out, k_in)
+    eye = jnp.eye(k_in, dtype=jnp.float32)
+    y = gemm.gemm(eye, w, qtype, n_out, k_in, interpret=True, precision="bf16x3", variant="kblock")
+    want = (np.asarray(w, np.float32) if qtype in (Q.F32, Q.F16, Q.BF16)
+            else np.asarray(planar.dequantize(w, qtype=qtype, n_cols=k_in)))
+    assert_bits_equal(want, w64.astype(np.float32), f"{qtype.name}: planar.dequantize vs gguf-py")
+    # + 0.0: a zero weight (e.g. 0 * a negative d) comes back as +0.0 (the accumulator starts at +0.0)
+    assert_bits_equal(np.ascontiguousarray(np.asarray(y).T), want + np.float32(0),
+                      f"{qtype.name}: kernel weights vs planar.dequantize")
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_kblock_rows_independent(impl, rng):
+    """K-block GEMM, bitwise: a row's result is the same alone, among 149 other rows (two 128-row tiles), in a
+    17-row permuted chunk, and among rows 100x larger (Q4_K at bf16x2: a min per unit; Q6_K at bf16x3: 16-value
+    units); and the 16-row tile path of MoE prefill (`tile_gemm`, two stacked matrices): a (row, matrix) pair has
+    the same bits in every tile and position it appears in, in calls of 4 and 2 tiles."""
+    interpret = impl == "interpret"
+    for qtype, prec in ((Q.Q4_K, "bf16x2"), (Q.Q6_K, "bf16x3")):
+        n_out, k_in = 24, 512
+        w, w64 = _weight(rng, qtype, n_out, k_in)
+        X = jnp.asarray(rng.standard_normal((150, k_in)).astype(np.float32))
+        call = jax.jit(lambda x, w: gemm.gemm(x, w, qtype, n_out, k_in, interpret=interpret, precision=prec,
+                                              variant="kblock"))
+        Y = np.asarray(call(X, w))
+        f64_check(Y, X, w64, GEMM_BOUNDS[prec], f"kblock {qtype.name} M=150")
+        picks = np.asarray([0, 5, 127, 128, 149])
+        alone = np.stack([np.asarray(call(X[i:i + 1], w))[0] for i in picks])
+        assert_bits_equal(Y[picks], alone, f"{qtype.name}: M=150 vs rows alone")
+        perm = rng.permutation(150)[:17]
+        assert_bits_equal(np.asarray(call(X[perm], w)), Y[perm], f"{qtype.name}: 17 permuted rows vs 150")
+        others = jnp.concatenate([X[:7] * 100 + 1, X[127:128], X[:40]])     # row 127 at position 7
+        assert_bits_equal(np.asarray(call(others, w))[7], Y[127], f"{qtype.name}: row 127 among other rows")
+
+    qtype, n_out, k_in, E = Q.Q4_K, 40, 512, 2
+    ws, w64 = _weight(rng, qtype, n_out, k_in, (E,))
+    X = jnp.asarray(rng.standard_normal((30, k_in)).astype(np.float32))
+    cfg = gemm.MOE_PREFILL
+    rows4 = rng.integers(0, 30, (4, cfg.BM)).astype(np.int32)
+    rows4[2, 5], rows4[0, 11], rows4[3, 0] = 7, 7, 7                      # row 7 in tiles 0, 2, 3
+    exp4 = np.asarray([1, 0, 1, 0], np.int32)
+    rows2 = np.stack([rows4[2][::-1], rows4[0]])                          # tile 2 reversed, tile 0 as is
+    exp2 = np.asarray([1, 1], np.int32)
+    call = jax.jit(lambda x, ws, e, r: gemm.tile_gemm(x, ws, e, r, qtype, n_out, k_in, interpret=interpret,
+                                                      precision="bf16x2", cfg=cfg, variant="kblock"))
+    with dispatch.poison_outputs():
+        Y4 = np.asarray(call(X, ws, jnp.asarray(exp4), jnp.asarray(rows4)))
+        Y2 = np.asarray(call(X, ws, jnp.asarray(exp2), jnp.asarray(rows2)))
+    seen = {}
+    for Y, rows, exps in ((Y4, rows4, exp4), (Y2, rows2, exp2)):
+        for t in range(rows.shape[0]):
+            for b in range(cfg.BM):
+                key = (int(rows[t, b]), int(exps[t]))
+                if key in seen:
+                    assert_bits_equal(Y[t, b], seen[key], f"tile path: row {key[0]} of matrix {key[1]}")
+                else:
+                    seen[key] = Y[t, b]
+            f64_check(Y[t], np.asarray(X)[rows[t]], w64[exps[t]], 1e-5, f"tile path, tile {t}")
+    assert len(seen) < Y4.shape[0] * cfg.BM + Y2.shape[0] * cfg.BM   # some pairs were compared
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+@pytest.mark.parametrize("variant", gemm.VARIANTS)
+def test_grouped_experts_planar(impl, variant, rng, monkeypatch):
+    """Routed experts on planar Q2_K / IQ4_NL stacks: the window path (union slots, 8-row groups) and the prefill
+    path (pairs sorted by expert, grouped tensor-core GEMM, each STRATA_QMATMUL_GEMM kernel) against the
+    reference; rows bitwise independent of the call's other rows in both (a 9-row prefill chunk == those rows of
+    the 12-row chunk)."""
+    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    monkeypatch.setenv("STRATA_QMATMUL_GEMM", variant)
     E, H, F, k, M = 6, 256, 64, 2, 12
     qts = (Q.Q2_K, Q.Q2_K, Q.IQ4_NL)
     (g, g64), (u, u64), (d, d64) = (_weight(rng, q, n, kk, (E,)) for q, n, kk in ((qts[0], F, H), (qts[1], F, H),

@@ -17,7 +17,8 @@ HF transformers Qwen3-Next / Qwen3.5-MoE sparse MoE block; GGUF tensors ``ffn_{g
 * ``prefill``: the rows are a prefill chunk (not a verify window). Only planar weights use it: more than 8 rows
   then take the grouped tensor-core GEMM (rows sorted by expert), whose bits differ from the GEMV's.
 * Planar weights (uint32, `strata_jax.pallas.quant_matmul.planar`; ``STRATA_QMATMUL=planar`` at load): the planar
-  kernels, ``STRATA_QMATMUL_GEMV`` / ``STRATA_QMATMUL_PRECISION`` as for `strata_jax.pallas.quant_matmul.qmatmul`.
+  kernels, ``STRATA_QMATMUL_GEMV`` / ``STRATA_QMATMUL_PRECISION`` / ``STRATA_QMATMUL_GEMM`` as for
+  `strata_jax.pallas.quant_matmul.qmatmul`.
 
 Paths: the reference computes each (row, expert) pair with the row-chunked qmatmul reference; the kernel
 (formats with a quant_matmul kernel: Q2_K and Q4_0 of the Qwen3.8-Flash-Next experts included) reads each expert of
@@ -96,8 +97,9 @@ def _why_not(x, topk_ids, gate, up, down, qtypes, planar):
     return None
 
 
-@functools.partial(jax.jit, static_argnames=("qtypes", "path", "poison", "planar", "prefill", "gemv", "prec"))
-def _moe(x, topk_ids, topk_w, gate, up, down, *, qtypes, path, poison, planar, prefill, gemv, prec):
+@functools.partial(jax.jit, static_argnames=("qtypes", "path", "poison", "planar", "prefill", "gemv", "prec",
+                                             "gemm_kernel"))
+def _moe(x, topk_ids, topk_w, gate, up, down, *, qtypes, path, poison, planar, prefill, gemv, prec, gemm_kernel):
     if path == "reference":
         return _ref.moe_experts(x, topk_ids, topk_w, gate, up, down, qtypes)
     interpret = path == "interpret"
@@ -106,7 +108,7 @@ def _moe(x, topk_ids, topk_w, gate, up, down, *, qtypes, path, poison, planar, p
             f = [_qapi._as_float_weight(w.reshape(-1, w.shape[-1]), q, kk).reshape(w.shape[:2] + (-1,))
                  for w, q, kk in zip((gate, up, down), qtypes, (x.shape[1], x.shape[1], gate.shape[1]))]
             return _k.moe_experts_planar(x, topk_ids, topk_w, *f, qtypes, interpret=interpret, prefill=prefill,
-                                         gemv=gemv, precision=prec)
+                                         gemv=gemv, precision=prec, gemm_kernel=gemm_kernel)
         return _k.moe_experts_kernel(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=interpret)
 
 
@@ -118,4 +120,4 @@ def moe_experts(x, topk_ids, topk_w, gate, up, down, qtypes, *, impl: str = "aut
                             lambda: _why_not(x, topk_ids, gate, up, down, qtypes, planar))
     return _moe(x, topk_ids, topk_w, gate, up, down, qtypes=qtypes, path=path, poison=dispatch.poisoning(),
                 planar=planar, prefill=bool(prefill), gemv=_qapi.gemv_variant() if planar else "",
-                prec=_qapi.precision() if planar else "")
+                prec=_qapi.precision() if planar else "", gemm_kernel=_qapi.gemm_variant() if planar else "")

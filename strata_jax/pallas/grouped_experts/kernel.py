@@ -90,7 +90,7 @@ def _row_groups(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool,
 
 # --- planar weights (STRATA_QMATMUL=planar; strata_jax.pallas.quant_matmul.planar) ---
 
-def _grouped_gemv_tc(x, w_stacked, slot_expert, qtype, n_out, k_in, *, interpret, precision):
+def _grouped_gemv_tc(x, w_stacked, slot_expert, qtype, n_out, k_in, *, interpret, precision, variant=None):
     """`gemv.grouped_gemv`'s contract on the tensor cores: slot u's rows (x or x[u], M <= 8) in one 16-row tile."""
     from strata_jax.pallas.quant_matmul import gemm as G
 
@@ -101,21 +101,23 @@ def _grouped_gemv_tc(x, w_stacked, slot_expert, qtype, n_out, k_in, *, interpret
     base = (jnp.arange(U, dtype=jnp.int32) * M)[:, None] if x.ndim == 3 else jnp.zeros((U, 1), jnp.int32)
     rows = base + jnp.minimum(jnp.arange(cfg.BM, dtype=jnp.int32), M - 1)[None]
     y = G.tile_gemm(xs, w_stacked, slot_expert, rows, qtype, n_out, k_in, interpret=interpret,
-                    precision=precision, cfg=cfg)
+                    precision=precision, cfg=cfg, variant=variant)
     return y[:, :M]
 
 
 def moe_experts_planar(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool, prefill: bool,
-                       gemv: str, precision: str):
+                       gemv: str, precision: str, gemm_kernel: str | None = None):
     """The routed experts on planar weights: windows (and prefill chunks of <= 8 rows) as `moe_experts_kernel`
     with the planar GEMV (``gemv``: ``fma`` or ``tc``; ``tc16``, the dense tensor-core GEMV, has no grouped form
-    yet and runs ``fma`` here); prefill chunks of more rows as `moe_prefill`."""
+    yet and runs ``fma`` here); prefill chunks of more rows as `moe_prefill`. ``gemm_kernel``: `gemm.tile_gemm`'s
+    ``variant`` (None: ``STRATA_QMATMUL_GEMM``)."""
     from strata_jax.pallas.quant_matmul import gemv as V
 
     if prefill and x.shape[0] > M_MAX:
-        return moe_prefill(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=interpret, precision=precision)
+        return moe_prefill(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=interpret, precision=precision,
+                           variant=gemm_kernel)
     if gemv == "tc":
-        fn = functools.partial(_grouped_gemv_tc, precision=precision)
+        fn = functools.partial(_grouped_gemv_tc, precision=precision, variant=gemm_kernel)
     else:
         fn = V.grouped_gemv
     return moe_experts_kernel(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=interpret, grouped=fn,
@@ -150,11 +152,12 @@ def expert_tiles(topk_ids, n_experts: int, BM: int):
     return tile_expert, tile_rows, pair_tile, pair_pos
 
 
-def moe_prefill(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool, precision: str):
+def moe_prefill(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool, precision: str,
+                variant: str | None = None):
     """MoE prefill: the chunk's (row, expert) pairs grouped by expert (`expert_tiles`), one grouped tensor-core
     GEMM per projection (`strata_jax.pallas.quant_matmul.gemm.tile_gemm`: each tile reads its expert's weights
     once), SwiGLU between, then each row's k results summed in slot order. Row-independent: a pair's result does
-    not depend on the other pairs of its tile or chunk."""
+    not depend on the other pairs of its tile or chunk. ``variant``: `tile_gemm`'s kernel (None: the environment)."""
     from strata_jax.pallas.quant_matmul import gemm as G
 
     M, H = x.shape
@@ -163,7 +166,7 @@ def moe_prefill(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool,
     cfg = G.MOE_PREFILL
     tile_expert, tile_rows, pair_tile, pair_pos = expert_tiles(topk_ids, E, cfg.BM)
     T = tile_expert.shape[0]
-    kw = dict(interpret=interpret, precision=precision, cfg=cfg)
+    kw = dict(interpret=interpret, precision=precision, cfg=cfg, variant=variant)
     hg = G.tile_gemm(x, gate, tile_expert, tile_rows, qg, n_ff, H, **kw)                # [T, BM, n_ff]
     hu = G.tile_gemm(x, up, tile_expert, tile_rows, qu, n_ff, H, **kw)
     act = swiglu(hg, hu).reshape(T * cfg.BM, n_ff)

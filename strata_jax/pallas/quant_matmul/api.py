@@ -30,9 +30,11 @@ Planar weights (``STRATA_QMATMUL=planar``, the default; ``bytes`` selects the ke
 ``qmatmul`` then runs the planar kernels: for 1..8 rows (and row groups) the float32 GEMV
 (`strata_jax.pallas.quant_matmul.gemv`; ``STRATA_QMATMUL_GEMV=tc``: the tensor-core tiles of `gemm`; ``tc16``: the
 tensor-core GEMV `strata_jax.pallas.quant_matmul.tcgemv`, 16-row tiles), for more rows
-the tensor-core GEMM (`strata_jax.pallas.quant_matmul.gemm`) at ``STRATA_QMATMUL_PRECISION`` (``bf16x3`` default,
-``bf16x2``, ``bf16``). F16 / BF16 / F32 weights take the same planar kernels under the variable. The weight's dtype
-says which kernel family serves it, so a weight loaded under one setting keeps working under another; on the
+the tensor-core GEMM (`strata_jax.pallas.quant_matmul.gemm`; ``STRATA_QMATMUL_GEMM``: ``kblock``, the default,
+dequantizes a block of K values per step and multiplies whole blocks; ``unit``, the kernel before, one scale unit
+per step) at ``STRATA_QMATMUL_PRECISION`` (``bf16x3`` default, ``bf16x2``, ``bf16``: bfloat16 pieces per operand).
+F16 / BF16 / F32 weights take the same planar kernels under the variable. The weight's dtype says which kernel
+family serves it, so a weight loaded under one setting keeps working under another; on the
 reference path a planar weight is decoded by `planar.dequantize` (the same values as the GGUF bytes). Formats:
 every block format of `planar.FORMATS` (Q4_0 ... Q6_K and IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
 IQ4_NL, IQ4_XS).
@@ -92,8 +94,17 @@ def shared_launch() -> bool:
     return dispatch.env_choice("STRATA_QMATMUL_SHARED", "1", ("0", "1")) == "1"
 
 
+def gemm_variant() -> str:
+    """``STRATA_QMATMUL_GEMM``: the kernel of the planar tensor-core GEMM (prefill chunks, MoE prefill,
+    ``STRATA_QMATMUL_GEMV=tc``): ``kblock`` (default; not yet the measured-faster one: see `gemm.DEFAULT_VARIANT`)
+    or ``unit`` (`gemm.gemm_variant`). Read when a call is traced, and a static argument of the jitted call."""
+    return _gemm.gemm_variant()
+
+
 def precision() -> str:
-    """``STRATA_QMATMUL_PRECISION``: the activations' bfloat16 pieces in the planar tensor-core kernels (`gemm`)."""
+    """``STRATA_QMATMUL_PRECISION``: the bfloat16 pieces of each inexact operand in the planar tensor-core kernels
+    (`gemm.PRECISIONS`: the activations in ``unit`` and tc16, the activations and dequantized weights in
+    ``kblock``)."""
     return dispatch.env_choice("STRATA_QMATMUL_PRECISION", _gemm.DEFAULT_PRECISION, _gemm.PRECISIONS)
 
 
@@ -147,23 +158,25 @@ def check_args(x, w_raw, qtype, n_out, k_in, op="quant_matmul.qmatmul"):
     return qtype
 
 
-@functools.partial(jax.jit, static_argnames=("qtype", "n_out", "k_in", "path", "gemm", "poison", "gemv", "prec"))
-def _qmatmul_planar(x, w, *, qtype, n_out, k_in, path, gemm, poison, gemv, prec):
+@functools.partial(jax.jit, static_argnames=("qtype", "n_out", "k_in", "path", "gemm", "poison", "gemv", "prec",
+                                             "gemm_kernel"))
+def _qmatmul_planar(x, w, *, qtype, n_out, k_in, path, gemm, poison, gemv, prec, gemm_kernel):
     if path == "reference":
         return _ref.matmul_rows(x, _ref.dequantize_weight(_as_float_weight(w, qtype, k_in), qtype, k_in))
     interpret = path == "interpret"
     w = _as_float_weight(w, qtype, k_in)
     with dispatch.poison_outputs(poison):
         if gemm:
-            return _gemm.gemm(x, w, qtype, n_out, k_in, interpret=interpret, precision=prec)
+            return _gemm.gemm(x, w, qtype, n_out, k_in, interpret=interpret, precision=prec, variant=gemm_kernel)
         if gemv == "tc":
-            return _gemm_rows_tc(x, w, qtype, n_out, k_in, interpret=interpret, precision=prec)
+            return _gemm_rows_tc(x, w, qtype, n_out, k_in, interpret=interpret, precision=prec,
+                                 variant=gemm_kernel)
         if gemv == "tc16":
             return _tcgemv.gemv(x, w, qtype, n_out, k_in, interpret=interpret, precision=prec)
         return _gemv.gemv(x, w, qtype, n_out, k_in, interpret=interpret)
 
 
-def _gemm_rows_tc(x, w, qtype, n_out, k_in, *, interpret, precision):
+def _gemm_rows_tc(x, w, qtype, n_out, k_in, *, interpret, precision, variant):
     """The tensor-core GEMV: 8-row groups, each in its own 16-row tile (a row gets the bits of the row alone)."""
     M = x.shape[0]
     G = -(-M // _gemv.M_MAX)
@@ -171,7 +184,7 @@ def _gemm_rows_tc(x, w, qtype, n_out, k_in, *, interpret, precision):
     base = jnp.arange(G, dtype=jnp.int32)[:, None] * _gemv.M_MAX
     rows = jnp.minimum(base + jnp.minimum(jnp.arange(cfg.BM, dtype=jnp.int32), _gemv.M_MAX - 1)[None], M - 1)
     y = _gemm.tile_gemm(x, w[None], jnp.zeros((G,), jnp.int32), rows, qtype, n_out, k_in, interpret=interpret,
-                        precision=precision, cfg=cfg)                                  # [G, 16, n_out]
+                        precision=precision, cfg=cfg, variant=variant)                 # [G, 16, n_out]
     return y[:, :_gemv.M_MAX].reshape(G * _gemv.M_MAX, n_out)[:M]
 
 
@@ -224,7 +237,7 @@ def qmatmul(x, w_raw, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_g
                                 lambda: _gemv.why_not(qtype, n_out, k_in, w_raw.dtype))
         return _qmatmul_planar(x, w_raw, qtype=qtype, n_out=n_out, k_in=k_in, path=path,
                                gemm=x.shape[0] > _gemv.M_MAX and not row_groups, poison=dispatch.poisoning(),
-                               gemv=gemv_variant(), prec=precision())
+                               gemv=gemv_variant(), prec=precision(), gemm_kernel=gemm_variant())
     path = dispatch.resolve(
         "quant_matmul.qmatmul", impl,
         lambda: _k.why_not(qtype, x.shape[0], n_out, k_in, x.dtype, getattr(w_raw, "dtype", jnp.uint8),

@@ -1,27 +1,39 @@
 """Pallas tensor-core matmul on planar (`planar`) and F16 / BF16 / F32 weights, over tiles of activation rows:
 the prefill GEMM, the grouped-expert GEMM of MoE prefill, and a tensor-core variant of the 1..8-row GEMV.
 
-Source: block formats of ggml via `strata_jax.pallas.quant_matmul.decode`; the split products are the bf16x3
-scheme (as in XLA's ``BF16_BF16_F32_X3`` dot algorithm), applied to the activations only.
+Source: block formats of ggml via `strata_jax.pallas.quant_matmul.decode`; the split products are the bfloat16
+piece schemes of XLA's dot algorithms (``BF16_BF16_F32``, ``BF16_BF16_F32_X3``, ``BF16_BF16_F32_X6``).
 
-Each program computes a ``[BN weight rows, BM activation rows]`` tile. Per scale unit of the weight (16 or 32
-values: a sub-block with one ``dl``) it decodes the integer codes, which are exact in bfloat16 (|code| <= 256),
-and multiplies them on the tensor cores against the unit's activations cut into bfloat16 pieces
-``x = x0 + x1 + x2`` (`PRECISIONS`: ``bf16`` keeps x0 only, ~3e-3 relative; ``bf16x2`` x0 + x1, ~1e-5;
-``bf16x3`` all three, float32 accuracy), each product accumulated in float32; then ``acc += dl * P + mn * sum x``
-once per unit. F16 / F32 weights are cut into 2 / 3 bfloat16 pieces the same way (pairs of pieces whose order sum
-is at least the piece count are dropped, as in bf16x3). The weight tile is never materialised in memory: codes go
-from registers to the tensor cores.
+Two kernels compute the same ``[BN weight rows, BM activation rows]`` tiles (``STRATA_QMATMUL_GEMM``, `gemm_variant`):
+
+* ``kblock`` (the default; `_kernel_kblock`): per loop step a block of ``KB`` values of K (a multiple of the
+  32-value group, `Config.KB`). The step decodes the BN rows' codes (`gemv.decode_tile`) and forms the float32
+  weights ``w = dl * code + mn`` exactly as `planar.dequantize` does; it cuts w and the activations into bfloat16
+  pieces (`bf16_pieces`; the activations once, outside the kernel) and runs the products of `piece_products` as
+  ``[BN, KB] x [KB, BM]`` tensor-core dots accumulated in float32, with no per-unit epilogue. `PRECISIONS` gives
+  the pieces per operand: ``bf16`` 1 (one product, ~3e-3 relative), ``bf16x2`` 2 (XLA's X3: 3 products, ~1e-6),
+  ``bf16x3`` 3 (XLA's X6: 6 products, float32-like); an operand exact in fewer pieces gets fewer (BF16 weights 1,
+  F16 2; bfloat16 activations 1, float16 2).
+* ``unit`` (`_kernel_unit`, the kernel before 2026-12-05): per scale unit of 16 / 32 values it multiplies the
+  integer codes, exact in bfloat16 (|code| <= 256), against the unit's activations cut into `PRECISIONS` pieces
+  (``bf16`` x0 only, ~3e-3; ``bf16x2`` x0 + x1, ~1e-5; ``bf16x3`` all three, float32 accuracy), then ``acc += dl
+  * P + mn * sum x`` once per unit. F16 / F32 weights are cut into 2 / 3 pieces (pairs of pieces whose order sum
+  is at least the piece count are dropped). On the H200 it is bound by its K = 16 / 32 dots and the [BN, BM]
+  float32 epilogue per unit (Q4_K 8960 x 1536 at 512 rows, bf16x3: 341 us, ~40 TFLOP/s; 2026-12-04).
+
+Neither materialises the weight in memory: codes go from registers to the tensor cores.
 
 Row tiles: ``tile_rows`` [T, BM] lists which activation rows each tile reads (padding repeats a valid row; its
 output is ignored) and ``tile_expert`` [T] which stacked matrix (-1: an idle tile). A dense GEMM tiles the rows in
 order; MoE prefill sorts its (row, expert) pairs by expert (`strata_jax.pallas.grouped_experts`).
 
-Row invariance: a row's result depends only on its own activations and the weight: the products of a tile are
-per element (the tensor-core MMA computes every output element with the same reduction over the unit's K
-values, whatever the element's position in the tile), the per-unit epilogue is elementwise, the K loop and its
-splits depend only on (format, n_out, K). So a row's bits are the same whatever the chunk's row count, the row's
-position, or the other rows (not the GEMV's bits: a different summation order).
+Row invariance: a row's result depends only on its own activations, the weight and compile-time constants: the
+products of a tile are per element (the tensor-core MMA computes every output element with the same reduction over
+the step's K values, whatever the element's position in the tile), the unit kernel's epilogue is elementwise, the
+activation pieces are elementwise, the K loop, its block size and its splits depend only on (format, n_out, K) and
+the launch config, itself a function of the weight and the call site (`kblock_config`), never of the row count.
+So a row's bits are the same whatever the chunk's row count, the row's position, or the other rows (not the
+GEMV's bits, nor the other kernel's: different summation orders).
 """
 
 from __future__ import annotations
@@ -42,9 +54,11 @@ from strata_jax.pallas.quant_matmul import decode as D
 from strata_jax.pallas.quant_matmul import planar as P
 from strata_jax.pallas.quant_matmul.gemv import decode_tile, split_k, split_step, tile_rows, vshape
 
-PRECISIONS = {"bf16": 1, "bf16x2": 2, "bf16x3": 3}   # bfloat16 pieces of the activations
+PRECISIONS = {"bf16": 1, "bf16x2": 2, "bf16x3": 3}   # bfloat16 pieces of each inexact operand
 DEFAULT_PRECISION = "bf16x3"
 WEIGHT_PIECES = {Q.F32: 3, Q.F16: 2, Q.BF16: 1}      # bfloat16 pieces of a float weight (block codes: 1, exact)
+VARIANTS = ("kblock", "unit")
+DEFAULT_VARIANT = "kblock"   # not yet measured on the GPU (2026-12-05): "unit" is the kernel the H200 ran so far
 # values per scale unit (one dl), where not 32
 SUBBLOCK16 = frozenset({Q.Q2_K, Q.Q3_K, Q.Q6_K, Q.IQ2_XS, Q.IQ2_S, Q.IQ1_M})
 
@@ -57,12 +71,59 @@ class Config:
     target_programs: int = 264  # split K while (weight tiles x splits) is below this (2 per H200 SM)
     num_warps: int = 4
     num_stages: int = 2
+    KB: int = 0                 # kblock: K values per loop step (a power-of-two multiple of 32, reduced to divide
+    #                             K); 0: BN, KB, warps and stages from `kblock_config` (BM and target kept)
 
 
 # Prefill: no K split (the row tiles fill the grid; a split would write and re-read partial sums of every row).
 PREFILL = Config(target_programs=1)
 GEMV_TC = Config(BN=32, BM=16, target_programs=2112)   # the tensor-core GEMV: 1..8 rows padded to 16
 MOE_PREFILL = Config(BN=64, BM=16, target_programs=1)  # grouped experts: a few rows per expert in a chunk
+# The K-block kernel's prefill tiles: a first choice, not measured on the GPU (2026-12-05). Per weight value a step
+# spends ~16 instructions on the CUDA cores (decode, scale, pieces: 530 per thread and step for Q4_K at bf16x2,
+# experiments/sass_probe.py) and 2 * BM * products flops on the tensor cores; the two rates balance near BM = 60 at
+# 3 products (H200: ~33 T lane instructions/s, ~790 TFLOP/s), so BM = 128 leaves the tensor cores the bound; BN x
+# KB = 8192 decoded values over 8 warps (161 registers, 105 KB of shared memory, no spills: one CTA per SM).
+# target_programs = 48 splits K for weights of few output tiles (1536 rows: 12 tiles, K split in 4; 256 rows: 2
+# tiles, in up to 24), which otherwise leave most SMs idle at 512 rows; none for 8960 / 10240 rows. The partial sums
+# cost ~4 bytes x N x M per split, small beside the products. `experiments/bench_kernels.py --only prefill` sweeps
+# the alternatives (`KBLOCK_SWEEP` there).
+KBLOCK_PREFILL = Config(BN=128, BM=128, KB=64, target_programs=48, num_warps=8, num_stages=2)
+KBLOCK_SMALL_BM = Config(BN=64, BM=16, KB=128, target_programs=1, num_warps=4, num_stages=2)  # BM <= 32 callers
+
+
+def gemm_variant() -> str:
+    """``STRATA_QMATMUL_GEMM``: the kernel of `tile_gemm` / `gemm`, ``kblock`` (default, `_kernel_kblock`) or
+    ``unit`` (`_kernel_unit`, for comparisons). Read when a call is traced: `api` passes it as a static argument.
+
+    Raises:
+      UnsupportedError: another value."""
+    return dispatch.env_choice("STRATA_QMATMUL_GEMM", DEFAULT_VARIANT, VARIANTS)
+
+
+def kblock_config(qtype, n_out: int, k_in: int, BM: int | None = None,
+                  target_programs: int | None = None) -> Config:
+    """The K-block kernel's launch parameters for a weight: `KBLOCK_PREFILL` for prefill tiles (``BM`` None), or
+    the caller's ``BM`` (row tiles of 16 for MoE prefill and the tensor-core GEMV) with `KBLOCK_SMALL_BM`'s BN /
+    KB / warps / stages when BM <= 32; the caller's ``target_programs`` if given; ``KB`` halved until it divides
+    K (`kblock_size`). A function of (format, n_out, K, BM, target_programs) only, never of the row count."""
+    del qtype, n_out   # one choice for all weights until the sweep says otherwise
+    base = KBLOCK_PREFILL if BM is None or BM > 32 else KBLOCK_SMALL_BM
+    cfg = dataclasses.replace(base, BM=base.BM if BM is None else BM,
+                              target_programs=base.target_programs if target_programs is None else target_programs)
+    return dataclasses.replace(cfg, KB=kblock_size(k_in, cfg.KB))
+
+
+def kblock_size(k_in: int, KB: int) -> int:
+    """``KB`` (a power-of-two multiple of 32) halved until it divides K (down to one 32-value group).
+
+    Raises:
+      UnsupportedError: KB is not a power-of-two multiple of 32."""
+    if KB < P.GROUP or KB % P.GROUP or not dispatch.is_pow2(KB // P.GROUP):
+        raise UnsupportedError(f"KB={KB} is not a power-of-two multiple of {P.GROUP}")
+    while KB > P.GROUP and (k_in // P.GROUP) % (KB // P.GROUP):
+        KB //= 2
+    return KB
 
 
 def units(qtype) -> list[tuple[int, int]]:
@@ -74,32 +135,41 @@ def units(qtype) -> list[tuple[int, int]]:
     return [(0, vs[0])]
 
 
-def bf16_pieces(v, n: int):
+def bf16_pieces(v, n: int, rounded: bool = False):
     """float32 v -> n bfloat16 pieces, largest first, whose float32 sum approximates v (n = 3: exact but for
     subnormal remainders; n = 1: v rounded to bfloat16).
 
     Every piece but the last is v's remainder with its low 16 bits cleared (a bitcast and a mask): XLA:GPU drops a
     float32 -> bfloat16 -> float32 round trip as "excess precision", so the remainder of a rounded piece computed
     by XLA (outside a kernel, as `tcgemv.activation_tiles` does) came out zero and bf16x3 gave bf16 accuracy
-    (3e-4 of |x|@|w| on the H200, 2026-12-04)."""
+    (3e-4 of |x|@|w| on the H200, 2026-12-04). ``rounded``: 0x8000 is added to the bits before the mask (round to
+    nearest, ties away from zero; one integer add; finite |v| below bfloat16's largest value), so a remainder is
+    at most half a bfloat16 ulp and of either sign, as in XLA's X3 split: with 2 pieces per operand the dropped
+    product of the two remainders is ~4x smaller and unbiased (numpy emulation, random Q4_K 64 x 1024: max error /
+    (|x| @ |w|) 8.9e-7 against 2.5e-6 truncated)."""
     out = []
     r = v.astype(jnp.float32)
     for i in range(n):
         if i == n - 1:
             out.append(r.astype(jnp.bfloat16))
             break
-        hi = lax.bitcast_convert_type(lax.bitcast_convert_type(r, jnp.uint32) & jnp.uint32(0xFFFF0000), jnp.float32)
+        b = lax.bitcast_convert_type(r, jnp.uint32)
+        if rounded:
+            b = b + jnp.uint32(0x8000)
+        hi = lax.bitcast_convert_type(b & jnp.uint32(0xFFFF0000), jnp.float32)
         out.append(hi.astype(jnp.bfloat16))   # exact: hi has 8 significant bits
         r = r - hi
     return out
 
 
-def piece_products(wp, xp, dot):
+def piece_products(wp, xp, dot, acc=None):
     """The split product of a weight and an activation tile: the float32 sum of ``dot(wp[i], xp[j])`` over the
-    pairs of bfloat16 pieces with ``i + j < max(len(wp), len(xp))`` (bf16x3: the three products of order < 3 kept,
-    as in XLA's ``BF16_BF16_F32_X3``), smallest order first (the small terms are summed before the large one)."""
+    pairs of bfloat16 pieces with ``i + j < max(len(wp), len(xp))`` (2 pieces each: the three products of order
+    < 2, as in XLA's ``BF16_BF16_F32_X3``; 3 activation pieces of an exact weight: 3 products), smallest order
+    first (the small terms are summed before the large one). ``acc``: added to first, ``acc + d0 + d1 ...`` (on the
+    GPU each add becomes its MMA's accumulator)."""
     n = max(len(wp), len(xp))
-    pu = None
+    pu = acc
     for order in range(n - 1, -1, -1):
         for wi in range(len(wp)):
             xi = order - wi
@@ -114,8 +184,8 @@ def _dot(a, b):
     return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
 
-def _kernel(texp_ref, trows_ref, w_ref, x_ref, *refs, qtype, n_out, k_in, BN, BM, cps, n_groups, masked,
-            x_pieces, table_names):
+def _kernel_unit(texp_ref, trows_ref, w_ref, x_ref, *refs, qtype, n_out, k_in, BN, BM, cps, n_groups, masked,
+                 x_pieces, table_names):
     tables = dict(zip(table_names, refs[:len(table_names)]))
     o_ref = refs[len(table_names)]
     i = pl.program_id(0)
@@ -155,6 +225,48 @@ def _kernel(texp_ref, trows_ref, w_ref, x_ref, *refs, qtype, n_out, k_in, BN, BM
         o_ref[t, s, pl.ds(i * BN, BN), :] = acc
 
 
+def _kernel_kblock(texp_ref, trows_ref, w_ref, x_ref, *refs, qtype, n_out, k_in, m_x, BN, BM, G, cps, n_steps,
+                   masked, w_pieces, x_pieces, table_names):
+    """One [BN, BM] tile, K in blocks of G groups (module docstring). ``x_ref``: the activations' bfloat16 pieces,
+    flat [x_pieces, m_x, K]; ``o_ref`` [T, splits, BM, n_pad] (rows of x minor: no transpose after the call)."""
+    tables = dict(zip(table_names, refs[:len(table_names)]))
+    o_ref = refs[len(table_names)]
+    i = pl.program_id(0)
+    s = pl.program_id(1)
+    t = pl.program_id(2)
+    e = texp_ref[t]
+    nd = 2 + len(vshape(qtype))
+    KB = G * P.GROUP
+
+    @pl.when(e >= 0)
+    def _():
+        rows = tile_rows(i, e, BN, n_out, nd)
+        xoff = trows_ref[t].reshape(BM, 1) * k_in + lax.broadcasted_iota(jnp.int32, (1, KB), 1)   # [BM, KB]
+
+        def body(j, acc):
+            c, live = split_step(s, j, cps, n_steps, masked)
+            f, dl, mn = decode_tile(qtype, w_ref, rows, c * G + lax.broadcasted_iota(jnp.int32, (G,), 0), k_in,
+                                    tables)
+            w = f if dl is None else dl * f      # `decode.values`: the weights of `planar.dequantize`
+            if mn is not None:
+                w = w + mn
+            wp = bf16_pieces(w.reshape(BN, KB), w_pieces, rounded=True)
+            xp = [x_ref[p * (m_x * k_in) + c * KB + xoff] for p in range(x_pieces)]   # bfloat16 [BM, KB]
+            new = piece_products(wp, xp, _dot, acc)
+            return jnp.where(live, new, acc) if masked else new
+
+        acc = lax.fori_loop(0, cps, body, jnp.zeros((BN, BM), jnp.float32))
+        o_ref[t, s, :, pl.ds(i * BN, BN)] = acc.T
+
+
+def operand_pieces(qtype, x_dtype, precision: str) -> tuple[int, int]:
+    """(weight pieces, activation pieces) of the K-block kernel at ``precision``: `PRECISIONS`' count, fewer for
+    an operand exact in fewer bfloat16 pieces (BF16 weights 1, F16 2; bfloat16 activations 1, float16 2)."""
+    n = PRECISIONS[precision]
+    x_exact = {jnp.dtype(jnp.bfloat16): 1, jnp.dtype(jnp.float16): 2}.get(jnp.dtype(x_dtype), n)
+    return min(n, WEIGHT_PIECES.get(qtype, n)), min(n, x_exact)
+
+
 def why_not(qtype, n_out: int, k_in: int, w_dtype, n_mats: int = 1) -> str | None:
     """None when the tensor-core kernel serves this weight, else the reason."""
     from strata_jax.pallas.quant_matmul.gemv import why_not as gemv_why_not
@@ -162,7 +274,7 @@ def why_not(qtype, n_out: int, k_in: int, w_dtype, n_mats: int = 1) -> str | Non
 
 
 def tile_gemm(x, w_stacked, tile_expert, tile_rows, qtype, n_out: int, k_in: int, *, interpret: bool,
-              precision: str = DEFAULT_PRECISION, cfg: Config = PREFILL):
+              precision: str = DEFAULT_PRECISION, cfg: Config = PREFILL, variant: str | None = None):
     """Tiles of rows of x times their tile's matrix: out[t, b] = x[tile_rows[t, b]] @ W[tile_expert[t]]^T.
 
     Args:
@@ -170,13 +282,20 @@ def tile_gemm(x, w_stacked, tile_expert, tile_rows, qtype, n_out: int, k_in: int
       w_stacked: [E, n_out, row_words] uint32 planar, or [E, n_out, K] F32 / F16 / BF16.
       tile_expert: int32 [T] (-1: idle tile, output not written); tile_rows: int32 [T, BM] valid rows of x.
       precision: one of `PRECISIONS`.
+      cfg: the launch parameters (its BM is the tiles' row count; the kblock kernel takes BN / KB / warps /
+        stages from `kblock_config` unless ``cfg.KB`` is set).
+      variant: the kernel, one of `VARIANTS` (None: `gemm_variant`, the environment).
     Returns: float32 [T, BM, n_out]. Not jitted.
 
     Raises:
-      UnsupportedError: unknown precision, or tile_rows not [T, cfg.BM].
+      UnsupportedError: unknown precision or variant, tile_rows not [T, cfg.BM], or a KB that is not a
+        power-of-two multiple of 32.
     """
     if precision not in PRECISIONS:
         raise UnsupportedError(f"qmatmul precision {precision!r} is not one of {sorted(PRECISIONS)}")
+    variant = gemm_variant() if variant is None else variant
+    if variant not in VARIANTS:
+        raise UnsupportedError(f"gemm variant {variant!r} is not one of {VARIANTS}")
     T_in = tile_expert.shape[0]
     if tile_rows.shape != (T_in, cfg.BM):
         raise UnsupportedError(f"tile_rows {tile_rows.shape} must be [{T_in}, {cfg.BM}]")
@@ -187,34 +306,59 @@ def tile_gemm(x, w_stacked, tile_expert, tile_rows, qtype, n_out: int, k_in: int
         tile_rows = jnp.concatenate([tile_rows, tile_rows[:1]])
     T = tile_expert.shape[0]
     n_groups = k_in // P.GROUP
-    n_tiles = -(-n_out // cfg.BN)
-    sp = split_k(n_groups, n_tiles, 1, cfg.target_programs)
     names = D.TABLES.get(qtype, ())
     tabs = [jnp.asarray(D.table(n)) for n in names]
-    n_pad = n_tiles * cfg.BN
     full = pl.no_block_spec
+    qname = getattr(qtype, "name", qtype)
+    if variant == "kblock":
+        cfg = (dataclasses.replace(cfg, KB=kblock_size(k_in, cfg.KB)) if cfg.KB
+               else kblock_config(qtype, n_out, k_in, cfg.BM, cfg.target_programs))
+        G = cfg.KB // P.GROUP
+        n_steps = n_groups // G
+        n_tiles = -(-n_out // cfg.BN)
+        sp = split_k(n_steps, n_tiles, 1, cfg.target_programs)
+        w_pieces, x_pieces = operand_pieces(qtype, x.dtype, precision)
+        # the activations' pieces once per call (elementwise: a row's pieces are its own), not in every program
+        xp = jnp.stack(bf16_pieces(x.astype(jnp.float32), x_pieces, rounded=True))      # bfloat16 [p, Mx, K]
+        kernel = functools.partial(
+            _kernel_kblock, qtype=qtype, n_out=n_out, k_in=k_in, m_x=x.shape[0], BN=cfg.BN, BM=cfg.BM, G=G,
+            cps=sp["cps"], n_steps=n_steps, masked=sp["masked"], w_pieces=w_pieces, x_pieces=x_pieces,
+            table_names=names)
+        out_shape = (T, sp["split"], cfg.BM, n_tiles * cfg.BN)
+        name = f"qmatmul_tc_{qname}_kblock"
+    else:
+        n_tiles = -(-n_out // cfg.BN)
+        sp = split_k(n_groups, n_tiles, 1, cfg.target_programs)
+        xp = x
+        kernel = functools.partial(
+            _kernel_unit, qtype=qtype, n_out=n_out, k_in=k_in, BN=cfg.BN, BM=cfg.BM, cps=sp["cps"],
+            n_groups=n_groups, masked=sp["masked"], x_pieces=PRECISIONS[precision], table_names=names)
+        out_shape = (T, sp["split"], n_tiles * cfg.BN, cfg.BM)
+        name = f"qmatmul_tc_{qname}"
     call = dispatch.pallas_call(
-        functools.partial(_kernel, qtype=qtype, n_out=n_out, k_in=k_in, BN=cfg.BN, BM=cfg.BM, cps=sp["cps"],
-                          n_groups=n_groups, masked=sp["masked"], x_pieces=PRECISIONS[precision],
-                          table_names=names),
-        out_shape=[jax.ShapeDtypeStruct((T, sp["split"], n_pad, cfg.BM), jnp.float32)],
-        grid=(n_tiles, sp["split"], T), in_specs=[full] * (4 + len(tabs)), out_specs=[full],
-        interpret=interpret, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        name=f"qmatmul_tc_{getattr(qtype, 'name', qtype)}")
-    (part,) = call(tile_expert, tile_rows, w_stacked.reshape(-1), x.reshape(-1), *tabs)
+        kernel, out_shape=[jax.ShapeDtypeStruct(out_shape, jnp.float32)], grid=(n_tiles, sp["split"], T),
+        in_specs=[full] * (4 + len(tabs)), out_specs=[full], interpret=interpret, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, name=name)
+    (part,) = call(tile_expert, tile_rows, w_stacked.reshape(-1), xp.reshape(-1), *tabs)
     out = part[:, 0]
     for j in range(1, sp["split"]):  # fixed order
         out = out + part[:, j]
-    return jnp.swapaxes(out[:T_in, :n_out], 1, 2)
+    if variant == "unit":
+        out = jnp.swapaxes(out, 1, 2)
+    return out[:T_in, :, :n_out]
 
 
 def gemm(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, precision: str = DEFAULT_PRECISION,
-         cfg: Config = PREFILL):
+         cfg: Config | None = None, variant: str | None = None):
     """x [M, K] times one weight [n_out, K]^T -> float32 [M, n_out], rows in tiles of ``cfg.BM`` (any M; the
-    tensor-core GEMV is ``cfg=GEMV_TC``). Not jitted."""
+    tensor-core GEMV is ``cfg=GEMV_TC``). ``cfg`` None: the prefill tiles of the variant (`kblock_config`, or
+    `PREFILL` for ``unit``); ``variant`` as in `tile_gemm`. Not jitted."""
+    variant = gemm_variant() if variant is None else variant
+    if cfg is None:
+        cfg = kblock_config(qtype, n_out, k_in) if variant == "kblock" else PREFILL
     M = x.shape[0]
     T = -(-M // cfg.BM)
     rows = jnp.minimum(jnp.arange(T * cfg.BM, dtype=jnp.int32), M - 1).reshape(T, cfg.BM)
     y = tile_gemm(x, w[None], jnp.zeros((T,), jnp.int32), rows, qtype, n_out, k_in, interpret=interpret,
-                  precision=precision, cfg=cfg)
+                  precision=precision, cfg=cfg, variant=variant)
     return y.reshape(T * cfg.BM, n_out)[:M]
