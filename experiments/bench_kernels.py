@@ -6,6 +6,7 @@ Usage:
   python experiments/bench_kernels.py --small --out /tmp/b.json   # smoke test anywhere (CPU: kernels interpreted)
   python experiments/bench_kernels.py --small --lower cuda --only formats,prefill --out /tmp/l.json
                                                                   # CPU: lower every case for CUDA, time nothing
+  python experiments/bench_kernels.py --only prefill --budget_s 150 --out prefill.json   # issue 14, on the H200
 
 What it measures (each timing = best of 3 batches of --iters calls of a jitted function after warm-up,
 synchronised with block_until_ready):
@@ -16,11 +17,14 @@ synchronised with block_until_ready):
     kernel variants of issues 13 / 14, side by side per case:
       formats       every block format (the shipped models' first) at 1 / 2 / 4 / 8 rows on 8192 x 28672:
                     ``bytes`` (the kernel on the GGUF bytes), ``planar_fma`` (planar GEMV, float32 FMAs),
-                    ``planar_tc`` (gemm's tensor-core tiles, bf16x3), ``planar_tc16`` / ``planar_tc16_x2`` (the
-                    16-row tensor-core GEMV `tcgemv`, bf16x3 / bf16x2);
+                    ``planar_tc`` (gemm's unit kernel on 16-row tiles, bf16x3), ``planar_tc16`` /
+                    ``planar_tc16_x2`` (the 16-row tensor-core GEMV `tcgemv`, bf16x3 / bf16x2);
       head          the Flash-Next output head, 248,320 x 2,560 Q6_K, at 1 and 8 rows;
-      prefill       the prefill GEMM at chunks of 64 / 128 / 256 / 512 rows: ``bytes`` (TF32x3 dot), ``planar_tc``
-                    at bf16 / bf16x2 / bf16x3, ``jnp``; also TFLOP/s;
+      prefill       the prefill GEMM (issue 14) at 512 and 2048 rows on the 1.5B file's shapes (Q4_K 8960 x 1536,
+                    1536 x 8960, Q6_K 1536 x 8960, Q4_K 1536 x 1536) and Flash-Next's Q4_K 10240 x 2560: both
+                    kernels of STRATA_QMATMUL_GEMM (``kblock_<prec>``, ``unit_<prec>``) at bf16 / bf16x2 / bf16x3,
+                    XLA's dense bf16 dot (``xla_bf16``; ``xla_x3`` on the first shape); TFLOP/s; then
+                    ``prefill_sweep``, launch configurations of the K-block kernel (KBLOCK_SWEEP) at 512 rows;
       moe_variants  the Flash-Next experts (Q2_K gate/up, Q4_0 down, 512 x top-10) at 1 / 4 / 8 window rows and a
                     128-row prefill chunk, GGUF bytes vs planar (window: union-slot GEMV; prefill: sorted grouped
                     GEMM);
@@ -129,6 +133,8 @@ class Bench:
                 return f"{p} IR {row[p + '_ir']['ops']:5d} ops"
             if p + "_us" not in row:
                 return f"{p} {'ERR':>15}"
+            if flops:
+                return f"{p} {row[p + '_us']:8.1f} us {row[p + '_TFLOPs']:5.1f} TF/s"
             return f"{p} {row[p + '_us']:8.1f} us {row.get(p + '_frac', 0):4.2f}"
         print(f"{op:<13} {case:<40} {nb0 / 1e6:8.2f} MB | " + " | ".join(fmt(p) for p in fns), flush=True)
         for p in fns:
@@ -417,7 +423,7 @@ def _gemv_paths(b: Bench, qt, n, k, with_jnp: bool):
         fns["bytes"] = jax.jit(lambda x, w, wp: K.qmatmul_kernel(x, w, qt, n, k, interpret=it))
     fns["planar_fma"] = jax.jit(lambda x, w, wp: V.gemv(x, wp, qt, n, k, interpret=it))
     fns["planar_tc"] = jax.jit(lambda x, w, wp: G.gemm(x, wp, qt, n, k, interpret=it, precision="bf16x3",
-                                                       cfg=G.GEMV_TC))
+                                                       cfg=G.GEMV_TC, variant="unit"))
     for prec, tag in (("bf16x3", ""), ("bf16x2", "_x2")):   # the 16-row tensor-core GEMV (tcgemv)
         fns[f"planar_tc16{tag}"] = jax.jit(lambda x, w, wp, prec=prec: TC.gemv(x, wp, qt, n, k, interpret=it,
                                                                               precision=prec))
@@ -458,29 +464,88 @@ def bench_head(b: Bench, small: bool, rng):
               (x, w, wp), extra={"format": qt.name, "M": m})
 
 
-def bench_prefill(b: Bench, small: bool, rng):
-    """The prefill GEMM per chunk size: bytes (TF32x3 dot) vs planar tensor cores at each precision vs jnp."""
-    from strata_jax.pallas.quant_matmul import gemm as G, kernel as K, reference as R
-    n, k = (64, 512) if small else (8960, 1536)   # the 1.5B shape's FFN up projection
-    types = [Q.Q4_K, Q.IQ4_XS] if small else [Q.Q4_K, Q.Q6_K, Q.Q2_K, Q.Q8_0, Q.Q4_0, Q.IQ4_XS, Q.IQ2_S, Q.BF16]
-    chunks = (64, 128) if small else (64, 128, 256, 512)
+# The prefill GEMM (issue 14): the weights of the Qwen2.5-Coder 1.5B file (gate / up 8960 x 1536, down 1536 x 8960 in
+# Q4_K and in Q6_K, q / o 1536 x 1536) and a Qwen3.8-Flash-Next projection (10240 x 2560), in that order
+PREFILL_SHAPES = [(Q.Q4_K, 8960, 1536), (Q.Q4_K, 1536, 8960), (Q.Q6_K, 1536, 8960), (Q.Q4_K, 1536, 1536),
+                  (Q.Q4_K, 10240, 2560)]
+PREFILL_SHAPES_SMALL = [(Q.Q4_K, 64, 512), (Q.Q6_K, 32, 256)]
+# Launch configurations of the K-block kernel swept beside its default (`gemm.kblock_config`): (BN, BM, KB, warps,
+# stages, target_programs). Registers / shared memory per CTA from experiments/sass_probe.py (triton 3.9, sm_90,
+# Q4_K, bf16x2 / bf16x3): the default (128, 128, 64, 8, 2) 161 / 171 regs, 105 / 153 KB (one CTA per SM);
+# KB = 32 with 3 stages 116 / 118 regs, 73 / 105 KB (two CTAs per SM: one decodes while the other multiplies);
+# (256, 128, 32) 219 / 225 regs; (128, 256, 32) 194 / 194; (128, 64, 64, 4 warps) 194 / 213; (64, 128, 64, 4)
+# 167 / 178. No spills. target_programs 48 splits K in 4 for 1536 output rows at BN = 128 (12 weight tiles: 48 of
+# 132 SMs busy at 512 rows without it), none for 8960 or 10240.
+KBLOCK_SWEEP = [(128, 128, 64, 8, 2, 1), (128, 128, 32, 8, 3, 48), (256, 128, 32, 8, 2, 48), (128, 256, 32, 8, 2, 48),
+                (128, 64, 64, 4, 2, 48), (64, 128, 64, 4, 2, 48)]
+
+
+def _prefill_paths(b: Bench, qt, n, k, small: bool, xla_x3: bool):
+    """{path: fn(x, w_planar, w_dense_bf16)}: both GEMM kernels at each precision, XLA's dense bf16 dot."""
+    from strata_jax.pallas.quant_matmul import gemm as G
     it = b.interpret
-    for qt in types:
-        w, wp = _weights(rng, qt, n, k)
-        fns = {}
-        if qt in K.FORMATS or qt in FLOATS:
-            fns["bytes"] = jax.jit(lambda x, w, wp: K.qmatmul_kernel(x, w, qt, n, k, interpret=it, gemm=True))
-        for prec in ("bf16", "bf16x2", "bf16x3"):
-            fns[f"tc_{prec}"] = jax.jit(lambda x, w, wp, prec=prec: G.gemm(x, wp, qt, n, k, interpret=it,
-                                                                           precision=prec))
-        if not small:
-            fns["jnp"] = jax.jit(lambda x, w, wp: R.qmatmul(x, w, qt, n, k))
-        for m in chunks:
-            x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
-            nb = {p: (_nbytes(w) if p in ("bytes", "jnp") else _nbytes(wp)) + x.size * 4 + m * n * 4 for p in fns}
-            b.add("prefill", f"{qt.name} {n}x{k} rows={m}", nb, fns, (x, w, wp), flops=2 * m * n * k,
-                  extra={"format": qt.name, "M": m})
-        del w, wp
+    fns = {}
+    for var in G.VARIANTS:
+        for prec in G.PRECISIONS:
+            fns[f"{var}_{prec}"] = jax.jit(lambda x, wp, wd, var=var, prec=prec: G.gemm(
+                x, wp, qt, n, k, interpret=it, precision=prec, variant=var))
+    if not small:   # the tensor cores' reference at this shape: cuBLAS / XLA on a dense bfloat16 weight
+        fns["xla_bf16"] = jax.jit(lambda x, wp, wd: jnp.dot(x.astype(jnp.bfloat16), wd.T,
+                                                            preferred_element_type=jnp.float32))
+        if xla_x3:   # XLA's own 3-product split of float32 operands (the K-block kernel's bf16x2 scheme)
+            fns["xla_x3"] = jax.jit(lambda x, wp, wd: jnp.dot(
+                x, wd.astype(jnp.float32).T, precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X3))
+    return fns
+
+
+def bench_prefill(b: Bench, small: bool, rng):
+    """The prefill GEMM (`gemm.gemm`, the row tiles of a prefill chunk) per shape at 512 and 2048 rows: both kernels
+    of ``STRATA_QMATMUL_GEMM`` (``kblock``: a K block dequantized per step, whole-block tensor-core dots; ``unit``:
+    one scale unit per step and a float32 epilogue) at each precision (bfloat16 pieces per operand), beside XLA's
+    dot of a dense bfloat16 weight (``xla_bf16``, one product; ``xla_x3``: float32 operands at
+    BF16_BF16_F32_X3, gate/up shape only); TFLOP/s = 2 M N K / time. Then ``prefill_sweep``: launch configurations
+    of the K-block kernel (`KBLOCK_SWEEP`) at 512 rows on the gate/up shape (bf16x2 and bf16x3) and the down shape
+    (bf16x2). Order (what --budget_s keeps first): every shape at 512 rows, the sweep, every shape at 2048 rows."""
+    from strata_jax.pallas.quant_matmul import gemm as G
+    shapes = PREFILL_SHAPES_SMALL if small else PREFILL_SHAPES
+    rows = (32, 48) if small else (512, 2048)
+    it = b.interpret
+    weights = {}
+
+    def weight(qt, n, k):
+        if (qt, n, k) not in weights:
+            w, wp = _weights(rng, qt, n, k)
+            wd = jnp.asarray(rng.standard_normal((n, k)) * 0.05, jnp.bfloat16)
+            weights[(qt, n, k)] = (wp, wd)
+        return weights[(qt, n, k)]
+
+    def case(qt, n, k, m):
+        wp, wd = weight(qt, n, k)
+        fns = _prefill_paths(b, qt, n, k, small, xla_x3=(qt, n, k) == shapes[0])
+        x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+        nb = {p: (_nbytes(wd) if p.startswith("xla") else _nbytes(wp)) + x.size * 4 + m * n * 4 for p in fns}
+        b.add("prefill", f"{qt.name} {n}x{k} rows={m}", nb, fns, (x, wp, wd), flops=2 * m * n * k,
+              extra={"format": qt.name, "N": n, "K": k, "M": m})
+
+    for qt, n, k in shapes:
+        case(qt, n, k, rows[0])
+    sweep = KBLOCK_SWEEP[:2] if small else KBLOCK_SWEEP
+    for (qt, n, k), precs in ((shapes[0], ("bf16x2", "bf16x3")), (shapes[1], ("bf16x2",))):
+        wp, wd = weight(qt, n, k)
+        m = rows[0]
+        x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+        for prec in precs:
+            fns = {}
+            for bn, bm, kb, nw, ns, tp in sweep:
+                cfg = G.Config(BN=bn, BM=bm, KB=kb, num_warps=nw, num_stages=ns, target_programs=tp)
+                fns[f"kb_{bn}_{bm}_{kb}_w{nw}_s{ns}_t{tp}"] = jax.jit(
+                    lambda x, wp, wd, cfg=cfg, prec=prec: G.gemm(x, wp, qt, n, k, interpret=it, precision=prec,
+                                                                 cfg=cfg, variant="kblock"))
+            b.add("prefill_sweep", f"{qt.name} {n}x{k} rows={m} {prec}", _nbytes(wp) + x.size * 4 + m * n * 4, fns,
+                  (x, wp, wd), flops=2 * m * n * k, extra={"format": qt.name, "N": n, "K": k, "M": m,
+                                                             "precision": prec})
+    for qt, n, k in shapes:
+        case(qt, n, k, rows[1])
 
 
 def bench_moe_variants(b: Bench, small: bool, rng):
@@ -541,7 +606,8 @@ def sweep_planar(b: Bench, small: bool, rng):
             for bn, nw in (tc[:1] if small else tc):
                 cfg = G.Config(BN=bn, BM=16, target_programs=2112, num_warps=nw)
                 fns[f"tc_{bn}_{nw}"] = jax.jit(lambda x, w, wp, cfg=cfg: G.gemm(x, wp, qt, n, k, interpret=it,
-                                                                               precision="bf16x3", cfg=cfg))
+                                                                               precision="bf16x3", cfg=cfg,
+                                                                               variant="unit"))
             for bn, g, nw, tp, ns, prec in ([(16, 2, 4, 264, 2, "bf16x3"), (16, 2, 4, 264, 1, "bf16x2")] if small
                                             else tc16):
                 cfg = TC.Config(BN=bn, G=g, num_warps=nw, target_programs=tp, num_stages=ns)
@@ -554,10 +620,18 @@ def sweep_planar(b: Bench, small: bool, rng):
 
 
 def summary(b: Bench) -> list[dict]:
-    """Per (section, format, M): the best path and its fraction of the ceiling, with every path's fraction."""
+    """Per (section, format, M): the best path and its fraction of the ceiling, with every path's fraction (the
+    prefill sections: the fastest path and every path's TFLOP/s)."""
     out = []
     for r in b.rows:
-        if r["op"] not in ("formats", "head", "prefill", "moe_variants", "sweep_planar"):
+        if r["op"] in ("prefill", "prefill_sweep"):
+            tf = {k[:-7]: v for k, v in r.items() if k.endswith("_TFLOPs")}
+            if tf:
+                best = max(tf, key=tf.get)
+                out.append({"op": r["op"], "case": r["case"], "best": best, "best_TFLOPs": round(tf[best], 1),
+                            **{p: round(v, 1) for p, v in tf.items()}})
+            continue
+        if r["op"] not in ("formats", "head", "moe_variants", "sweep_planar"):
             continue
         fr = {k[:-5]: v for k, v in r.items() if k.endswith("_frac")}
         if not fr:
@@ -617,8 +691,10 @@ def main(argv=None):
     if summ:
         print(f"\nsummary (fraction of the {b.ceiling_GBps or 0:.0f} GB/s ceiling; best path first):")
         for r in summ:
-            rest = ", ".join(f"{p} {v:.2f}" for p, v in r.items() if p not in ("op", "case", "best", "best_frac"))
-            print(f"  {r['op']:<12} {r['case']:<40} best {r['best']:<11} {r['best_frac']:.2f}   ({rest})")
+            key = "best_TFLOPs" if "best_TFLOPs" in r else "best_frac"
+            rest = ", ".join(f"{p} {v:.2f}" for p, v in r.items() if p not in ("op", "case", "best", key))
+            unit = " TF/s" if key == "best_TFLOPs" else ""
+            print(f"  {r['op']:<12} {r['case']:<40} best {r['best']:<11} {r[key]:.2f}{unit}   ({rest})")
     if b.skipped:
         print(f"\nskipped ({len(b.skipped)}, over --budget_s): " + "; ".join(b.skipped[:12])
               + (" ..." if len(b.skipped) > 12 else ""))

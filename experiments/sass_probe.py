@@ -1,16 +1,20 @@
-"""Compile a planar GEMV kernel for an H100 / H200 (sm_90) on a machine without a GPU and report what the GPU
-would run: registers, spills, shared memory, MMA kind, and the loop's instruction count per weight byte.
+"""Compile a planar GEMV / GEMM kernel for an H100 / H200 (sm_90) on a machine without a GPU and report what the
+GPU would run: registers, spills, shared memory, MMA kind, and the loop's instruction count per weight byte.
 
 How: Pallas lowers the kernel to Triton IR (as `bench_kernels.py --lower cuda` does); the ``triton`` package
-(PyPI, with its bundled ptxas / cuobjdump) compiles that IR for ``cuda:90`` (no driver needed) and this script
-reads the SASS. The H200's jaxlib compiles with its own Triton build, so the figures are a close approximation,
-not the device's binary. ``triton`` conflicts with nothing here but is large (~1 GB): keep it in its own venv.
+(PyPI, with its bundled ptxas / cuobjdump) runs its ``make_ttir`` passes on that IR (as its compile of a Python
+kernel does; before 2026-12-05 this script skipped them: no ``acc + dot`` combining into the MMA, no CSE) and
+compiles it for ``cuda:90`` (no driver needed), and this script reads the SASS. The H200's jaxlib compiles with
+its own Triton build, so the figures are a close approximation, not the device's binary. ``triton`` conflicts
+with nothing here but is large (~1 GB): keep it in its own venv.
 
   python3 -m venv /tmp/tv && /tmp/tv/bin/pip install triton==3.9.0
   python experiments/sass_probe.py --triton_python /tmp/tv/bin/python --variant tc16 --format Q4_K \\
       --n 8192 --k 28672 --m 8 --cfg BN=128,G=2 --prec bf16x3
 
-Variants: ``tc16`` (`tcgemv`), ``tc`` (`gemm` tiles, ``gemm.GEMV_TC`` by default), ``fma`` (`gemv`). The issue
+Variants: ``tc16`` (`tcgemv`), ``tc`` (`gemm`'s unit kernel, ``gemm.GEMV_TC`` by default), ``kblock`` (`gemm`'s
+K-block kernel, ``gemm.kblock_config`` by default; e.g. ``--m 512 --cfg BN=128,BM=128,KB=64,num_warps=8``),
+``fma`` (`gemv`). The issue
 bound assumes one warp instruction per scheduler per cycle (4 per SM), 132 SMs at 1.98 GHz and the 3.9 TB/s
 ceiling (14.9 bytes per SM-cycle): bound = (weight bytes per loop step / 14.9) / (loop instructions x warps / 4),
 the fraction of the ceiling the instruction stream alone allows (H200 2026-12-02: the FMA GEMV's bound 0.48 /
@@ -52,10 +56,25 @@ def compile_ttir(path: str, num_warps: int, num_stages: int) -> dict:
     memory and the SASS loops."""
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     import triton
+    from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import IRSource, make_backend
 
-    k = triton.compile(path, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps,
-                                                                       "num_stages": num_stages})
+    # triton.compile starts an IR file after its own stage, so a .ttir would skip make_ttir (inliner, canonicalize,
+    # combine: e.g. ``acc + dot(a, b, 0)`` -> ``dot(a, b, acc)``, cse, loop unroll), which XLA's Triton pipeline
+    # runs: run it first
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    opts = backend.parse_options(options)
+    ctx = ir.context()
+    mod = IRSource(path, ctx, backend).make_ir(target, opts, backend.get_codegen_implementation(opts),
+                                               backend.get_module_map(), ctx)
+    mod = backend.make_ttir(mod, {}, opts, target.arch)
+    path = path[:-len(".ttir")] + ".opt.ttir"
+    with open(path, "w") as f:
+        f.write(str(mod))
+    k = triton.compile(path, target=target, options=options)
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     cubin = path + ".cubin"
     with open(cubin, "wb") as f:
@@ -102,8 +121,15 @@ def lower(args) -> tuple[str, dict]:
         groups_per_step = TC.tiling(qt, n, k, cfg)["G"]
     elif args.variant == "tc":
         cfg = G.Config(**kw) if kw else G.GEMV_TC
-        fn = lambda x, w: G.gemm(x, w, qt, n, k, interpret=False, precision=args.prec, cfg=cfg)  # noqa: E731
+        fn = lambda x, w: G.gemm(x, w, qt, n, k, interpret=False, precision=args.prec, cfg=cfg,  # noqa: E731
+                                 variant="unit")
         groups_per_step = 1
+    elif args.variant == "kblock":
+        cfg = G.kblock_config(qt, n, k) if not kw else G.Config(**{"target_programs": 1, **kw})
+        cfg = G.dataclasses.replace(cfg, KB=G.kblock_size(k, cfg.KB or G.kblock_config(qt, n, k).KB))
+        fn = lambda x, w: G.gemm(x, w, qt, n, k, interpret=False, precision=args.prec, cfg=cfg,  # noqa: E731
+                                 variant="kblock")
+        groups_per_step = cfg.KB // 32
     else:
         cfg = V.Config(**kw) if kw else V.choose_config(qt, n, k)
         fn = lambda x, w: V.gemv(x, w, qt, n, k, interpret=False, cfg=cfg)  # noqa: E731
@@ -134,7 +160,7 @@ def lower(args) -> tuple[str, dict]:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--triton_python", help="a Python with the triton package (e.g. /tmp/tv/bin/python)")
-    ap.add_argument("--variant", default="tc16", choices=["tc16", "tc", "fma"])
+    ap.add_argument("--variant", default="tc16", choices=["tc16", "tc", "kblock", "fma"])
     ap.add_argument("--format", default="Q4_K")
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--k", type=int, default=28672)
