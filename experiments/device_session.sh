@@ -128,8 +128,8 @@ case "$MODE" in
           --gemv_configs "${SWEEP_CONFIGS:-32,4,4,1056,2;16,8,4,2112,2;64,4,4,1056,2;32,8,4,528,2}" \
           --budget_s $(( ${SWEEP_S:-150} - 50 )) --out "$OUT/sweep_planes$PL.json"
       done
-      part kernels 230 python3 experiments/bench_kernels.py --only head,moe_variants,prefill,formats,sweep_planar \
-        --budget_s 210 --out "$OUT/kernels.json"
+      part kernels ${KERNELS_S:-230} python3 experiments/bench_kernels.py --only ${KERNELS_ONLY:-head,moe_variants,prefill,formats,sweep_planar} \
+        --budget_s $(( ${KERNELS_S:-230} - 20 )) --out "$OUT/kernels.json"
     else
       MODEL=tests/fixtures/hybrid/qwen4exp_q8_0.gguf; PROF="--steps 2 --warmup 1 --prompt_tokens 8 --max_context 64"
       part env 60 python3 -c "import jax, flax; print(jax.__version__, flax.__version__, jax.devices())"
