@@ -116,6 +116,152 @@ def hlo_launches(hlo_text: str) -> dict:
     return out
 
 
+_IR = re.compile(r'\bir = "(?:[^"\\]|\\.)*"')
+_FILE = re.compile(r'^(\d+) "(.*)"$')
+_LOC = re.compile(r"^(\d+) \{file_name_id=(\d+) function_name_id=(\d+) line=(\d+)")
+_FRAME = re.compile(r"^(\d+) \{file_location_id=(\d+) parent_frame_id=(\d+)\}")
+
+
+def hlo_stack_frames(hlo_text: str) -> dict:
+    """The stack-frame table of an HLO module's text: {frame id: [(file, line, function), ...] innermost first}.
+
+    The text prints a frame's parent as its id plus one (0 + 1 for a frame without parent): checked against a
+    small jitted function whose call chain is known.
+    """
+    tables = {"FileNames": {}, "FunctionNames": {}, "FileLocations": {}, "StackFrames": {}}
+    cur = None
+    for line in hlo_text.splitlines():
+        if line in tables:
+            cur = line
+            continue
+        if cur is None:
+            continue
+        if not line.strip():
+            if tables[cur]:
+                cur = None
+            continue
+        if cur in ("FileNames", "FunctionNames"):
+            m = _FILE.match(line)
+            if m:
+                tables[cur][int(m.group(1))] = m.group(2)
+        elif cur == "FileLocations":
+            m = _LOC.match(line)
+            if m:
+                tables[cur][int(m.group(1))] = (tables["FileNames"].get(int(m.group(2)), "?"),
+                                                int(m.group(4)),
+                                                tables["FunctionNames"].get(int(m.group(3)), "?"))
+        else:
+            m = _FRAME.match(line)
+            if m:
+                tables[cur][int(m.group(1))] = (int(m.group(2)), int(m.group(3)) - 1)
+    frames, out = tables["StackFrames"], {}
+    for fid in frames:
+        chain, f = [], fid
+        while f in frames and len(chain) < 64:
+            loc, parent = frames[f]
+            chain.append(tables["FileLocations"].get(loc, ("?", 0, "?")))
+            f = parent
+        out[fid] = chain
+    return out
+
+
+def _launch_kind(op: str, name: str, line: str, comps: dict) -> str:
+    """What one launching instruction runs, named as a GPU profile names it (a fusion's name without its number,
+    a Pallas kernel's name, ``sort`` for a fusion that sorts)."""
+    if op == "custom-call":
+        o = re.search(r'op_name="([^"]*)"', line)
+        if o and o.group(1).endswith("/pallas_call"):
+            return o.group(1).split("/")[-2]
+        t = re.search(r'custom_call_target="([^"]*)"', line)
+        return f"custom-call:{t.group(1) if t else '?'}"
+    if op == "fusion":
+        c = re.search(r"\bcalls=%?([\w.\-]+)", line)
+        body = comps.get(c.group(1), []) if c else []
+        if any(o == "sort" for o, _ in body):
+            return "sort"
+        return re.sub(r"(\.\d+)+$", "", name)
+    return op
+
+
+def hlo_attribution(hlo_text: str, computation: str | None = None) -> list[dict]:
+    """Each kernel launch of one computation of a compiled GPU program (by default the body of its largest while
+    loop: a steps program's one token), with the source line it comes from.
+
+    Walks the computation and the ``call`` / ``while`` / ``conditional`` computations it reaches (fusion bodies
+    are one launch each, as in `hlo_launches`).
+
+    Returns:
+      one dict per launching instruction: ``kind`` (`_launch_kind`), ``name``, ``op_name`` (the JAX name stack)
+      and ``frames`` ([(file, line, function), ...] innermost first; empty where the instruction has no
+      ``stack_frame_id``).
+    """
+    text = _IR.sub('ir = ""', hlo_text)
+    comps, entry, cur, insts = {}, None, None, _INST
+    for line in text.splitlines():
+        m = _COMP.match(line)
+        if m:
+            cur = m.group(2)
+            comps[cur] = []
+            if m.group(1):
+                entry = cur
+            continue
+        if line.startswith("}"):
+            cur = None
+            continue
+        if cur is None:
+            continue
+        i = insts.match(line)
+        if i:
+            comps[cur].append((i.group(2), line))
+    if computation is None:
+        bodies = [b.group(1) for c in comps.values() for op, line in c if op == "while"
+                  for b in [re.search(r"\bbody=%?([\w.\-]+)", line)] if b]
+        computation = max(bodies, key=lambda b: len(comps.get(b, [])), default=entry)
+    frames = hlo_stack_frames(hlo_text)
+    out = []
+
+    def walk(name, seen):
+        if name not in comps or name in seen:
+            return
+        seen = seen | {name}
+        for op, line in comps[name]:
+            if op in ("call", "while", "conditional"):
+                for k, r in _REFS.findall(line):
+                    if op != "call" or k == "to_apply":
+                        walk(r, seen)
+                b = _BRANCHES.search(line)
+                if b and op == "conditional":
+                    for r in b.group(1).split(","):
+                        walk(r.strip().lstrip("%"), seen)
+            if op in _NO_LAUNCH or op == "fusion-done" or op.endswith("-done"):
+                continue
+            nm = re.match(r"^\s*(?:ROOT )?%?([\w.\-]+) =", line).group(1)
+            sf = re.search(r"\bstack_frame_id=(\d+)", line)
+            o = re.search(r'op_name="([^"]*)"', line)
+            out.append({"kind": _launch_kind(op, nm, line, comps), "name": nm, "op_name": o.group(1) if o else "",
+                        "frames": frames.get(int(sf.group(1)), []) if sf else []})
+
+    walk(computation, set())
+    return out
+
+
+def attribution_table(launches: list[dict], *, depth: int = 1, under: str = "strata_jax/",
+                      skip: tuple = ()) -> dict:
+    """{source: {kind: count}} of `hlo_attribution`'s launches.
+
+    A launch's source is its ``depth`` innermost frames in files whose path contains ``under`` (joined by
+    `` < ``, inner first), leaving out frames in files whose path contains one of ``skip`` (helpers such as the
+    kernels' api modules, to see their callers instead); ``?`` when none is left.
+    """
+    table = {}
+    for r in launches:
+        fr = [f for f in r["frames"] if under in f[0] and not any(s in f[0] for s in skip)][:depth]
+        src = " < ".join(f"{f[0].split(under, 1)[-1]}:{f[1]} {f[2]}" for f in fr) or "?"
+        row = table.setdefault(src, {})
+        row[r["kind"]] = row.get(r["kind"], 0) + 1
+    return table
+
+
 @dataclasses.dataclass
 class _Origin:
     root: int | None  # index of the traced function's argument the value comes from (None: computed)
@@ -134,6 +280,8 @@ class Report:
       barriers: ``optimization_barrier`` calls outside kernels.
       sliced_operands: one dict per kernel operand that is a slice of an argument of the traced function:
         ``kernel``, ``arg`` (the argument index), ``via`` (the slicing primitive), ``shape``, ``bytes``.
+      ops: {primitive: count} of the equations outside kernel bodies (calls and loops walked, not counted), e.g.
+        ``sort`` / ``top_k``, which XLA:GPU runs as sort kernels.
     """
 
     kernels: list = dataclasses.field(default_factory=list)
@@ -142,6 +290,7 @@ class Report:
     kernel_while: list = dataclasses.field(default_factory=list)
     barriers: int = 0
     sliced_operands: list = dataclasses.field(default_factory=list)
+    ops: dict = dataclasses.field(default_factory=dict)
 
     def summary(self) -> dict:
         return {"kernels": len(self.kernels), "kernel_variants": len(set(self.kernels)),
@@ -209,6 +358,8 @@ def _walk(jaxpr, origins: dict, rep: Report, *, in_kernel: bool, kernel_name):
             for sub in _subjaxprs(eqn.params):
                 _walk(sub, {}, rep, in_kernel=True, kernel_name=name)
             continue
+        if not in_kernel and prim not in _CALLS and prim not in ("cond", "while", "scan"):
+            rep.ops[prim] = rep.ops.get(prim, 0) + 1
         if prim == "while":
             (rep.kernel_while if in_kernel else rep.xla_while).append(kernel_name or prim)
         elif prim == "scan" and not in_kernel:

@@ -159,3 +159,29 @@ def test_hlo_launches_reads_xla_text():
     got = structure.hlo_launches(hlo)
     assert got["graphs"] == 0 and not got["in_graphs"]
     assert sum(got["outside"].values()) >= 1, hlo
+
+
+def _attr_inner(x):
+    return jnp.sort(jnp.sin(x) * 3.0)
+
+
+def _attr_body(i, x):
+    return _attr_inner(x) + x[::-1]
+
+
+def test_hlo_attribution_reads_stack_frames():
+    """`structure.hlo_attribution` / `attribution_table` on this CPU's compile of a loop whose body sorts
+    (XLA's own text with its stack-frame table): the loop body is walked, the sort is named ``sort`` and
+    attributed to the line of `_attr_inner` that sorts, with its caller one frame out."""
+    hlo = jax.jit(lambda x: jax.lax.fori_loop(0, 3, _attr_body, x)).lower(jnp.ones((8,))).compile().as_text()
+    launches = structure.hlo_attribution(hlo)
+    assert launches, hlo
+    sorts = [r for r in launches if r["kind"] == "sort"]
+    assert sorts, [r["kind"] for r in launches]
+    fn_line = _attr_inner.__code__.co_firstlineno + 1
+    f, line, func = sorts[0]["frames"][0]
+    assert f.endswith("test_program_structure.py") and line == fn_line and func == "_attr_inner", sorts[0]
+    assert sorts[0]["frames"][1][2] == "_attr_body", sorts[0]["frames"][:3]
+    table = structure.attribution_table(launches, depth=2, under="tests/")
+    src = f"pallas/test_program_structure.py:{fn_line} _attr_inner < pallas/test_program_structure.py:"
+    assert any(k.startswith(src) and v.get("sort") for k, v in table.items()), table
