@@ -87,6 +87,45 @@ def test_rows_sharing_experts(impl, rng):
 QWEN38 = (Q.Q2_K, Q.Q2_K, Q.Q4_0)  # Qwen3.8-Flash-Next experts: gate/up Q2_K, down Q4_0
 
 
+def _sorted_union(topk_ids):
+    """union_slots before 2026-12-05 for any row count: sorted distinct ids padded with -1 (jnp.unique's sort)."""
+    flat = topk_ids.reshape(-1).astype(jnp.int32)
+    experts = jnp.unique(flat, size=flat.shape[0], fill_value=-1)
+    slot = jnp.argmax(experts[None, :] == flat[:, None], axis=1).astype(jnp.int32)
+    return experts, slot.reshape(topk_ids.shape)
+
+
+@pytest.mark.parametrize("planar_w", [False, True])
+def test_one_row_union(planar_w, rng, monkeypatch):
+    """One row (a decode step): the union is the row's ids in pair order (no sort), and the kernel's output has the
+    bits of the sorted union's, also for a row that names an expert twice; GGUF blocks and planar weights (the
+    Flash-Next expert formats)."""
+    from strata_jax.pallas.grouped_experts import kernel as gk
+    from strata_jax.pallas.quant_matmul import planar
+    ids1 = jnp.asarray([[4, 1, 3]], jnp.int32)
+    experts, slot = gk.union_slots(ids1)
+    assert np.asarray(experts).tolist() == [4, 1, 3] and np.asarray(slot).tolist() == [[0, 1, 2]]
+    if planar_w:
+        monkeypatch.setenv("STRATA_QMATMUL", "planar")
+        qt, H2, F2 = QWEN38, 256, 64
+        raws = [random_weight(rng, q, n, kk, lead=(E,)) for q, n, kk in ((qt[0], F2, H2), (qt[1], F2, H2),
+                                                                         (qt[2], H2, F2))]
+        gate, up, down = (planar.repack(jnp.asarray(r), qtype=q, n_cols=r.shape[-1] * 256 // 84 if q == Q.Q2_K
+                                        else r.shape[-1] * 32 // 18) for r, q in zip(raws, qt))
+        x = jnp.asarray(rng.standard_normal((1, H2)).astype(np.float32))
+    else:
+        qt = QT
+        x, _, _, gate, up, down = make(rng, 1)
+    for ids in ([[5, 0, 2]], [[2, 5, 2]]):
+        ids = jnp.asarray(ids, jnp.int32)
+        w = jnp.asarray(rng.uniform(0.1, 1, (1, 3)).astype(np.float32))
+        y = moe_experts(x, ids, w, gate, up, down, qt, impl="interpret")
+        with monkeypatch.context() as m:
+            m.setattr(gk, "union_slots", _sorted_union)
+            y_sorted = moe_experts(x, ids, w, gate, up, down, qt, impl="interpret")
+        assert_bits_equal(y, y_sorted, f"one row {np.asarray(ids).tolist()}: own ids vs sorted union")
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_qwen38_expert_formats(impl, rng):
     """The full-size model's expert formats (configs/geometries/qwen3.8-flash-next.json), 11 rows (two row groups

@@ -86,6 +86,12 @@ def test_kernel_path_programs(monkeypatch):
         assert rep.barriers == 0, f"{what}: {rep.barriers} optimization barriers"
         assert not rep.kernel_while, f"{what}: kernel loops with traced bounds in {rep.kernel_while}"
         assert not rep.sliced_operands, f"{what}: kernel operands copied from slices: {rep.sliced_operands}"
+        if kind == "step":
+            # one row: the routed experts' union is the row's own ids (grouped_experts.union_slots), no sort; the
+            # only sort left is the QSA indexer's block selection, one per attention layer (XLA:GPU runs each as a
+            # sort kernel: the Flash-Next steps HLO of 2026-12-04 had 48 + 12 of them per token from these two)
+            n_att = sum(n == "qsa_attend" for n in rep.kernels)
+            assert rep.ops.get("sort", 0) == n_att, f"{what}: {rep.ops.get('sort', 0)} sorts, {n_att} QSA layers"
 
 
 @pytest.mark.slow

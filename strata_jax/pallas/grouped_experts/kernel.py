@@ -41,7 +41,17 @@ def _gate_up(grouped, fused, x, gate, up, experts, qg, qu, n_ff, H, interpret):
 
 
 def union_slots(topk_ids):
-    """(experts [M*k] int32 sorted distinct ids padded with -1, slot [M, k] int32 index of each pair's expert)."""
+    """(experts [M*k] int32 ids of the union's slots (-1: idle), slot [M, k] int32 index of each pair's expert).
+
+    Several rows: the sorted distinct ids padded with -1 (each expert read once for all rows). One row (a decode
+    step): its own k ids in pair order, slot j for pair j -- no sort, scatter or search (5 launches per MoE layer
+    on the GPU, the Flash-Next steps HLO of 2026-12-04); a row's top-k ids are distinct, and an id named twice
+    would only be computed twice. A slot's values do not depend on its position in the union (each slot is its
+    own programs of the grouped GEMV), so both forms give the same bits.
+    """
+    if topk_ids.shape[0] == 1:
+        k = topk_ids.shape[1]
+        return topk_ids.reshape(-1).astype(jnp.int32), jnp.arange(k, dtype=jnp.int32)[None]
     flat = topk_ids.reshape(-1).astype(jnp.int32)
     experts = jnp.unique(flat, size=flat.shape[0], fill_value=-1)
     slot = jnp.argmax(experts[None, :] == flat[:, None], axis=1).astype(jnp.int32)
