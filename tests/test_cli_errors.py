@@ -137,6 +137,16 @@ def _jsonl(tmp_path, *lines, name="reqs.jsonl"):
     (["--prompt", "hi", "--decode_steps", "0"], ["--decode_steps 0"]),
     (["--prompt", "hi", "--decode_steps", "65"], ["--decode_steps 65"]),
     (["--prompt", "hi", "--ple_table", "gpu"], ["--ple_table gpu"]),
+    (["--prompt", "caf\udce9"], ["--prompt", "not valid Unicode"]),  # the byte 0xE9 alone: not UTF-8
+    (["--chat", "--prompt", "hi", "--system", "\udcff"], ["--system", "not valid Unicode"]),
+    (["--prompt", "hi", "--stop", "\udcff"], ["--stop", "not valid Unicode"]),
+    (["--prompt", "hi", "--stats_json", "/proc/strata-stats.json"], ["--stats_json", "cannot write"]),
+    (["--prompts_file", "x.jsonl", "--memory_limit_gib", "nan"], ["--memory_limit_gib nan", "positive"]),
+    (["--prompts_file", "x.jsonl", "--memory_limit_gib", "-1"], ["--memory_limit_gib -1", "positive"]),
+    (["--prompts_file", "x.jsonl", "--memory_limit_gib", "0"], ["--memory_limit_gib 0", "positive"]),
+    (["--prompts_file", "x.jsonl", "--memory_limit_gib", "inf"], ["--memory_limit_gib inf", "positive"]),
+    (["--prompts_file", "x.jsonl", "--memory_limit_gib", "1e308"], ["--memory_limit_gib 1e+308", "positive"]),
+    (["--prompt", "hi", "--memory_limit_gib", "8"], ["--memory_limit_gib needs --prompts_file"]),
 ])
 def test_flag_errors_before_load(args, needles):
     assert_clean_error(run_cli("--model", NO_MODEL, *args), *needles)
@@ -152,6 +162,107 @@ def test_one_file_for_two_outputs(tmp_path):
     assert_clean_error(run_cli("--model", NO_MODEL, "--prompt", "hi", "--dump_logits", str(f), "--stats_json",
                                str(tmp_path / "." / "out.npz")), "--stats_json", "same file as --dump_logits")
     assert not f.exists()
+
+
+def test_output_probe_leaves_files_as_they_were(tmp_path):
+    """The output paths are opened before the run (here the missing model is the error that follows): an existing
+    file keeps its bytes, a new path leaves no file, a dangling symlink stays (its target is not created), and
+    --dump_logits X writes X.npz (numpy's name), so --stats_json X.npz is the same file."""
+    old, new = tmp_path / "old.json", tmp_path / "new.jsonl"
+    old.write_text("keep me")
+    f = _jsonl(tmp_path, '{"prompt": "a"}')
+    proc = run_cli("--model", NO_MODEL, "--prompts_file", f, "--stats_json", str(old), "--out_jsonl", str(new))
+    assert_clean_error(proc, "no such file", "no-such-model")
+    assert old.read_text() == "keep me" and not new.exists()
+    link, target = tmp_path / "link.json", tmp_path / "target.json"
+    link.symlink_to(target)
+    assert_clean_error(run_cli("--model", NO_MODEL, "--prompt", "hi", "--stats_json", str(link)), "no such file")
+    assert link.is_symlink() and not target.exists()
+    assert_clean_error(run_cli("--model", NO_MODEL, "--prompt", "hi", "--stats_json", str(tmp_path / "sub" / "s.json")),
+                       "--stats_json", "not a writable folder")
+    proc = run_cli("--model", NO_MODEL, "--prompt", "hi", "--dump_logits", str(tmp_path / "logits"), "--stats_json",
+                   str(tmp_path / "logits.npz"))
+    assert_clean_error(proc, "--stats_json", "same file as --dump_logits")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "old.json", "reqs.jsonl"]
+
+
+def test_write_failures_are_one_error_line_and_leave_no_partial_file(tmp_path, monkeypatch):
+    """The writers of --stats_json / --out_jsonl / --dump_logits (after the run): an OSError is the command's error
+    line naming the flag; a regular file written in part is removed, a device (/dev/full) is not, nor a file that
+    could not be opened; --dump_logits X writes X.npz."""
+    import json
+
+    from strata_jax.cli import generate as g
+    from strata_jax.cli.requests import write_jsonl
+    from strata_jax.errors import StrataError
+
+    p = tmp_path / "stats.json"
+
+    def half(f):
+        f.write('{"partial": ')
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(StrataError, match=r"^--stats_json .*stats\.json: cannot write it \(No space left on device\)$"):
+        g._write_output("stats_json", str(p), half)
+    assert not p.exists()
+    if os.path.exists("/dev/full"):
+        with pytest.raises(StrataError, match=r"^--out_jsonl /dev/full: cannot write it \(No space left"):
+            g._write_output("out_jsonl", "/dev/full", g._write_json({"a": "x" * 100_000}))
+        assert os.path.exists("/dev/full")
+    p.write_text("old")
+
+    def refused(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    with monkeypatch.context() as m:
+        m.setattr(g, "open", refused, raising=False)  # the module's open: the file cannot be opened
+        with pytest.raises(StrataError, match=r"cannot write it \(Permission denied\)"):
+            g._write_output("stats_json", str(p), g._write_json({"a": 1}))
+    assert p.read_text() == "old"
+    g._write_output("stats_json", str(p), g._write_json({"a": 1}))
+    assert json.loads(p.read_text()) == {"a": 1}
+    g._write_output("dump_logits", str(tmp_path / "logits"), lambda f: np.savez(f, a=np.arange(3)), binary=True)
+    assert np.load(tmp_path / "logits.npz")["a"].tolist() == [0, 1, 2]
+    g._write_output("out_jsonl", str(tmp_path / "out.jsonl"), lambda f: write_jsonl(f, []))
+    assert (tmp_path / "out.jsonl").read_text() == ""
+
+
+def test_out_of_memory_at_load_is_one_error_line():
+    """XLA's RESOURCE_EXHAUSTED while the engine loads (here the K/V cache of 10**12 cells on the tiny hybrid
+    fixture: 512 TB, more than any address space) is the command's error line with XLA's reason and the flags that
+    need less memory, not a traceback. The address space is capped for the run (nothing can really be allocated)."""
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (32 << 30, 32 << 30))
+
+    proc = subprocess.run([sys.executable, "-m", "strata_jax.cli.generate", "--model", HYBRID_Q8, "--prompt_ids",
+                           "1,2", "--max_context", str(10 ** 12), "--xla_cache_dir", ""], capture_output=True,
+                          text=True, timeout=600, preexec_fn=cap)
+    assert_clean_error(proc, "out of memory while loading the model (Out of memory allocating",
+                       "--max_context (now 1000000000000 K/V cells", "--kv_dtype bfloat16")
+
+
+def test_out_of_memory_error_text():
+    """`out_of_memory_error`: XLA's first line after RESOURCE_EXHAUSTED (none: the code alone), the hints of the
+    flags as set (no --kv_dtype hint when it is already bfloat16), None for any other error."""
+    from absl import flags
+
+    from strata_jax.cli import flags as shared
+
+    F = flags.FLAGS
+    if not F.is_parsed():
+        F(["test"])
+    assert shared.out_of_memory_error(RuntimeError("INTERNAL: something else")) is None
+    e = shared.out_of_memory_error(RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 8 bytes.\nmore"))
+    assert "\n" not in str(e) and "(Out of memory allocating 8 bytes.)" in str(e), e
+    assert "(RESOURCE_EXHAUSTED)" in str(shared.out_of_memory_error(RuntimeError("RESOURCE_EXHAUSTED:  \n")))
+    saved = F.kv_dtype
+    try:
+        F.kv_dtype = "bfloat16"
+        assert "--kv_dtype" not in str(shared.out_of_memory_error(RuntimeError("RESOURCE_EXHAUSTED: x")))
+    finally:
+        F.kv_dtype = saved
 
 
 def test_prompt_file_not_utf8(tmp_path):
@@ -189,6 +300,15 @@ def test_help_names_the_module():
     (['[1, 2]'], [":1:", "not a JSON object (got an array"]),
     (['{"prompt": "a",}'], [":1:", "not valid JSON", "column 16"]),
     (['{"prompt": "a", "arrival_offset": 1}'], [":1:", "unknown key 'arrival_offset'"]),
+    (['{"prompt": "a", "temperature": 1' + "0" * 400 + '}'], [":1:", "'temperature'", "finite", "chars)"]),
+    (['{"prompt": "a", "arrival": 1' + "0" * 400 + '}'], [":1:", "'arrival'", "finite"]),
+    (['{"prompt": "a", "id": 1' + "0" * 400 + '}'], [":1:", "'id'", "string or a number"]),
+    (['{"prompt": "a\\ud800"}'], [":1:", "'prompt'", "not valid Unicode"]),
+    (['{"prompt": "a", "id": "x\\udc00"}'], [":1:", "'id'", "not valid Unicode"]),  # ids label stdout lines
+    (['{"prompt": "a", "max_new_tokens": -1' + "0" * 400 + '}'], [":1:", "'max_new_tokens'", "chars)"]),
+    (['{"prompt": "a", "top_k": 1' + "0" * 400 + '}'], [":1:", "'top_k'", "0..1024", "chars)"]),
+    (['{"prompt_ids": [1, -1' + "0" * 400 + ']}'], [":1:", "'prompt_ids'", ">= 0", "chars)"]),
+    (['{"prompt": "a", "seed": 1' + "0" * 5000 + '}'], [":1:", "more than 4300 digits"]),  # json.loads: ValueError
 ])
 def test_prompts_file_line_errors(tmp_path, lines, needles):
     f = _jsonl(tmp_path, *lines)

@@ -649,3 +649,54 @@ def test_unseeded_sampled_requests_draw_fresh_seeds():
     assert sampling({"temperature": 0.7}, False).seed == 7                # the server's --seed
     hot = SamplingParams(0.8, seed=7)                                     # the server's --temperature 0.8
     assert len({sampling({}, True, hot).seed for _ in range(8)}) >= 7
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": [1], "temperature": 10 ** 400}, "temperature"),        # JSON's 1000...0: float() overflows
+    ({"prompt": [1], "top_p": 10 ** 400}, "top_p"),
+    ({"prompt": [1], "frequency_penalty": 10 ** 400}, "frequency_penalty"),
+    ({"prompt": [1], "seed": 10 ** 400}, "seed"),
+    ({"prompt": "a\ud800b"}, "prompt"),                                 # JSON's "\ud800": an unpaired surrogate
+    ({"prompt": [1], "stop": ["\udc00"]}, "stop[0]"),
+    ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}, "messages[0].content[0].text"),
+    ({"prompt": [1], "\ud800": 1}, None),                                # a key: the object holding it
+    ({"prompt": [1], "n": 10 ** 400}, "n"),
+    ({"prompt": [1], "best_of": 10 ** 400}, "best_of"),
+    ({"prompt": [1], "max_tokens": -10 ** 400}, "max_tokens"),
+    ({"prompt": [1], "top_k": 10 ** 400}, "top_k"),
+    ({"prompt": [10 ** 400]}, "prompt"),
+])
+def test_absurd_numbers_and_invalid_unicode_are_400_not_500(body, param):
+    """Values a JSON body can carry that Python's float() or the tokenizer cannot take: a 400 naming the field
+    (these were 500s: OverflowError, 'TextInputSequence must be str'), checked before the tokenizer is needed."""
+    kind = oa.CHAT if "messages" in body else oa.COMPLETION
+    with pytest.raises(oa.ApiError) as e:
+        oa.parse_request(body, kind, tokenizer=None, max_context=64, vocab_size=100, defaults=oa.Defaults())
+    assert e.value.status == 400 and e.value.param == param, (e.value.status, e.value.param, e.value.message)
+    assert len(e.value.message) < 200, e.value.message                   # a 400-digit number is cut in the message
+
+
+def test_invalid_unicode_and_huge_numbers_over_http_are_400():
+    """The same bodies as raw JSON through the app (an engine loop that never runs: these fail before any
+    submission, and before the tokenizer is needed): 400 in the OpenAI error shape, naming the field, with a short
+    message; a 5000-digit integer (json.loads refuses it) is a 400 too."""
+    from fastapi.testclient import TestClient
+
+    from strata_jax.cli.server import create_app
+
+    loop = types.SimpleNamespace(alive=True, error=None, n_slots=1, queue_depth=0, running=0,
+                                 sch=types.SimpleNamespace(decode_steps=1, stats={"step_programs": 0}))
+    app = create_app(loop, None, model_id="m", max_context=64, vocab_size=100, defaults=oa.Defaults())
+    cases = [("/v1/completions", b'{"prompt": "a\\ud800b"}', "prompt", "not valid Unicode"),
+             ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\udc00"}]}',
+              "messages[0].content", "not valid Unicode"),
+             ("/v1/completions", b'{"prompt": [1], "temperature": 1' + b"0" * 400 + b"}", "temperature", "finite"),
+             ("/v1/completions", b'{"prompt": [1], "seed": 1' + b"0" * 5000 + b"}", None, "not valid JSON")]
+    with TestClient(app) as c:
+        for path, raw, param, needle in cases:
+            r = c.post(path, content=raw, headers={"content-type": "application/json"})
+            assert r.status_code == 400, (path, raw[:60], r.status_code, r.text[:500])
+            err = r.json()["error"]
+            assert err["type"] == "invalid_request_error" and err["param"] == param, err
+            assert needle in err["message"] and len(err["message"]) < 300, err

@@ -170,6 +170,10 @@ def check_shared_flags(*, batch: bool) -> None:
         check_prefill_chunk(FLAGS.prefill_chunk, FLAGS.max_context)
     if not (math.isfinite(FLAGS.spec_min_p) and 0.0 <= FLAGS.spec_min_p <= 1.0):
         fail(f"--spec_min_p {FLAGS.spec_min_p}: must lie in [0, 1] (0 = off)")
+    mlim = FLAGS.memory_limit_gib
+    if mlim is not None and not (math.isfinite(mlim * 2 ** 30) and mlim > 0):  # 1e308 GiB: no byte count
+        fail(f"--memory_limit_gib {mlim:g}: must be a positive number of GiB (leave it out for the device's own "
+             f"limit)")
     xla = xla_cache_path()
     if xla:
         try:
@@ -253,6 +257,26 @@ def default_sampling():
     return SamplingParams(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p, FLAGS.min_p, FLAGS.seed)
 
 
+def out_of_memory_error(e: BaseException) -> StrataError | None:
+    """The `StrataError` (one line) of an allocation failure while the engine loads (XLA's ``RESOURCE_EXHAUSTED``,
+    a `jax.errors.JaxRuntimeError`): what XLA said, cut to its first line, and the flags that need less memory as
+    they are set now. None for any other error."""
+    msg = str(e)
+    if "RESOURCE_EXHAUSTED" not in msg:
+        return None
+    lines = [ln.strip() for ln in msg.split("RESOURCE_EXHAUSTED", 1)[1].lstrip(":").splitlines() if ln.strip()]
+    why = lines[0] if lines else "RESOURCE_EXHAUSTED"
+    if len(why) > 200:
+        why = why[:200] + " ..."
+    hints = [f"a lower --max_context (now {FLAGS.max_context} K/V cells per sequence)"]
+    if FLAGS.kv_dtype == "float32":
+        hints.append("--kv_dtype bfloat16 (half the K/V memory)")
+    if FLAGS.weights == "f32":
+        hints.append("--weights blocks (a quarter of the weight memory or less)")
+    hints += ["a --layer_split over several devices", "a smaller model"]
+    return StrataError(f"out of memory while loading the model ({why}); what needs less: {', '.join(hints)}")
+
+
 def load_engine():
     """Fetch ``--model`` (registry names: into the cache on first use), check a ``--draft_model``'s tokenizer
     against it (before any weights load), turn on the compilation cache (`xla_cache_path`), and load the `Engine`
@@ -262,7 +286,7 @@ def load_engine():
 
     Raises:
       StrataError: unknown model, bad file, unsupported architecture or block format, bad split, a draft model
-        with another tokenizer.
+        with another tokenizer, out of device memory (`out_of_memory_error`).
     """
     import jax.numpy as jnp
 
@@ -278,10 +302,16 @@ def load_engine():
     xla = xla_cache_path()
     if xla:
         XLA_CACHE = use_persistent_cache(xla)  # before anything compiles: JAX decides at the first compile
-    engine = Engine(path, max_context=FLAGS.max_context, layer_split=FLAGS.layer_split,
-                    kv_dtype=jnp.bfloat16 if FLAGS.kv_dtype == "bfloat16" else jnp.float32,
-                    compile_cache_size=FLAGS.compile_cache_size, progress=True, weights=FLAGS.weights,
-                    prefill_chunk=FLAGS.prefill_chunk, ple_table=FLAGS.ple_table)
+    try:
+        engine = Engine(path, max_context=FLAGS.max_context, layer_split=FLAGS.layer_split,
+                        kv_dtype=jnp.bfloat16 if FLAGS.kv_dtype == "bfloat16" else jnp.float32,
+                        compile_cache_size=FLAGS.compile_cache_size, progress=True, weights=FLAGS.weights,
+                        prefill_chunk=FLAGS.prefill_chunk, ple_table=FLAGS.ple_table)
+    except Exception as e:  # noqa: BLE001 - XLA's allocation failure (JaxRuntimeError), as one error line
+        oom = out_of_memory_error(e)
+        if oom is None:
+            raise
+        raise oom from e
     engine.cache.notify = CONSOLE.compile_notifier(len(engine.stages), xla=XLA_CACHE)
     if len(engine.stages) > 1:
         for line in memory_lines(engine):

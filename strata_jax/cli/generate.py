@@ -55,7 +55,7 @@ flags.DEFINE_string("out_jsonl", None, "With --prompts_file: write one JSON obje
 def _check_flags(argv) -> dict:
     """Checks that need no model, run before anything is loaded or downloaded. Returns the prompt as read here:
     ``text`` (--prompt / --prompt_file), ``ids`` (--prompt_ids) or ``lines`` (--prompts_file, checked)."""
-    from strata_jax.cli.requests import check_request_values, read_prompts_file
+    from strata_jax.cli.requests import check_request_values, lone_surrogate, read_prompts_file
 
     extra = list(argv[1:])
     if extra:
@@ -117,13 +117,17 @@ def _check_flags(argv) -> dict:
     shared.check_shared_flags(batch=batch)
     if any(s == "" for s in FLAGS.stop):
         fail("--stop '': a stop string must not be empty")
+    for name, texts in (("system", [FLAGS.system] if FLAGS.system is not None else []), ("stop", FLAGS.stop)):
+        for t in texts:
+            if lone_surrogate(t) is not None:
+                fail(f"--{name}: not valid Unicode text (invalid UTF-8 bytes in the argument)")
     if FLAGS.system is not None and not FLAGS.chat and not FLAGS.prompts_file:
         fail("--system needs --chat")  # with --prompts_file it applies to the lines with "chat": true too
     seen: dict[str, str] = {}
     for name in ("dump_logits", "stats_json", "out_jsonl"):
         path = getattr(FLAGS, name, None)
         if path:
-            key = os.path.realpath(path)
+            key = os.path.realpath(_output_path(name, path))
             if key in seen:
                 fail(f"--{name} {path}: the same file as --{seen[key]} (one would overwrite the other)")
             seen[key] = name
@@ -135,6 +139,7 @@ def _check_flags(argv) -> dict:
             d = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(d) or not os.access(d, os.W_OK):
                 fail(f"--{name} {path}: cannot write there ({d} is not a writable folder)")
+            _probe_writable(name, _output_path(name, path))
     if batch:
         plan["lines"] = read_prompts_file(FLAGS.prompts_file)
     ignored = [f"--{n}" for n in ("top_k", "top_p", "min_p", "seed") if FLAGS[n].present]
@@ -143,6 +148,68 @@ def _check_flags(argv) -> dict:
                             f"with greedy decoding (--temperature {FLAGS.temperature:g}); give --temperature > 0 "
                             f"to sample")
     return plan
+
+
+def _output_path(name: str, path: str) -> str:
+    """The file an output flag writes: ``--dump_logits`` gets ``.npz`` added when it lacks it (as `numpy.savez`
+    names it)."""
+    return path + ".npz" if name == "dump_logits" and not path.endswith(".npz") else path
+
+
+def _probe_writable(name: str, path: str) -> None:
+    """Open an output path for writing before the run (``os.access`` says yes to root everywhere, e.g. under
+    /proc), so a path that cannot be written fails now, not after the decode. Nothing is truncated, and no file is
+    left behind that was not there: a file this probe creates (with O_EXCL: it was not there) is removed again; a
+    FIFO is left alone (opening it would wait for a reader)."""
+    import stat
+
+    target = os.path.realpath(path)  # through a symlink, dangling or not: the file that will be written
+    try:
+        if stat.S_ISFIFO(os.stat(target).st_mode):
+            return
+    except OSError:
+        pass
+    try:
+        try:
+            fd, created = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), True
+        except FileExistsError:
+            fd, created = os.open(target, os.O_WRONLY | os.O_APPEND), False
+    except OSError as e:
+        fail(f"--{name} {path}: cannot write it ({e.strerror or e})")
+    os.close(fd)
+    if created:
+        try:
+            os.remove(target)
+        except OSError:
+            pass
+
+
+def _write_output(name: str, path: str, write, binary: bool = False) -> None:
+    """``write(f)`` on the output file of an output flag (`_output_path`), opened here: an OSError (a full disk, a
+    folder gone) becomes the ``error:`` line, and a regular file this wrote in part is removed (never a device such
+    as /dev/full, nor a file that could not be opened)."""
+    path = _output_path(name, path)
+    try:
+        f = open(path, "wb") if binary else open(path, "w", encoding="utf-8")
+    except OSError as e:
+        fail(f"--{name} {path}: cannot write it ({e.strerror or e})")
+    try:
+        with f:
+            write(f)
+    except OSError as e:
+        target = os.path.realpath(path)
+        if os.path.isfile(target):
+            try:
+                os.remove(target)
+            except OSError:
+                pass
+        fail(f"--{name} {path}: cannot write it ({e.strerror or e})")
+
+
+def _write_json(d: dict):
+    def write(f):
+        f.write(json.dumps(d, indent=1))
+    return write
 
 
 def _tokenizer_needed(plan: dict) -> tuple[str, str] | None:
@@ -285,8 +352,9 @@ def main(argv) -> int:
     mem = memory_in_use(engine)
     con.note(solo_stats_line(engine, gen.stats, caches, mem))
     if FLAGS.dump_logits:
-        np.savez(FLAGS.dump_logits, prompt_ids=np.asarray(ids, np.int32), prefill_logits=gen.prefill_logits,
-                 step_logits=gen.step_logits, tokens=np.asarray(gen.tokens, np.int32))
+        _write_output("dump_logits", FLAGS.dump_logits, lambda f: np.savez(
+            f, prompt_ids=np.asarray(ids, np.int32), prefill_logits=gen.prefill_logits,
+            step_logits=gen.step_logits, tokens=np.asarray(gen.tokens, np.int32)), binary=True)
     if FLAGS.stats_json:
         x = shared.XLA_CACHE
         d = {**gen.stats.as_dict(), **_run_facts(), "model": str(engine.gguf.path), "load_seconds": engine.load_seconds,
@@ -296,8 +364,7 @@ def main(argv) -> int:
              "xla_cache": None if x is None else {"path": x.path, "read": x.hits, "written": x.written,
                                                   "requests": x.requests},
              **_memory_facts(engine, mem)}
-        with open(FLAGS.stats_json, "w") as f:
-            json.dump(d, f, indent=1)
+        _write_output("stats_json", FLAGS.stats_json, _write_json(d))
     return 0
 
 
@@ -434,7 +501,7 @@ def run_batch(engine, lines, tok=None) -> int:
                         f"loaded in {engine.load_seconds:.1f} s | {memory_text(mem) or 'memory n/a'} | "
                         f"{shared.compile_summary(caches)}]")
     if FLAGS.out_jsonl:
-        write_jsonl(FLAGS.out_jsonl, results, tok)
+        _write_output("out_jsonl", FLAGS.out_jsonl, lambda f: write_jsonl(f, results, tok))
     if FLAGS.stats_json:
         x = shared.XLA_CACHE
         d = {**_run_facts(), "mode": res.mode, "batch": n_slots, "batch_flag": FLAGS.batch, "requests": len(results),
@@ -460,8 +527,7 @@ def run_batch(engine, lines, tok=None) -> int:
              **_memory_facts(engine, mem),
              "per_request": [{k: v for k, v in r.as_dict().items() if k != "tokens"} | {"generated": len(r.tokens)}
                              for r in results]}
-        with open(FLAGS.stats_json, "w") as f:
-            json.dump(d, f, indent=1)
+        _write_output("stats_json", FLAGS.stats_json, _write_json(d))
     return 0
 
 

@@ -34,7 +34,7 @@ import secrets
 import time
 from typing import Any
 
-from strata_jax.cli.requests import check_prompt_ids_vocab, check_request_values
+from strata_jax.cli.requests import as_float, check_prompt_ids_vocab, check_request_values, lone_surrogate, shown
 from strata_jax.errors import StrataError
 from strata_jax.limits import SEED_MAX
 from strata_jax.sampling import SamplingParams
@@ -142,9 +142,9 @@ def _unsupported(body: dict, kind: str) -> None:
     n = body.get("n")
     if given("n"):
         if not _is_int(n):
-            raise bad("n", f"'n' {n!r}: must be an integer")
+            raise bad("n", f"'n' {shown(n)}: must be an integer")
         if n != 1:
-            raise bad("n", f"'n' {n}: only one choice per request is supported (n = 1)")
+            raise bad("n", f"'n' {shown(n)}: only one choice per request is supported (n = 1)")
     if kind == CHAT:
         lp = body.get("logprobs")
         if given("logprobs") and not isinstance(lp, bool):
@@ -164,8 +164,8 @@ def _unsupported(body: dict, kind: str) -> None:
     for name, neutral in (("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("repetition_penalty", 1.0)):
         v = body.get(name)
         if given(name):
-            if not _is_num(v) or not math.isfinite(v):
-                raise bad(name, f"'{name}' {v!r}: must be a finite number")
+            if not _is_num(v) or not math.isfinite(as_float(v)):
+                raise bad(name, f"'{name}' {shown(v)}: must be a finite number")
             if v != neutral:
                 raise bad(name, f"'{name}' {v}: penalties are not applied (batch windows decode without them; "
                                 f"leave it at {neutral:g})")
@@ -180,9 +180,9 @@ def _unsupported(body: dict, kind: str) -> None:
             raise bad("response_format", "'response_format': only {\"type\": \"text\"} is supported")
     if given("best_of"):
         if not _is_int(body["best_of"]):
-            raise bad("best_of", f"'best_of' {body['best_of']!r}: must be an integer")
+            raise bad("best_of", f"'best_of' {shown(body['best_of'])}: must be an integer")
         if body["best_of"] != 1:
-            raise bad("best_of", f"'best_of' {body['best_of']}: only one candidate per request is supported")
+            raise bad("best_of", f"'best_of' {shown(body['best_of'])}: only one candidate per request is supported")
     if given("echo"):
         if not isinstance(body["echo"], bool):
             raise bad("echo", f"'echo' {body['echo']!r}: must be a boolean")
@@ -190,6 +190,28 @@ def _unsupported(body: dict, kind: str) -> None:
             raise bad("echo", "'echo': echoing the prompt is not supported")
     if given("suffix") and body["suffix"] != "":
         raise bad("suffix", "'suffix': insertion (a suffix after the completion) is not supported")
+
+
+def _check_unicode(body) -> None:
+    """400 for a string anywhere in the body (keys included) that is not valid Unicode: JSON may carry an unpaired
+    surrogate escape ("\\ud800"), which the tokenizer cannot encode. ``param`` names the field as the other errors
+    do (``messages[0].content``; a bad key: the object holding it). Walked without recursion (a deeply nested body
+    must not reach Python's recursion limit)."""
+    todo = [(body, "", False)]
+    while todo:
+        v, where, is_key = todo.pop()
+        if isinstance(v, str):
+            i = lone_surrogate(v)
+            if i is not None:
+                what = f"'{where}'" if where else "the request body"
+                raise bad(where or None, f"{'a key in ' if is_key else ''}{what}: not valid Unicode text (an "
+                                         f"unpaired surrogate {v[i]!r} at character {i})")
+        elif isinstance(v, dict):
+            for k, x in reversed(list(v.items())):  # popped in the body's order
+                todo.append((x, f"{where}.{k}" if where else k, False))
+                todo.append((k, where, True))
+        elif isinstance(v, list):
+            todo.extend((x, f"{where}[{j}]", False) for j, x in reversed(list(enumerate(v))))
 
 
 def _content_text(content, where: str) -> str:
@@ -275,6 +297,7 @@ def parse_request(body, kind: str, *, tokenizer, max_context: int, vocab_size: i
     """
     if not isinstance(body, dict):
         raise bad(None, f"the request body must be a JSON object, got {_type_name(body)}")
+    _check_unicode(body)
     ignored = sorted(k for k in body if k not in KNOWN[kind])
     _unsupported(body, kind)
     model = body.get("model")

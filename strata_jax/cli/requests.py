@@ -7,6 +7,7 @@ lines of ``--prompts_file`` and the fields of ``strata-serve``'s requests.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable
 
 import numpy as np
@@ -28,6 +29,31 @@ def _is_num(v) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
 
 
+def as_float(v) -> float:
+    """``float(v)`` of a number, or inf for an integer beyond a float's range (JSON's 1000...0 with 400 digits):
+    ``float()`` raises OverflowError there, and the rules below refuse an infinite value."""
+    try:
+        return float(v)
+    except OverflowError:
+        return float("inf") if v > 0 else float("-inf")
+
+
+def shown(v, limit: int = 40) -> str:
+    """``repr(v)`` for an error line, cut to ``limit`` characters (an absurd number may have thousands of digits)."""
+    r = repr(v)
+    return r if len(r) <= limit else f"{r[:limit - 12]}... ({len(r)} chars)"
+
+
+def lone_surrogate(s: str) -> int | None:
+    """The index of the first lone surrogate in ``s`` (text that is not valid Unicode: invalid UTF-8 bytes in a
+    command-line argument, or a JSON escape such as "\\ud800"), else None. The tokenizer cannot encode it."""
+    try:
+        s.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        return e.start
+
+
 def check_request_values(values: dict, label: Callable[[str], str]) -> None:
     """The rules one request's settings must follow, shared by the solo flags (``label = lambda k: "--" + k``) and
     the lines of ``--prompts_file`` (``label = lambda k: repr(k)``): types and ranges of ``temperature`` (finite),
@@ -44,10 +70,10 @@ def check_request_values(values: dict, label: Callable[[str], str]) -> None:
         name = label(key)
         if key in ("temperature", "top_p", "min_p", "arrival"):
             if not _is_num(v):
-                raise StrataError(f"{name} {v!r}: must be a number")
-            if not math.isfinite(float(v)):
-                raise StrataError(f"{name} {v}: must be a finite number" + (" (<= 0 is greedy)"
-                                                                            if key == "temperature" else ""))
+                raise StrataError(f"{name} {shown(v)}: must be a number")
+            if not math.isfinite(as_float(v)):
+                raise StrataError(f"{name} {shown(v)}: must be a finite number" + (" (<= 0 is greedy)"
+                                                                                   if key == "temperature" else ""))
             if key == "top_p" and not 0.0 < v <= 1.0:
                 raise StrataError(f"{name} {v}: must lie in (0, 1]")
             if key == "min_p" and not 0.0 <= v <= 1.0:
@@ -56,19 +82,23 @@ def check_request_values(values: dict, label: Callable[[str], str]) -> None:
                 raise StrataError(f"{name} {v}: must be >= 0 (seconds after the start)")
         elif key in ("top_k", "seed", "max_new_tokens"):
             if not _is_int(v):
-                raise StrataError(f"{name} {v!r}: must be an integer")
+                raise StrataError(f"{name} {shown(v)}: must be an integer")
             if key == "top_k" and not 0 <= v <= TOP_K_MAX:
-                raise StrataError(f"{name} {v}: must lie in 0..{TOP_K_MAX} (0 = 64; the sampler's candidates are "
-                                  f"the top {TOP_K_MAX} of each row)")
+                raise StrataError(f"{name} {shown(v)}: must lie in 0..{TOP_K_MAX} (0 = 64; the sampler's candidates "
+                                  f"are the top {TOP_K_MAX} of each row)")
             if key == "seed" and not 0 <= v <= SEED_MAX:
-                raise StrataError(f"{name} {v}: must lie in 0..{SEED_MAX} (2**32 - 1)")
+                raise StrataError(f"{name} {shown(v)}: must lie in 0..{SEED_MAX} (2**32 - 1)")
             if key == "max_new_tokens" and v < 1:
-                raise StrataError(f"{name} {v}: must be >= 1")
+                raise StrataError(f"{name} {shown(v)}: must be >= 1")
         elif key == "prompt":
             if not isinstance(v, str):
-                raise StrataError(f"{name} {v!r}: must be a string")
+                raise StrataError(f"{name} {shown(v)}: must be a string")
             if not v:
                 raise StrataError(f"{name} is empty")
+            bad = lone_surrogate(v)
+            if bad is not None:
+                raise StrataError(f"{name}: not valid Unicode text (a lone surrogate {v[bad]!r} at character {bad}: "
+                                  f"invalid UTF-8 bytes, or an unpaired \\u escape)")
         elif key == "prompt_ids":
             if not isinstance(v, (list, tuple)) or not all(_is_int(t) for t in v):
                 raise StrataError(f"{name} {v!r}: must be a list of integer token ids")
@@ -76,13 +106,15 @@ def check_request_values(values: dict, label: Callable[[str], str]) -> None:
                 raise StrataError(f"{name} is empty")
             bad = [int(t) for t in v if t < 0]
             if bad:
-                raise StrataError(f"{name}: token ids must be >= 0 (got {bad[:3]})")
+                raise StrataError(f"{name}: token ids must be >= 0 (got {shown(bad[:3], 80)})")
         elif key == "chat":
             if not isinstance(v, bool):
                 raise StrataError(f"{name} {v!r}: must be true or false")
         elif key == "id":
-            if not (isinstance(v, str) or (_is_num(v) and math.isfinite(float(v)))):
-                raise StrataError(f"{name} {v!r}: must be a string or a number")
+            if not (isinstance(v, str) or (_is_num(v) and math.isfinite(as_float(v)))):
+                raise StrataError(f"{name} {shown(v)}: must be a string or a number")
+            if isinstance(v, str) and lone_surrogate(v) is not None:  # the id labels streamed text on stdout
+                raise StrataError(f"{name} {shown(v)}: not valid Unicode text (an unpaired \\u escape)")
         else:
             raise StrataError(f"unknown key {name} (known: {', '.join(REQUEST_KEYS)})")
 
@@ -91,7 +123,7 @@ def check_prompt_ids_vocab(ids, vocab_size: int, name: str) -> None:
     """Raises StrataError when a token id lies outside the model's vocabulary 0..vocab_size-1."""
     bad = [int(t) for t in ids if not 0 <= int(t) < vocab_size]
     if bad:
-        raise StrataError(f"{name}: token ids must lie in 0..{vocab_size - 1} (got {bad[:3]})")
+        raise StrataError(f"{name}: token ids must lie in 0..{vocab_size - 1} (got {shown(bad[:3], 80)})")
 
 
 def usable_tokenizer(source):
@@ -147,6 +179,8 @@ def read_prompts_file(path: str) -> list[PromptLine]:
             d = json.loads(line)
         except json.JSONDecodeError as e:
             raise StrataError(f"--prompts_file {where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        except ValueError:  # not a syntax error: an integer of more than 4300 digits (Python's conversion limit)
+            raise StrataError(f"--prompts_file {where}: a number with more than 4300 digits") from None
         if not isinstance(d, dict):
             got = {list: "an array", str: "a string", bool: "true/false", type(None): "null"}.get(type(d), "a number")
             raise StrataError(f"--prompts_file {where}: not a JSON object (got {got}; one request per line, e.g. "
@@ -164,8 +198,9 @@ def read_prompts_file(path: str) -> list[PromptLine]:
         rid = d.get("id", len(out))
         key = str(rid)  # ids stream as [id] labels: "1" and 1 would read alike
         if key in seen:
-            raise StrataError(f"--prompts_file {where}: duplicate id {rid!r} (already used on line {seen[key]}; "
-                              f"ids are compared as text, and a line without 'id' gets its request index)")
+            raise StrataError(f"--prompts_file {where}: duplicate id {shown(rid, 80)} (already used on line "
+                              f"{seen[key]}; ids are compared as text, and a line without 'id' gets its request "
+                              f"index)")
         seen[key] = n
         out.append(PromptLine(where, rid, d))
     if not out:
@@ -217,12 +252,15 @@ def build_requests(lines: list[PromptLine], tokenizer, *, default_max_new: int, 
     return reqs
 
 
-def write_jsonl(path: str, results: list[RequestResult], tokenizer=None) -> None:
+def write_jsonl(path, results: list[RequestResult], tokenizer=None) -> None:
     """One JSON object per request: ``id`` (the prompts file's ``id``, else its line index), tokens, text (when a
-    tokenizer is given), stop reason, slot, timings (`RequestResult.as_dict`)."""
+    tokenizer is given), stop reason, slot, timings (`RequestResult.as_dict`). ``path``: a file path, or a text file
+    open for writing."""
+    import contextlib
     import json
 
-    with open(path, "w", encoding="utf-8") as f:
+    with (open(path, "w", encoding="utf-8") if isinstance(path, (str, bytes, os.PathLike))
+          else contextlib.nullcontext(path)) as f:
         for r in results:
             d = r.as_dict()
             if tokenizer is not None:
