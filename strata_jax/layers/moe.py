@@ -77,8 +77,7 @@ class MoE(nnx.Module):
 
     def route(self, logits: jax.Array):
         """logits float32 [..., E] -> (weights float32 [..., k], ids int32 [..., k])."""
-        p = row_ops.softmax(logits)
-        w, ids = jax.lax.top_k(p, self.n_used)
+        w, ids = row_ops.softmax_top_k(logits, self.n_used)  # top_k(softmax(logits)): one launch on a GPU
         if self.renorm:
             w = w / jnp.maximum(row_sum(w), RENORM_MIN)
         return w, ids

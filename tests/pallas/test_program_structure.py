@@ -86,6 +86,11 @@ def test_kernel_path_programs(monkeypatch):
         assert rep.barriers == 0, f"{what}: {rep.barriers} optimization barriers"
         assert not rep.kernel_while, f"{what}: kernel loops with traced bounds in {rep.kernel_while}"
         assert not rep.sliced_operands, f"{what}: kernel operands copied from slices: {rep.sliced_operands}"
+        # the MoE router's top-k is a rows kernel with its softmax (rows.softmax_top_k; XLA:GPU ran jax.lax.top_k
+        # as a sort and a slice); the top_k left is the QSA indexer's, one per attention layer
+        n_att = sum(n == "qsa_attend" or n == "qsa_attend_prefill" for n in rep.kernels)
+        assert rep.ops.get("top_k", 0) == n_att, f"{what}: {rep.ops.get('top_k', 0)} top_k, {n_att} QSA layers"
+        assert "rows_softmax_top_k" in names and "rows_softmax" not in names, f"{what}: {sorted(names)}"
         if kind == "step":
             # one row: the routed experts' union is the row's own ids (grouped_experts.union_slots), no sort; the
             # only sort left is the QSA indexer's block selection, one per attention layer (XLA:GPU runs each as a

@@ -84,6 +84,30 @@ def test_rms_norm_weight_per_stream(impl, rng):
         rows.rms_norm(x, w[:3], EPS, impl=impl)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_softmax_top_k(impl, rng):
+    """softmax_top_k: the bits of ``jax.lax.top_k(softmax(x), k)`` on the same path (values and ids, ties to the
+    lower id: rows with repeated maxima and a row whose logits all tie), the router's shape (512 experts, k 10)
+    and a narrow one, a row's bits alone and among others; k out of range is refused."""
+    for n, k in ((512, 10), (6, 6), (40, 1)):
+        x = rng.standard_normal((7, n)).astype(np.float32) * 3
+        x[1, 3:6] = x[1].max() + 1                     # three tied maxima
+        x[2, :] = 0.25                                 # every value ties
+        x[3, ::2] = x[3, 0]                            # ties among the tail too
+        x = jnp.asarray(x)
+        w, ids = rows.softmax_top_k(x, k, impl=impl)
+        assert w.dtype == jnp.float32 and ids.dtype == jnp.int32 and w.shape == ids.shape == (7, k)
+        w0, ids0 = jax.lax.top_k(rows.softmax(x, impl=impl), k)
+        assert_bits_equal(w, w0, f"n={n} k={k}: values vs top_k(softmax)")
+        assert_bits_equal(ids, ids0, f"n={n} k={k}: ids vs top_k(softmax)")
+        w1, ids1 = rows.softmax_top_k(x[1:2], k, impl=impl)
+        assert_bits_equal(w1[0], w[1], f"n={n}: row alone")
+        assert_bits_equal(ids1[0], ids[1], f"n={n}: row alone (ids)")
+    assert np.asarray(ids0)[2].tolist() == list(range(k))
+    with pytest.raises(UnsupportedError):
+        rows.softmax_top_k(x, n + 1, impl=impl)
+
+
 def test_errors_and_fallback(monkeypatch, capsys):
     x = jnp.ones((2, 8), jnp.int32)
     with pytest.raises(UnsupportedError):

@@ -1,15 +1,17 @@
-"""Public API of the per-row ops: `rms_norm` (and `add_rms_norm`), `row_sum`, `softmax`, `row_map`.
+"""Public API of the per-row ops: `rms_norm` (and `add_rms_norm`), `row_sum`, `softmax` (and `softmax_top_k`),
+`row_map`.
 
 Sources: RMSNorm (Zhang & Sennrich 2019; HF ``LlamaRMSNorm``: ``x * rsqrt(mean(x^2) + eps) * w``), HF ``l2norm``
 (``x * rsqrt(sum(x^2) + eps)``), softmax over the last axis.
 
-All four act on the last axis of ``x`` [..., n] (any float dtype, computed in float32) independently per row:
+All act on the last axis of ``x`` [..., n] (any float dtype, computed in float32) independently per row:
 
 * ``rms_norm(x, w, eps, *, mean=True)`` -> float32 [..., n]: ``x * rsqrt(mean(x^2) + eps) * w`` (``w`` float32
   [n] or None); ``mean=False`` divides by nothing (the L2 normalisation ``x * rsqrt(sum(x^2) + eps)``).
 * ``add_rms_norm(x, r, w, eps)`` -> (``x + r``, its ``rms_norm``): a residual add and the norm behind it.
 * ``row_sum(x)`` -> float32 [..., 1].
 * ``softmax(x)`` -> float32 [..., n] (-inf entries give 0).
+* ``softmax_top_k(x, k)`` -> (float32 [..., k], int32 [..., k]): ``jax.lax.top_k(softmax(x), k)`` (a router).
 * ``row_map(fn, x)`` -> float32 [..., n]: an elementwise ``fn`` (sigmoid, softplus, ...) applied per row (for
   narrow rows, whose arithmetic XLA on a CPU would otherwise choose by the number of rows).
 
@@ -135,6 +137,28 @@ def softmax(x, *, impl: str = "auto"):
     """float32 [..., n]: softmax of each row (module docstring)."""
     path = dispatch.resolve("rows.softmax", impl, _why_not(x))
     return _softmax(x, path=path, poison=dispatch.poisoning())
+
+
+@functools.partial(jax.jit, static_argnames=("k", "path", "poison"))
+def _softmax_top_k(x, *, k, path, poison):
+    if path == "reference":
+        return jax.lax.top_k(_ref.softmax(x), k)
+    with dispatch.poison_outputs(poison):
+        w, ids = _k.softmax_top_k(_rows(x), k, interpret=path == "interpret")
+        return w.reshape(*x.shape[:-1], k), ids.reshape(*x.shape[:-1], k)
+
+
+def softmax_top_k(x, k: int, *, impl: str = "auto"):
+    """(values float32 [..., k], ids int32 [..., k]): the k largest of each row's `softmax`, in descending order,
+    ties to the lower index -- the bits of ``jax.lax.top_k(softmax(x), k)`` on either path, one launch on the
+    kernel path (XLA:GPU runs ``top_k`` as a sort and a slice: 2 of the MoE router's launches).
+
+    Raises:
+      UnsupportedError: k outside 1 .. n (or as the module docstring)."""
+    if not 1 <= int(k) <= x.shape[-1]:
+        raise UnsupportedError(f"rows.softmax_top_k: k={k} for rows of {x.shape[-1]} values")
+    path = dispatch.resolve("rows.softmax", impl, _why_not(x))
+    return _softmax_top_k(x, k=int(k), path=path, poison=dispatch.poisoning())
 
 
 @functools.partial(jax.jit, static_argnames=("fn", "path", "poison"))

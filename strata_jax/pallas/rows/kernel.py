@@ -55,18 +55,19 @@ def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_ou
               for e, k in zip(refs[n_rows:n_rows + n_extra], extra_rows)]
     ys = kernel(x, *more, *extras)
     for o_ref, y in zip(o_refs, ys if n_out > 1 else (ys,)):
-        y = y.astype(jnp.float32)
+        y = y.astype(o_ref.dtype)
         if interpret:  # the interpreter's masked store is a scatter that also writes its masked lanes: a whole row
             o_ref[i * Dp + col] = y
         else:
             plt.store(o_ref.at[r * ow + jnp.minimum(col, ow - 1)], y, mask=col < ow)
 
 
-def _launch(kernel, x2, fill, *, interpret, rows_in=(), extra=(), out_width=None, n_out=1, name):
+def _launch(kernel, x2, fill, *, interpret, rows_in=(), extra=(), out_width=None, n_out=1, out_dtypes=None,
+            name):
     """``kernel(x [1, Dp], *rows_in [1, Dp], *extras [1, Dp]) -> [1, Dp]`` (or a tuple of ``n_out``) for every row
     of x2 [N, n] (``rows_in``: more [N, n] operands read row by row; ``extra``: [n] or [k, n] operands, row i
-    reading row i mod k), one program per row; returns float32 [N, out_width or n] (the first lanes of each row's
-    result), or a tuple of ``n_out`` of them."""
+    reading row i mod k), one program per row; returns float32 (or ``out_dtypes``, one per output) [N, out_width
+    or n] (the first lanes of each row's result), or a tuple of ``n_out`` of them."""
     N, n = x2.shape
     Dp = padded_width(n)
     rows = max(N, 2) if interpret else N
@@ -76,7 +77,8 @@ def _launch(kernel, x2, fill, *, interpret, rows_in=(), extra=(), out_width=None
         functools.partial(_row_program, kernel=kernel, N=N, n=n, Dp=Dp, ow=ow, fill=fill, n_extra=len(extra),
                           n_rows=len(rows_in), n_out=n_out, extra_rows=tuple(e.size // n for e in extra),
                           interpret=interpret),
-        out_shape=[jax.ShapeDtypeStruct((rows * Dp,) if interpret else (N * ow,), jnp.float32)] * n_out,
+        out_shape=[jax.ShapeDtypeStruct((rows * Dp,) if interpret else (N * ow,), dt)
+                   for dt in (out_dtypes or (jnp.float32,) * n_out)],
         grid=(rows,), in_specs=[full] * (1 + len(rows_in) + len(extra)), out_specs=[full] * n_out,
         interpret=interpret, num_warps=4, num_stages=1, name=name)
     outs = call(x2.reshape(-1), *(e.reshape(-1) for e in rows_in), *(e.reshape(-1) for e in extra))
@@ -126,6 +128,32 @@ def _softmax_kernel(x):
 
 def softmax(x2, *, interpret):
     return _launch(_softmax_kernel, x2, NEG, interpret=interpret, name="rows_softmax")
+
+
+def _softmax_top_k_kernel(x, *, n, k):
+    """`_softmax_kernel`'s row, then k rounds of (max, its lowest lane, that lane removed): the values and lanes
+    of the k largest in descending order, ties to the lower lane (`jax.lax.top_k`'s order for the softmax's
+    values, which are never -0.0 or NaN for a row without NaN); result j in lane j."""
+    p = _softmax_kernel(x)
+    Dp = x.shape[1]
+    col = lax.broadcasted_iota(jnp.int32, x.shape, 1)
+    v = jnp.where(col < n, p, -jnp.inf)
+    vals = jnp.zeros(x.shape, jnp.float32)
+    ids = jnp.zeros(x.shape, jnp.int32)
+    for j in range(k):
+        m = jnp.max(v, axis=1, keepdims=True)
+        at = jnp.min(jnp.where(v == m, col, Dp), axis=1, keepdims=True)
+        vals = jnp.where(col == j, m, vals)
+        ids = jnp.where(col == j, at, ids)
+        v = jnp.where(col == at, -jnp.inf, v)
+    return vals, ids
+
+
+def softmax_top_k(x2, k: int, *, interpret):
+    """(values float32 [N, k], ids int32 [N, k]): each row's softmax and its k largest, in one launch."""
+    kern = functools.partial(_softmax_top_k_kernel, n=int(x2.shape[1]), k=int(k))
+    return _launch(kern, x2, NEG, interpret=interpret, out_width=int(k), n_out=2,
+                   out_dtypes=(jnp.float32, jnp.int32), name="rows_softmax_top_k")
 
 
 def _map_kernel(x, *, fn):
