@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from strata_jax.layers.exact import row_sum
-from strata_jax.layers.gdn import qcall, rowwise
+from strata_jax.layers.gdn import qcall
 from strata_jax.layers.linear import QLinear, load_f32, load_raw, project_shared
 from strata_jax.pallas import rows as row_ops
 from strata_jax.pallas.grouped_experts import moe_experts
@@ -102,6 +102,9 @@ class MoE(nnx.Module):
             sg, su = project_shared(x, (self.sh_gate, self.sh_up), exact_rows)
             hs = jax.nn.silu(sg) * su
             s = qcall(self.sh_down, hs, exact_rows)
-            gate = rowwise(jax.nn.sigmoid, row_ops.row_sum(x * self.sh_w[...]), exact_rows)
+            xw = x * self.sh_w[...]
+            # window rows: the sigmoid in the row sum's program (the bits of row_map(sigmoid, row_sum), one launch)
+            gate = (row_ops.row_sum(xw, fn=jax.nn.sigmoid) if exact_rows
+                    else jax.nn.sigmoid(row_ops.row_sum(xw)))
             y = y + gate * s
         return y

@@ -134,3 +134,33 @@ def test_row_map_in_xla_switch(monkeypatch, rng):
     monkeypatch.setenv("STRATA_ROW_MAP", "pallas")
     with pytest.raises(UnsupportedError, match="STRATA_ROW_MAP"):
         rows.row_map(jax.nn.sigmoid, x, impl="kernel")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_row_sum_fn(impl, rng):
+    """``row_sum(x, fn=...)`` (the shared-expert gate ``sigmoid(sum(x * w))``): the bits of ``row_map(fn,
+    row_sum(x))`` on the same path, one kernel launch, a row's bits alone and among others; ``STRATA_ROW_MAP=xla``
+    leaves ``fn`` to XLA on the compiled kernel path."""
+    for n in (40, 2560):
+        x = jnp.asarray(rng.standard_normal((3, 5, n)).astype(np.float32) * 0.05)
+        with dispatch.poison_outputs():
+            y = rows.row_sum(x, fn=jax.nn.sigmoid, impl=impl)
+        assert y.shape == (3, 5, 1) and y.dtype == jnp.float32
+        assert_bits_equal(y, rows.row_map(jax.nn.sigmoid, rows.row_sum(x, impl=impl), impl=impl),
+                          f"n={n}: fn in the sum's program vs row_map after")
+        assert_close_rel(y, _sigmoid64(np.sum(np.asarray(x, np.float64), -1, keepdims=True)), 1e-6, f"n={n}")
+        assert_bits_equal(rows.row_sum(x[1:2, 3:4], fn=jax.nn.sigmoid, impl=impl)[0, 0], y[1, 3], "row alone")
+        other = jnp.asarray(rng.standard_normal((7, n)).astype(np.float32)).at[4].set(x[1, 3])
+        assert_bits_equal(rows.row_sum(other, fn=jax.nn.sigmoid, impl=impl)[4], y[1, 3], "row among 7 others")
+    if impl != "reference":
+        count = lambda: str(jax.make_jaxpr(lambda x: rows.row_sum(x, fn=jax.nn.sigmoid, impl=impl))(x)).count(
+            "pallas_call")
+        assert count() == 1
+
+
+def test_row_sum_fn_in_xla_switch(monkeypatch, rng):
+    monkeypatch.setattr(dispatch, "on_gpu", lambda: True)
+    monkeypatch.setenv("STRATA_ROW_MAP", "xla")
+    x = jnp.asarray(rng.standard_normal((5, 40)).astype(np.float32))
+    jaxpr = str(jax.make_jaxpr(lambda x: rows.row_sum(x, fn=jax.nn.sigmoid, impl="kernel"))(x))
+    assert jaxpr.count("pallas_call") == 1 and "rows_sum_map" not in jaxpr and "logistic" in jaxpr

@@ -9,7 +9,7 @@ All act on the last axis of ``x`` [..., n] (any float dtype, computed in float32
 * ``rms_norm(x, w, eps, *, mean=True)`` -> float32 [..., n]: ``x * rsqrt(mean(x^2) + eps) * w`` (``w`` float32
   [n] or None); ``mean=False`` divides by nothing (the L2 normalisation ``x * rsqrt(sum(x^2) + eps)``).
 * ``add_rms_norm(x, r, w, eps)`` -> (``x + r``, its ``rms_norm``): a residual add and the norm behind it.
-* ``row_sum(x)`` -> float32 [..., 1].
+* ``row_sum(x, fn=None)`` -> float32 [..., 1] (``fn``: `row_map`'s ``fn`` of the sum, in the same launch).
 * ``softmax(x)`` -> float32 [..., n] (-inf entries give 0).
 * ``softmax_top_k(x, k)`` -> (float32 [..., k], int32 [..., k]): ``jax.lax.top_k(softmax(x), k)`` (a router).
 * ``row_map(fn, x)`` -> float32 [..., n]: an elementwise ``fn`` (sigmoid, softplus, ...) applied per row (for
@@ -111,18 +111,23 @@ def add_rms_norm(x, r, w, eps: float, *, impl: str = "auto"):
     return _add_rms_norm(x, r, w, eps=float(eps), path=path, poison=dispatch.poisoning())
 
 
-@functools.partial(jax.jit, static_argnames=("path", "poison"))
-def _row_sum(x, *, path, poison):
+@functools.partial(jax.jit, static_argnames=("fn", "path", "poison"))
+def _row_sum(x, *, fn, path, poison):
     if path == "reference":
-        return _ref.row_sum(x)
+        s = _ref.row_sum(x)
+        return s if fn is None else _ref.row_map(fn, s)
     with dispatch.poison_outputs(poison):
-        return _k.row_sum(_rows(x), interpret=path == "interpret").reshape(*x.shape[:-1], 1)
+        return _k.row_sum(_rows(x), interpret=path == "interpret", fn=fn).reshape(*x.shape[:-1], 1)
 
 
-def row_sum(x, *, impl: str = "auto"):
-    """float32 [..., 1]: the sum of each row (module docstring)."""
+def row_sum(x, *, fn=None, impl: str = "auto"):
+    """float32 [..., 1]: the sum of each row (module docstring); with ``fn`` (elementwise, hashable), ``fn`` of it:
+    the bits of ``row_map(fn, row_sum(x))`` on either path, one launch on the kernel path (``STRATA_ROW_MAP=xla``:
+    ``fn`` left to XLA, as `row_map` does)."""
     path = dispatch.resolve("rows.row_sum", impl, _why_not(x))
-    return _row_sum(x, path=path, poison=dispatch.poisoning())
+    if fn is not None and path == "kernel" and row_map_in_xla():
+        return fn(_row_sum(x, fn=None, path=path, poison=dispatch.poisoning()))
+    return _row_sum(x, fn=fn, path=path, poison=dispatch.poisoning())
 
 
 @functools.partial(jax.jit, static_argnames=("path", "poison"))

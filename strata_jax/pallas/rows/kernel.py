@@ -113,12 +113,16 @@ def add_rms_norm(x2, r2, w, eps, *, interpret):
                    name="rows_add_rms_norm")
 
 
-def _sum_kernel(x):
-    return jnp.broadcast_to(jnp.sum(x, axis=1, keepdims=True), x.shape)
+def _sum_kernel(x, *, fn=None):
+    s = jnp.broadcast_to(jnp.sum(x, axis=1, keepdims=True), x.shape)
+    return s if fn is None else _map_kernel(s, fn=fn)
 
 
-def row_sum(x2, *, interpret):
-    return _launch(_sum_kernel, x2, 0.0, interpret=interpret, out_width=1, name="rows_sum")
+def row_sum(x2, *, interpret, fn=None):
+    """The sum of each row of x2 [N, n] (float32 [N, 1]); ``fn``: an elementwise function applied to it in the same
+    program (`row_map`'s per-lane code on the sum broadcast over the tile: its bits, one launch less)."""
+    return _launch(functools.partial(_sum_kernel, fn=fn), x2, 0.0, interpret=interpret, out_width=1,
+                   name="rows_sum" if fn is None else "rows_sum_map")
 
 
 def _softmax_kernel(x):
