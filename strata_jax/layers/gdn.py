@@ -140,7 +140,7 @@ class GatedDeltaNet(nnx.Module):
         return project_shared(x, (self.wb, self.wa), exact)
 
     def _to_v_heads(self, a):
-        """[B, T, Hk, Dk] -> [B, T, Hv, Dk] in the GGUF's v-head order."""
+        """[B, T, Hk, Dk] -> [B, T, Hv, Dk] in the GGUF's v-head order (`rows.qk_l2_norm` does this for q and k)."""
         r = self.Hv // self.Hk
         if self.v_order == "tiled":
             return jnp.tile(a, (1, 1, r, 1))
@@ -162,9 +162,8 @@ class GatedDeltaNet(nnx.Module):
         q = c[..., :nq].reshape(B, T, self.Hk, self.Dk)
         k = c[..., nq:2 * nq].reshape(B, T, self.Hk, self.Dk)
         v = c[..., 2 * nq:].reshape(B, T, self.Hv, self.Dv)
-        q = l2norm(q) * (self.Dk ** -0.5)
-        k = l2norm(k)
-        q, k = self._to_v_heads(q), self._to_v_heads(k)
+        # l2norm(q) * Dk^-0.5 and l2norm(k), each repeated to the v heads (_to_v_heads' order): one launch
+        q, k = row_ops.qk_l2_norm(q, k, L2_EPS, q_scale=self.Dk ** -0.5, heads=self.Hv, order=self.v_order)
         b, a = self._beta_alpha(x, exact)
         beta = rowwise(jax.nn.sigmoid, b, exact)
         gdec = rowwise(jax.nn.softplus, a + self.dt_bias[...], exact) * self.ssm_a[...]

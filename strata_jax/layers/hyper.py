@@ -15,6 +15,8 @@ independent (window exactness) given a row-exact `QLinear`.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -35,6 +37,18 @@ def norm_per_stream(R: jax.Array, w: jax.Array, eps: float) -> jax.Array:
 def stream_mean(x: jax.Array) -> jax.Array:
     """Mean over the stream axis of x [..., hc, D] -> [..., D], in `row_mean`'s fixed order (row exact)."""
     return row_mean(jnp.swapaxes(x, -1, -2))[..., 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class SigmoidScaled:
+    """``sigmoid(v * scale)`` as a hashable elementwise function (`rowwise`'s ``fn``): with ``scale`` ``1 / hc`` for
+    a power-of-two ``hc``, the bits of ``sigmoid(v / hc)`` (the product and the quotient are the same exact
+    value; XLA itself turns ``/ 4`` into ``* 0.25``), the scaling inside the row map's program instead of an XLA
+    multiply fusion before it."""
+    scale: float
+
+    def __call__(self, v):
+        return jax.nn.sigmoid(v * self.scale)
 
 
 class GatedResidual(nnx.Module):
@@ -64,8 +78,10 @@ class GatedResidual(nnx.Module):
         mixed = stream_mean(m * xn)
         if self.inject is None:
             return mixed, None
-        inj = 2.0 * rowwise(jax.nn.sigmoid, qcall(self.inject, flat, exact) / hc, exact)
-        return mixed, inj
+        q = qcall(self.inject, flat, exact)
+        if exact and hc & (hc - 1) == 0:  # the / hc in row_map's program: exact (a power of two), one launch less
+            return mixed, 2.0 * rowwise(SigmoidScaled(1.0 / hc), q, exact)
+        return mixed, 2.0 * rowwise(jax.nn.sigmoid, q / hc, exact)
 
 
 def hyper_read(g, cfg, prefix: str, device=None, inject: bool = True) -> GatedResidual:

@@ -91,6 +91,10 @@ def test_kernel_path_programs(monkeypatch):
         n_att = sum(n == "qsa_attend" or n == "qsa_attend_prefill" for n in rep.kernels)
         assert rep.ops.get("top_k", 0) == n_att, f"{what}: {rep.ops.get('top_k', 0)} top_k, {n_att} QSA layers"
         assert "rows_softmax_top_k" in names and "rows_softmax" not in names, f"{what}: {sorted(names)}"
+        # the GDN's q / k norms, scale and v-head repeat are one rows kernel (rows.qk_l2_norm), no l2 norm left
+        assert "rows_qk_l2_norm" in names and "rows_l2_norm" not in names, f"{what}: {sorted(names)}"
+        if kind != "prefill":  # window rows: the shared-expert gate's sigmoid in its row sum's program
+            assert "rows_sum_map" in names, f"{what}: {sorted(names)}"
         if kind == "step":
             # one row: the routed experts' union is the row's own ids (grouped_experts.union_slots), no sort; the
             # only sort left is the QSA indexer's block selection, one per attention layer (XLA:GPU runs each as a

@@ -164,3 +164,53 @@ def test_row_sum_fn_in_xla_switch(monkeypatch, rng):
     x = jnp.asarray(rng.standard_normal((5, 40)).astype(np.float32))
     jaxpr = str(jax.make_jaxpr(lambda x: rows.row_sum(x, fn=jax.nn.sigmoid, impl="kernel"))(x))
     assert jaxpr.count("pallas_call") == 1 and "rows_sum_map" not in jaxpr and "logistic" in jaxpr
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_row_map_scaled_sigmoid(impl, rng):
+    """The hyper-connection inject weights, ``sigmoid(v / hc)`` for hc = 4 streams: ``row_map`` of
+    `hyper.SigmoidScaled` (the scaling in the map's program) has the bits of ``row_map(sigmoid, v / hc)`` (an XLA
+    multiply before it), with huge, tiny and subnormal values; one launch; a row alone."""
+    from strata_jax.layers.hyper import SigmoidScaled
+    for hc in (4, 2, 8):
+        v = rng.standard_normal((3, 5, hc)).astype(np.float32) * 4
+        v[0, 0] = [1e-40, -3e-39, 1e38, -1e38, 0.0, -0.0, 7e-45, 90.0][:hc]
+        v = jnp.asarray(v)
+        with dispatch.poison_outputs():
+            y = rows.row_map(SigmoidScaled(1.0 / hc), v, impl=impl)
+        assert_bits_equal(y, rows.row_map(jax.nn.sigmoid, v / hc, impl=impl), f"hc={hc}: scale inside vs before")
+        assert_bits_equal(rows.row_map(SigmoidScaled(1.0 / hc), v[1:2, 3:4], impl=impl)[0, 0], y[1, 3], "row alone")
+    assert SigmoidScaled(0.25) == SigmoidScaled(0.25) and hash(SigmoidScaled(0.25)) == hash(SigmoidScaled(0.25))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_qk_l2_norm(impl, rng):
+    """The GDN's q / k (`rows.qk_l2_norm`): the bits of ``tile(l2norm(q) * Dk^-0.5)`` / ``tile(l2norm(k))``
+    (``repeat`` for the grouped order) on the same path, one launch; a row's bits alone; errors."""
+    from strata_jax.layers.gdn import L2_EPS
+    for (B, T, Hk, Hv, Dk), order in (((2, 3, 2, 6, 40), "tiled"), ((1, 1, 16, 32, 128), "tiled"),
+                                      ((2, 2, 2, 4, 24), "grouped"), ((1, 4, 3, 3, 16), "tiled")):
+        q = jnp.asarray(rng.standard_normal((B, T, Hk, Dk)).astype(np.float32) * 2)
+        k = jnp.asarray(rng.standard_normal((B, T, Hk, Dk)).astype(np.float32))
+        s = Dk ** -0.5
+        with dispatch.poison_outputs():
+            qo, ko = rows.qk_l2_norm(q, k, L2_EPS, q_scale=s, heads=Hv, order=order, impl=impl)
+        assert qo.shape == ko.shape == (B, T, Hv, Dk)
+        rep = ((lambda a: jnp.tile(a, (1, 1, Hv // Hk, 1))) if order == "tiled"
+               else (lambda a: jnp.repeat(a, Hv // Hk, axis=2)))
+        l2 = lambda a: rows.rms_norm(a, None, L2_EPS, mean=False, impl=impl)  # noqa: E731
+        what = f"{B}x{T}x{Hk}->{Hv}x{Dk} {order}"
+        assert_bits_equal(qo, rep(l2(q) * s), f"{what}: q")
+        assert_bits_equal(ko, rep(l2(k)), f"{what}: k")
+        q1, k1 = rows.qk_l2_norm(q[-1:, -1:], k[-1:, -1:], L2_EPS, q_scale=s, heads=Hv, order=order, impl=impl)
+        assert_bits_equal(q1[0, 0], qo[-1, -1], f"{what}: row alone (q)")
+        assert_bits_equal(k1[0, 0], ko[-1, -1], f"{what}: row alone (k)")
+        if impl != "reference":
+            jaxpr = str(jax.make_jaxpr(lambda q, k: rows.qk_l2_norm(q, k, L2_EPS, q_scale=s, heads=Hv, order=order,
+                                                                    impl=impl))(q, k))
+            assert jaxpr.count("pallas_call") == 1
+    for bad in (dict(heads=5, order="tiled"), dict(heads=4, order="other")):
+        with pytest.raises(UnsupportedError):
+            rows.qk_l2_norm(q, k, L2_EPS, q_scale=1.0, impl=impl, **bad)
+    with pytest.raises(UnsupportedError):
+        rows.qk_l2_norm(q, k[..., :8], L2_EPS, q_scale=1.0, heads=3, order="tiled", impl=impl)

@@ -1,5 +1,5 @@
-"""Public API of the per-row ops: `rms_norm` (and `add_rms_norm`), `row_sum`, `softmax` (and `softmax_top_k`),
-`row_map`.
+"""Public API of the per-row ops: `rms_norm` (and `add_rms_norm`, `qk_l2_norm`), `row_sum`, `softmax` (and
+`softmax_top_k`), `row_map`.
 
 Sources: RMSNorm (Zhang & Sennrich 2019; HF ``LlamaRMSNorm``: ``x * rsqrt(mean(x^2) + eps) * w``), HF ``l2norm``
 (``x * rsqrt(sum(x^2) + eps)``), softmax over the last axis.
@@ -9,6 +9,8 @@ All act on the last axis of ``x`` [..., n] (any float dtype, computed in float32
 * ``rms_norm(x, w, eps, *, mean=True)`` -> float32 [..., n]: ``x * rsqrt(mean(x^2) + eps) * w`` (``w`` float32
   [n] or None); ``mean=False`` divides by nothing (the L2 normalisation ``x * rsqrt(sum(x^2) + eps)``).
 * ``add_rms_norm(x, r, w, eps)`` -> (``x + r``, its ``rms_norm``): a residual add and the norm behind it.
+* ``qk_l2_norm(q, k, eps, q_scale=, heads=, order=)`` -> the GDN's L2-normalised q (scaled) and k, repeated to
+  the v heads, in one launch.
 * ``row_sum(x, fn=None)`` -> float32 [..., 1] (``fn``: `row_map`'s ``fn`` of the sum, in the same launch).
 * ``softmax(x)`` -> float32 [..., n] (-inf entries give 0).
 * ``softmax_top_k(x, k)`` -> (float32 [..., k], int32 [..., k]): ``jax.lax.top_k(softmax(x), k)`` (a router).
@@ -109,6 +111,38 @@ def add_rms_norm(x, r, w, eps: float, *, impl: str = "auto"):
     path = dispatch.resolve("rows.rms_norm", impl, _why_not(x))
     w = _norm_weight(x, w)
     return _add_rms_norm(x, r, w, eps=float(eps), path=path, poison=dispatch.poisoning())
+
+
+@functools.partial(jax.jit, static_argnames=("eps", "q_scale", "heads", "path", "poison"))
+def _qk_l2_norm(q, k, *, eps, q_scale, heads, path, poison):
+    h_in, h_out, order = heads
+    if path == "reference":
+        qn = _ref.rms_norm(q, None, eps, False) * q_scale
+        return _ref.to_heads(qn, h_out, order), _ref.to_heads(_ref.rms_norm(k, None, eps, False), h_out, order)
+    with dispatch.poison_outputs(poison):
+        a, b = _k.qk_l2_norm(_rows(q), _rows(k), eps, q_scale=q_scale, heads=heads, interpret=path == "interpret")
+        shape = q.shape[:-2] + (h_out, q.shape[-1])
+        return a.reshape(shape), b.reshape(shape)
+
+
+def qk_l2_norm(q, k, eps: float, *, q_scale: float, heads: int, order: str, impl: str = "auto"):
+    """(q', k'), float32 [..., heads, n] each, from q, k [..., h, n]: the bits of ``to_heads(rms_norm(q, None, eps,
+    mean=False) * q_scale)`` and ``to_heads(rms_norm(k, None, eps, mean=False))`` on either path, where
+    ``to_heads`` repeats the h heads to ``heads`` (``order`` "tiled": head j is head ``j % h``, ``jnp.tile``;
+    "grouped": head ``j // (heads / h)``, ``jnp.repeat``) -- the GDN's q / k before the delta rule. One launch on
+    the kernel path (each program normalises one q and one k row and writes them to an output head that reads
+    them; XLA:GPU otherwise runs two norms, the scale and two broadcasts).
+
+    Raises:
+      UnsupportedError: k's shape differs from q's, ``heads`` is not a multiple of h, an unknown ``order`` (or as
+        the module docstring)."""
+    h = q.shape[-2] if q.ndim >= 2 else 0
+    if (k.shape != q.shape or q.ndim < 2 or int(heads) < 1 or int(heads) % max(h, 1)
+            or order not in ("tiled", "grouped")):
+        raise UnsupportedError(f"rows.qk_l2_norm: q {q.shape}, k {k.shape}, heads={heads}, order={order!r}")
+    path = dispatch.resolve("rows.rms_norm", impl, _why_not(q))
+    return _qk_l2_norm(q, k, eps=float(eps), q_scale=float(q_scale), heads=(h, int(heads), order), path=path,
+                       poison=dispatch.poisoning())
 
 
 @functools.partial(jax.jit, static_argnames=("fn", "path", "poison"))

@@ -37,20 +37,32 @@ def padded_width(n: int) -> int:
     return max(MIN_WIDTH, pl.next_power_of_2(int(n)))
 
 
-def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_out, extra_rows, interpret):
+def _source_row(r, heads):
+    """The input row of output row ``r`` under ``heads`` = (h_in, h_out, order): output row ``(g, j)`` (j < h_out)
+    reads input row ``(g, j mod h_in)`` ("tiled") or ``(g, j // (h_out / h_in))`` ("grouped"); None: row r."""
+    if heads is None:
+        return r
+    h_in, h_out, order = heads
+    j = r % h_out
+    return (r // h_out) * h_in + (j % h_in if order == "tiled" else j // (h_out // h_in))
+
+
+def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_out, extra_rows, heads, interpret):
     """Program i: row i of the flat x_ref [N * n] as a [1, Dp] tile (lanes >= n = ``fill``), row i of each of the
     ``n_rows`` further row operands (flat [N * n], lanes >= n = 0), the extra operands (flat [k * n] each, row i
     reading its row ``i mod k``, k from ``extra_rows``; lanes >= n = 0), ``kernel(x, *rows, *extras) -> [1, Dp]``
     (or ``n_out`` of them), lanes < ``ow`` stored to row i of each output (interpret mode: all Dp lanes to row i of
-    an [rows, Dp] output, sliced by the caller)."""
+    an [rows, Dp] output, sliced by the caller). ``heads``: the x and row operands' row is `_source_row` of i (N
+    counts output rows; each output row the program of its input row, copied to every head that reads it)."""
     o_refs = refs[n_rows + n_extra:]
     i = pl.program_id(0)
     r = jnp.minimum(i, N - 1)            # interpret mode's idle row reads the last row (its output is sliced off)
+    src = _source_row(r, heads)
     col = lax.broadcasted_iota(jnp.int32, (1, Dp), 1)
     live = col < n
     cc = jnp.minimum(col, n - 1)         # in-bounds addresses for the masked lanes
-    x = jnp.where(live, x_ref[r * n + cc].astype(jnp.float32), fill)
-    more = [jnp.where(live, e[r * n + cc].astype(jnp.float32), 0.0) for e in refs[:n_rows]]
+    x = jnp.where(live, x_ref[src * n + cc].astype(jnp.float32), fill)
+    more = [jnp.where(live, e[src * n + cc].astype(jnp.float32), 0.0) for e in refs[:n_rows]]
     extras = [jnp.where(live, e[(r % k) * n + cc if k > 1 else cc].astype(jnp.float32), 0.0)
               for e, k in zip(refs[n_rows:n_rows + n_extra], extra_rows)]
     ys = kernel(x, *more, *extras)
@@ -63,12 +75,16 @@ def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_ou
 
 
 def _launch(kernel, x2, fill, *, interpret, rows_in=(), extra=(), out_width=None, n_out=1, out_dtypes=None,
-            name):
+            heads=None, name):
     """``kernel(x [1, Dp], *rows_in [1, Dp], *extras [1, Dp]) -> [1, Dp]`` (or a tuple of ``n_out``) for every row
     of x2 [N, n] (``rows_in``: more [N, n] operands read row by row; ``extra``: [n] or [k, n] operands, row i
     reading row i mod k), one program per row; returns float32 (or ``out_dtypes``, one per output) [N, out_width
-    or n] (the first lanes of each row's result), or a tuple of ``n_out`` of them."""
+    or n] (the first lanes of each row's result), or a tuple of ``n_out`` of them. ``heads`` = (h_in, h_out,
+    order): x2's rows are groups of h_in heads and the output's groups of h_out (`_source_row`): N / h_in * h_out
+    output rows, one program each."""
     N, n = x2.shape
+    if heads is not None:
+        N = N // heads[0] * heads[1]
     Dp = padded_width(n)
     rows = max(N, 2) if interpret else N
     ow = n if out_width is None else out_width
@@ -76,7 +92,7 @@ def _launch(kernel, x2, fill, *, interpret, rows_in=(), extra=(), out_width=None
     call = dispatch.pallas_call(
         functools.partial(_row_program, kernel=kernel, N=N, n=n, Dp=Dp, ow=ow, fill=fill, n_extra=len(extra),
                           n_rows=len(rows_in), n_out=n_out, extra_rows=tuple(e.size // n for e in extra),
-                          interpret=interpret),
+                          heads=heads, interpret=interpret),
         out_shape=[jax.ShapeDtypeStruct((rows * Dp,) if interpret else (N * ow,), dt)
                    for dt in (out_dtypes or (jnp.float32,) * n_out)],
         grid=(rows,), in_specs=[full] * (1 + len(rows_in) + len(extra)), out_specs=[full] * n_out,
@@ -99,6 +115,18 @@ def rms_norm(x2, w, eps, *, mean, interpret):
     k = functools.partial(_norm_kernel, eps=float(eps), n=float(n), mean=mean)
     return _launch(k, x2, 0.0, interpret=interpret, extra=() if w is None else (w,),
                    name="rows_rms_norm" if mean else "rows_l2_norm")
+
+
+def _qk_norm_kernel(q, k, *, eps, n, q_scale):
+    return _norm_kernel(q, eps=eps, n=n, mean=False) * q_scale, _norm_kernel(k, eps=eps, n=n, mean=False)
+
+
+def qk_l2_norm(q2, k2, eps, *, q_scale, heads, interpret):
+    """(l2norm(q) * q_scale, l2norm(k)) of rows q2, k2 [N, n] (groups of h_in heads), each written to the heads
+    of the output that read it (``heads`` = (h_in, h_out, order), `_source_row`): [N / h_in * h_out, n] each, one
+    launch (each program the norms of one q row and one k row)."""
+    kern = functools.partial(_qk_norm_kernel, eps=float(eps), n=float(q2.shape[1]), q_scale=float(q_scale))
+    return _launch(kern, q2, 0.0, interpret=interpret, rows_in=(k2,), n_out=2, heads=heads, name="rows_qk_l2_norm")
 
 
 def _add_norm_kernel(x, r, *w, eps, n):

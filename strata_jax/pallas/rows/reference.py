@@ -23,6 +23,14 @@ def rms_norm(x, w, eps: float, mean: bool = True):
     return y if w is None else y * w
 
 
+def to_heads(a, heads: int, order: str):
+    """a [..., h, n] -> [..., heads, n]: head j is head ``j % h`` ("tiled") or ``j // (heads / h)`` ("grouped")."""
+    r = heads // a.shape[-2]
+    if order == "tiled":
+        return jnp.tile(a, (1,) * (a.ndim - 2) + (r, 1))
+    return jnp.repeat(a, r, axis=-2)
+
+
 def row_sum(x):
     return exact.row_sum(x.astype(jnp.float32))
 
