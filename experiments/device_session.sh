@@ -212,6 +212,9 @@ for r in range($n): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500
     if [ "$MODE" = run ]; then  # the Qwen3.8-Flash-Next shape on one GPU (random weights made on the device)
       part fullsize ${FULL_S:-300} $NEW ${FULL_ENV:-} python3 experiments/bench_fullsize.py --geometry qwen3.8-flash-next \
         --devices 1 ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --decode_steps ${FULL_STEPS:-4} --out "$OUT/fullsize.json"
+      # the same on the old package (.carry/old, BASE): before / after in one call on one card
+      part fullsize_old ${FULL_S:-300} $OLD ${FULL_ENV:-} python3 experiments/bench_fullsize.py --geometry qwen3.8-flash-next \
+        --devices 1 ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --decode_steps ${FULL_STEPS:-4} --out "$OUT/fullsize_old.json"
     fi
     # the real file path at full size: a Flash-Next-shape GGUF written here (random blocks), loaded through
     # strata-generate --model FILE (memory map; load seconds, device memory, decode tok/s in its --stats_json); only
@@ -271,7 +274,7 @@ for r in range(4): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500 
       --hlo_out "$OUT/steps_hlo.txt" --out "$OUT/profile_steps.json"
     if [ "$MODE" = run ]; then  # the same on the Qwen3.8-Flash-Next shape (random weights, PLE table on the device)
       part profile_full_steps ${FULL_PROFILE_S:-240} $NEW python3 experiments/profile_step.py \
-        --geometry qwen3.8-flash-next --kind steps --decode_steps ${FULL_PROFILE_STEPS:-4} --steps 6 --warmup 1 \
+        --geometry qwen3.8-flash-next ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --kind steps --decode_steps ${FULL_PROFILE_STEPS:-4} --steps 6 --warmup 1 \
         --prompt_tokens 16 --command_buffers 1 --graphs_in_trace 1 --hlo_launches 0 --top 80 --ple_table device \
         --hlo_out "$OUT/full_steps_hlo.txt" --out "$OUT/profile_full_steps.json"
     fi
