@@ -75,6 +75,8 @@ case "$MODE" in
     exec > >(tee "$OUT/session.log") 2>&1  # the whole table comes back even when the reply's tail is cut
     export JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache  # parts share compiled programs
     export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 XLA_PYTHON_CLIENT_PREALLOCATE=false
+    # JAX takes 75% of the GPU unless told: the 48-layer Flash-Next shape needs more on an H100 (gpu_flags.MEMORY_FRACTION)
+    export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
     if ! python3 -c "import gguf" 2>/dev/null; then
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/whl/*.whl || exit 1
     fi

@@ -9,8 +9,13 @@
   takes XLA's default configuration everywhere, ``autotune="cache:DIR"`` records each fusion's choice in DIR
   (``xla_gpu_per_fusion_autotune_cache_dir``) and reuses it, so a second process compiles the same program.
 
+* Device memory: JAX's allocator takes 75% of a GPU's memory unless told otherwise, 59.4 of an H100's 79.2 GiB,
+  where the Qwen3.8-Flash-Next shape (54 GB of weights) peaks at 61.9 GiB while it loads (H200, 2026-12-04): its
+  build failed with RESOURCE_EXHAUSTED on an H100 (2026-12-05). `apply` sets ``XLA_PYTHON_CLIENT_MEM_FRACTION``
+  to `MEMORY_FRACTION` when the environment does not set it.
+
 XLA reads ``XLA_FLAGS`` once, when JAX starts its first backend: `apply` must run before any JAX computation.
-Flags already in ``XLA_FLAGS`` win over these (a user's choice is kept).
+Flags already in ``XLA_FLAGS`` win over these (a user's choice is kept), as does a memory fraction already set.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import os
 
 from strata_jax.errors import StrataError
 
+MEMORY_FRACTION = "0.92"   # of the device's memory for JAX's allocator (the rest: CUDA context, cuBLAS, Triton)
 COMMAND_BUFFER_TYPES = "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
 
 
@@ -50,7 +56,8 @@ def merged(existing: str, flags: list[str]) -> str:
 
 
 def apply(flags: list[str]) -> str:
-    """Add ``flags`` to ``os.environ["XLA_FLAGS"]`` (see `merged`); returns the new value.
+    """Add ``flags`` to ``os.environ["XLA_FLAGS"]`` (see `merged`) and set ``XLA_PYTHON_CLIENT_MEM_FRACTION`` to
+    `MEMORY_FRACTION` where unset; returns the new ``XLA_FLAGS``.
 
     Raises:
       StrataError: a JAX backend is already initialised (XLA would ignore the change).
@@ -61,4 +68,6 @@ def apply(flags: list[str]) -> str:
         raise StrataError("XLA flags must be set before JAX starts a backend (call gpu_flags.apply first)")
     value = merged(os.environ.get("XLA_FLAGS", ""), flags)
     os.environ["XLA_FLAGS"] = value
+    if not os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = MEMORY_FRACTION
     return value

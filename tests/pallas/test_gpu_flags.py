@@ -55,3 +55,28 @@ def test_cli_sets_gpu_flags_before_jax_starts(tmp_path):
     assert on[0] == "--xla_gpu_autotune_level=4"
     off = flags_for("--nogpu_graphs")
     assert "--xla_gpu_enable_command_buffer=" in off
+
+
+def test_cli_sets_memory_fraction_unless_set():
+    """JAX's allocator would take 75% of the GPU (59.4 of an H100's 79.2 GiB, below the Flash-Next shape's load
+    peak): the GPU start-up sets XLA_PYTHON_CLIENT_MEM_FRACTION to gpu_flags.MEMORY_FRACTION, and keeps a value the
+    user set (including one equal to JAX's default)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os\n"
+            "from strata_jax.cli import flags as f\n"
+            "f._cuda_plugin_installed = lambda: True\n"
+            "f.FLAGS(['x'])\n"
+            "f.apply_gpu_flags()\n"
+            "print(os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION'])\n")
+
+    def fraction(**env):
+        base = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_MEM_FRACTION"}
+        return subprocess.run([sys.executable, "-c", code], env=dict(base, **env), capture_output=True, text=True,
+                               check=True).stdout.strip()
+
+    assert fraction() == gpu_flags.MEMORY_FRACTION == "0.92"
+    assert fraction(XLA_PYTHON_CLIENT_MEM_FRACTION="0.75") == "0.75"
+    assert fraction(XLA_PYTHON_CLIENT_MEM_FRACTION="0.5") == "0.5"
