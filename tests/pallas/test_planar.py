@@ -365,8 +365,8 @@ def test_kblock_rows_independent(impl, rng):
 @pytest.mark.parametrize("variant", gemm.VARIANTS)
 def test_grouped_experts_planar(impl, variant, rng, monkeypatch):
     """Routed experts on planar Q2_K / IQ4_NL stacks: the window path (union slots, 8-row groups) and the prefill
-    path (pairs sorted by expert, grouped tensor-core GEMM, each STRATA_QMATMUL_GEMM kernel) against the
-    reference; rows bitwise independent of the call's other rows in both (a 9-row prefill chunk == those rows of
+    path (pairs sorted by expert, grouped tensor-core GEMM, each STRATA_QMATMUL_GEMM kernel) against float64
+    (1e-5 of the largest output; 5e-5 for the prefill path's bf16x2 products); rows bitwise independent of the call's other rows in both (a 9-row prefill chunk == those rows of
     the 12-row chunk)."""
     monkeypatch.setenv("STRATA_QMATMUL", "planar")
     monkeypatch.setenv("STRATA_QMATMUL_GEMM", variant)
@@ -387,7 +387,9 @@ def test_grouped_experts_planar(impl, variant, rng, monkeypatch):
     for prefill in (False, True):
         with dispatch.poison_outputs():
             y = np.asarray(moe_experts(jnp.asarray(x), *args[:2], *args[2:], impl=impl, prefill=prefill))
-        assert np.max(np.abs(y - want)) <= 1e-5 * np.max(np.abs(want)), f"prefill={prefill}"
+        # prefill runs the grouped GEMM at the default bf16x2 products (test_grouped_experts: 4e-6 .. 1.1e-5).
+        tol = 5e-5 if prefill else 1e-5
+        assert np.max(np.abs(y - want)) <= tol * np.max(np.abs(want)), f"prefill={prefill}"
         y9 = moe_experts(jnp.asarray(x[2:11]), args[0][2:11], args[1][2:11], *args[2:], impl=impl, prefill=prefill)
         assert_bits_equal(y9, y[2:11], f"prefill={prefill}: 9 rows vs 12")
 

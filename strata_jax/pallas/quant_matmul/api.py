@@ -32,7 +32,8 @@ Planar weights (``STRATA_QMATMUL=planar``, the default; ``bytes`` selects the ke
 tensor-core GEMV `strata_jax.pallas.quant_matmul.tcgemv`, 16-row tiles), for more rows
 the tensor-core GEMM (`strata_jax.pallas.quant_matmul.gemm`; ``STRATA_QMATMUL_GEMM``: ``kblock``, the default,
 dequantizes a block of K values per step and multiplies whole blocks; ``unit``, the kernel before, one scale unit
-per step) at ``STRATA_QMATMUL_PRECISION`` (``bf16x3`` default, ``bf16x2``, ``bf16``: bfloat16 pieces per operand).
+per step) at ``STRATA_QMATMUL_PRECISION`` (``bf16x2`` by default for the GEMM, ``bf16x3`` for the tensor-core GEMVs; ``bf16``: bfloat16 pieces per
+operand; `precision`).
 F16 / BF16 / F32 weights take the same planar kernels under the variable. The weight's dtype says which kernel
 family serves it, so a weight loaded under one setting keeps working under another; on the
 reference path a planar weight is decoded by `planar.dequantize` (the same values as the GGUF bytes). Formats:
@@ -96,16 +97,18 @@ def shared_launch() -> bool:
 
 def gemm_variant() -> str:
     """``STRATA_QMATMUL_GEMM``: the kernel of the planar tensor-core GEMM (prefill chunks, MoE prefill,
-    ``STRATA_QMATMUL_GEMV=tc``): ``kblock`` (default; not yet the measured-faster one: see `gemm.DEFAULT_VARIANT`)
+    ``STRATA_QMATMUL_GEMV=tc``): ``kblock`` (default; 1.2-2.2x ``unit`` on the H100: see `gemm.DEFAULT_VARIANT`)
     or ``unit`` (`gemm.gemm_variant`). Read when a call is traced, and a static argument of the jitted call."""
     return _gemm.gemm_variant()
 
 
-def precision() -> str:
+def precision(gemm: bool = True) -> str:
     """``STRATA_QMATMUL_PRECISION``: the bfloat16 pieces of each inexact operand in the planar tensor-core kernels
     (`gemm.PRECISIONS`: the activations in ``unit`` and tc16, the activations and dequantized weights in
-    ``kblock``)."""
-    return dispatch.env_choice("STRATA_QMATMUL_PRECISION", _gemm.DEFAULT_PRECISION, _gemm.PRECISIONS)
+    ``kblock``). Unset: `gemm.DEFAULT_PRECISION` (``bf16x2``) for the GEMM of prefill chunks and MoE prefill
+    (``gemm``), `gemm.GEMV_PRECISION` (``bf16x3``) for the tensor-core GEMVs of decode rows."""
+    default = _gemm.DEFAULT_PRECISION if gemm else _gemm.GEMV_PRECISION
+    return dispatch.env_choice("STRATA_QMATMUL_PRECISION", default, _gemm.PRECISIONS)
 
 
 def prepare_weight(w, qtype, n_cols: int):
@@ -235,9 +238,10 @@ def qmatmul(x, w_raw, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_g
     if uses_planar_kernels(w_raw, qtype, k_in):
         path = dispatch.resolve("quant_matmul.qmatmul", impl,
                                 lambda: _gemv.why_not(qtype, n_out, k_in, w_raw.dtype))
-        return _qmatmul_planar(x, w_raw, qtype=qtype, n_out=n_out, k_in=k_in, path=path,
-                               gemm=x.shape[0] > _gemv.M_MAX and not row_groups, poison=dispatch.poisoning(),
-                               gemv=gemv_variant(), prec=precision(), gemm_kernel=gemm_variant())
+        gemm = x.shape[0] > _gemv.M_MAX and not row_groups
+        return _qmatmul_planar(x, w_raw, qtype=qtype, n_out=n_out, k_in=k_in, path=path, gemm=gemm,
+                               poison=dispatch.poisoning(), gemv=gemv_variant(), prec=precision(gemm),
+                               gemm_kernel=gemm_variant())
     path = dispatch.resolve(
         "quant_matmul.qmatmul", impl,
         lambda: _k.why_not(qtype, x.shape[0], n_out, k_in, x.dtype, getattr(w_raw, "dtype", jnp.uint8),

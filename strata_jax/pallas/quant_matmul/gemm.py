@@ -55,10 +55,15 @@ from strata_jax.pallas.quant_matmul import planar as P
 from strata_jax.pallas.quant_matmul.gemv import decode_tile, split_k, split_step, tile_rows, vshape
 
 PRECISIONS = {"bf16": 1, "bf16x2": 2, "bf16x3": 3}   # bfloat16 pieces of each inexact operand
-DEFAULT_PRECISION = "bf16x3"
+# bf16x2 by measurement (2026-12-05): 1.4-1.8x bf16x3's TFLOP/s in the K-block kernel (H100, 512 rows), and every
+# real-model parity test passes with the kernel GEMM (interpret) at bf16x2: test_dense_parity (SmolLM2-135M,
+# Qwen2.5-Coder-0.5B: logits within 1e-3 of HF, 32 greedy tokens), test_relatives / test_hybrid "matches" (f32 within
+# 1e-4 of HF, Q8_0 within 1e-3 of the oracle); bf16 (one product) fails the SmolLM2 bound (2.5e-3).
+DEFAULT_PRECISION = "bf16x2"
+GEMV_PRECISION = "bf16x3"   # the tensor-core GEMVs of 1..8 decode rows (STRATA_QMATMUL_GEMV=tc / tc16): float32-like
 WEIGHT_PIECES = {Q.F32: 3, Q.F16: 2, Q.BF16: 1}      # bfloat16 pieces of a float weight (block codes: 1, exact)
 VARIANTS = ("kblock", "unit")
-DEFAULT_VARIANT = "kblock"   # not yet measured on the GPU (2026-12-05): "unit" is the kernel the H200 ran so far
+DEFAULT_VARIANT = "kblock"   # 1.2-2.2x the unit kernel at every precision and shape (H100, 2026-12-05)
 # values per scale unit (one dl), where not 32
 SUBBLOCK16 = frozenset({Q.Q2_K, Q.Q3_K, Q.Q6_K, Q.IQ2_XS, Q.IQ2_S, Q.IQ1_M})
 
@@ -79,16 +84,14 @@ class Config:
 PREFILL = Config(target_programs=1)
 GEMV_TC = Config(BN=32, BM=16, target_programs=2112)   # the tensor-core GEMV: 1..8 rows padded to 16
 MOE_PREFILL = Config(BN=64, BM=16, target_programs=1)  # grouped experts: a few rows per expert in a chunk
-# The K-block kernel's prefill tiles: a first choice, not measured on the GPU (2026-12-05). Per weight value a step
-# spends ~16 instructions on the CUDA cores (decode, scale, pieces: 530 per thread and step for Q4_K at bf16x2,
-# experiments/sass_probe.py) and 2 * BM * products flops on the tensor cores; the two rates balance near BM = 60 at
-# 3 products (H200: ~33 T lane instructions/s, ~790 TFLOP/s), so BM = 128 leaves the tensor cores the bound; BN x
-# KB = 8192 decoded values over 8 warps (161 registers, 105 KB of shared memory, no spills: one CTA per SM).
-# target_programs = 48 splits K for weights of few output tiles (1536 rows: 12 tiles, K split in 4; 256 rows: 2
-# tiles, in up to 24), which otherwise leave most SMs idle at 512 rows; none for 8960 / 10240 rows. The partial sums
-# cost ~4 bytes x N x M per split, small beside the products. `experiments/bench_kernels.py --only prefill` sweeps
-# the alternatives (`KBLOCK_SWEEP` there).
-KBLOCK_PREFILL = Config(BN=128, BM=128, KB=64, target_programs=48, num_warps=8, num_stages=2)
+# The K-block kernel's prefill tiles, picked by measurement (H100, 2026-12-05, experiments/bench_kernels.py --only
+# prefill, `KBLOCK_SWEEP` there; experiments/RESULTS.md): BN = 64 weight rows x BM = 128 activation rows, KB = 64,
+# 4 warps, 2 stages: at 512 rows and bf16x2, Q4_K 8960 x 1536 76.6 TFLOP/s (58.2 with BN = 128 over 8 warps, the
+# first choice) and 1536 x 8960 68.7 (30.8 without the K split); at bf16x3 all six configs were within 4%.
+# target_programs = 48 splits K for weights of few output tiles (1536 rows: 24 tiles, K split in 2; 256 rows: 4
+# tiles, in up to 12), which otherwise leave most SMs idle at 512 rows; none for 8960 / 10240 rows. The partial
+# sums cost ~4 bytes x N x M per split, small beside the products.
+KBLOCK_PREFILL = Config(BN=64, BM=128, KB=64, target_programs=48, num_warps=4, num_stages=2)
 KBLOCK_SMALL_BM = Config(BN=64, BM=16, KB=128, target_programs=1, num_warps=4, num_stages=2)  # BM <= 32 callers
 
 

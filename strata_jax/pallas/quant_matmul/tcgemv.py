@@ -77,7 +77,7 @@ from strata_jax.errors import UnsupportedError
 from strata_jax.pallas import dispatch
 from strata_jax.pallas.quant_matmul import decode as D
 from strata_jax.pallas.quant_matmul import planar as P
-from strata_jax.pallas.quant_matmul.gemm import (DEFAULT_PRECISION, PRECISIONS, WEIGHT_PIECES, bf16_pieces,
+from strata_jax.pallas.quant_matmul.gemm import (GEMV_PRECISION, PRECISIONS, WEIGHT_PIECES, bf16_pieces,
                                                  piece_products, units)
 from strata_jax.pallas.quant_matmul.gemv import decode_tile, split_k, split_step, tile_rows, vshape
 
@@ -199,7 +199,7 @@ def activation_tiles(x, qtype, precision: str):
 
 
 def grouped_gemv(x, w_stacked, tile_expert, qtype, n_out: int, k_in: int, *, interpret: bool,
-                 precision: str = DEFAULT_PRECISION, cfg: Config | None = None):
+                 precision: str = GEMV_PRECISION, cfg: Config | None = None):
     """For each row tile t: x[t] [16, K] times the matrix ``w_stacked[tile_expert[t]]`` [n_out, K]^T.
 
     Args:
@@ -246,7 +246,7 @@ def grouped_gemv(x, w_stacked, tile_expert, qtype, n_out: int, k_in: int, *, int
     return jnp.swapaxes(out[:T_in, :n_out], 1, 2)
 
 
-def gemv(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, precision: str = DEFAULT_PRECISION,
+def gemv(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, precision: str = GEMV_PRECISION,
          cfg: Config | None = None):
     """x [M, K] times one weight [n_out, K]^T -> float32 [M, n_out], any M, in 16-row tiles (zero padded; the
     weight is read once per tile): row r's bits are the same for every M and whatever the other rows hold.
