@@ -56,7 +56,8 @@ class GatedResidual(nnx.Module):
 
     Args: g; prefix e.g. ``"blk.3.hc_attn_"`` or ``"output_hc_"``; dim: D; hc: streams; rank: r (None: as the
     file's ``down``); eps; inject: has ``inject``. Tensors (expected shapes): ``norm`` [hc*D], ``down`` [r, hc*D],
-    ``up`` [hc*D, r], ``inject`` [hc, hc*D].
+    ``up`` [hc*D, r], ``inject`` [hc, hc*D]. Where down and inject share a format they are held as one matrix
+    ``down_inject`` [r + hc, hc*D] (`QLinear.stacked`; ``down`` and ``inject`` are then None).
     """
 
     def __init__(self, g, prefix: str, *, dim: int, hc: int, rank: int | None, eps: float, inject: bool = True,
@@ -67,18 +68,28 @@ class GatedResidual(nnx.Module):
         self.up = QLinear.from_gguf(g, prefix + "up.weight", device, shape=(hc * dim, rank or self.down.n_out))
         self.inject = (QLinear.from_gguf(g, prefix + "inject.weight", device, shape=(hc, hc * dim)) if inject
                        else None)
+        # down and inject read the same xn: one matrix [r + hc, hc*D] where their formats agree (one launch less)
+        self.rank = self.down.n_out
+        self.down_inject = QLinear.stacked([self.down, self.inject]) if inject else None
+        if self.down_inject is not None:
+            self.down = self.inject = None
 
     def __call__(self, R: jax.Array, exact: bool):
         """R float32 [B, T, hc, D] -> (mixed [B, T, D], inj [B, T, hc] or None)."""
         B, T, hc, D = R.shape
         xn = norm_per_stream(R, self.norm_w[...], self.eps)
         flat = xn.reshape(B, T, hc * D)
-        lo = jax.nn.silu(qcall(self.down, flat, exact) / hc)
+        if self.down_inject is not None:
+            y = qcall(self.down_inject, flat, exact)
+            lo, q = y[..., :self.rank], y[..., self.rank:]
+        else:
+            lo = qcall(self.down, flat, exact)
+            q = None if self.inject is None else qcall(self.inject, flat, exact)
+        lo = jax.nn.silu(lo / hc)
         m = jax.nn.sigmoid(qcall(self.up, lo, exact)).reshape(B, T, hc, D)
         mixed = stream_mean(m * xn)
-        if self.inject is None:
+        if q is None:
             return mixed, None
-        q = qcall(self.inject, flat, exact)
         if exact and hc & (hc - 1) == 0:  # the / hc in row_map's program: exact (a power of two), one launch less
             return mixed, 2.0 * rowwise(SigmoidScaled(1.0 / hc), q, exact)
         return mixed, 2.0 * rowwise(jax.nn.sigmoid, q / hc, exact)

@@ -234,6 +234,25 @@ class QLinear(nnx.Module):
         b = load_f32(g, bias, device, shape=(shape[0],)) if bias and g.has(bias) else None
         return cls(prepare_weight(w, qtype, shape[1]), qtype, shape[0], shape[1], b)
 
+    @classmethod
+    def stacked(cls, linears) -> "QLinear | None":
+        """One `QLinear` whose output rows are those of ``linears`` in order (W and the biases concatenated along
+        n_out; a missing bias is zeros), so that projections of one input take one launch and one read of it; None
+        when they differ in format, n_in or stored form (dtype, row width): the caller keeps them apart. Every
+        stored form keeps one matrix row per leading index (GGUF bytes, planar words, floats), so output row r is
+        row r of its own matrix; the bits may differ from the separate call's (a kernel's launch config, e.g. its
+        K split, is a function of n_out), never between row counts."""
+        first = linears[0]
+        ws = [lin.w[...] for lin in linears]
+        if any(lin.qtype != first.qtype or lin.n_in != first.n_in or w.dtype != ws[0].dtype
+               or w.ndim != 2 or w.shape[1:] != ws[0].shape[1:] for lin, w in zip(linears, ws)):
+            return None
+        b = None
+        if any(lin.b is not None for lin in linears):
+            b = jnp.concatenate([lin.b[...] if lin.b is not None else jnp.zeros((lin.n_out,), jnp.float32)
+                                 for lin in linears])
+        return cls(jnp.concatenate(ws, axis=0), first.qtype, sum(lin.n_out for lin in linears), first.n_in, b)
+
     def __call__(self, x: jax.Array, exact_rows: bool = True) -> jax.Array:
         """x float [..., n_in] -> float32 [..., n_out].
 

@@ -1,0 +1,68 @@
+"""`QLinear.stacked`: projections of one input held as one matrix (the hyper-connection down + inject of
+`strata_jax.layers.hyper.GatedResidual`), against float64 products of the blocks dequantized by `gguf.quants`."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from strata_jax.layers.linear import QLinear
+from strata_jax.pallas.quant_matmul import prepare_weight
+
+
+def _linear(rng, qtype, n_out, n_in, bias=False):
+    """A QLinear of fresh random blocks in its device form; returns (linear, float64 W, float64 bias or zeros)."""
+    w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+    if qtype == Q.F16:
+        raw = w.astype(np.float16)
+        w64 = raw.astype(np.float64)
+        dev = jnp.asarray(raw)
+    else:
+        raw = quants.quantize(w, qtype)
+        w64 = quants.dequantize(raw, qtype).astype(np.float64)
+        dev = prepare_weight(jnp.asarray(raw), qtype, n_in)
+    b = rng.standard_normal(n_out).astype(np.float32) if bias else None
+    lin = QLinear(dev, qtype, n_out, n_in, None if b is None else jnp.asarray(b))
+    return lin, w64, (np.zeros(n_out) if b is None else b.astype(np.float64))
+
+
+@pytest.fixture(params=["reference", "planar-interpret"])
+def path(request, monkeypatch):
+    if request.param == "planar-interpret":
+        monkeypatch.setenv("STRATA_QMATMUL", "planar")
+        monkeypatch.setenv("STRATA_PALLAS_IMPL", "interpret")
+    else:
+        monkeypatch.setenv("STRATA_PALLAS_IMPL", "reference")
+    return request.param
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0], ids=lambda q: q.name)
+def test_stacked_rows_are_the_parts(qtype, path, rng):
+    """down [8, K] + inject [4, K] (one with a bias): the stacked call's columns are the parts' outputs within
+    1e-5 of float64, rows bitwise independent of the call's other rows (1 row == that row of 3)."""
+    k = 512
+    (a, a64, ab), (b, b64, bb) = _linear(rng, qtype, 8, k), _linear(rng, qtype, 4, k, bias=True)
+    s = QLinear.stacked([a, b])
+    assert s is not None and (s.n_out, s.n_in, s.qtype) == (12, k, qtype)
+    if path == "planar-interpret":
+        assert s.w[...].dtype == jnp.uint32  # the planar form stacks too
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    y = np.asarray(s(jnp.asarray(x)))
+    want = np.concatenate([x @ a64.T + ab, x @ b64.T + bb], axis=1)
+    assert np.max(np.abs(y - want)) <= 1e-5 * np.max(np.abs(want))
+    np.testing.assert_allclose(y[:, :8], np.asarray(a(jnp.asarray(x))), rtol=0, atol=1e-5 * np.max(np.abs(want)))
+    np.testing.assert_array_equal(np.asarray(s(jnp.asarray(x[1:2]))).view(np.uint32), y[1:2].view(np.uint32),
+                                  "1 row vs 3: other bits")
+
+
+def test_stacked_refuses_what_does_not_stack(rng, monkeypatch):
+    """Different formats, a different n_in or a different stored form give None (the caller keeps two calls)."""
+    monkeypatch.setenv("STRATA_PALLAS_IMPL", "reference")
+    q8, _, _ = _linear(rng, Q.Q8_0, 8, 256)
+    assert QLinear.stacked([q8, _linear(rng, Q.F16, 4, 256)[0]]) is None
+    assert QLinear.stacked([q8, _linear(rng, Q.Q4_0, 4, 256)[0]]) is None
+    assert QLinear.stacked([q8, _linear(rng, Q.Q8_0, 4, 512)[0]]) is None
+    assert QLinear.stacked([q8, _linear(rng, Q.Q8_0, 4, 256)[0]]) is not None
