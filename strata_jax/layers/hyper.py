@@ -51,13 +51,33 @@ class SigmoidScaled:
         return jax.nn.sigmoid(v * self.scale)
 
 
+@dataclasses.dataclass(frozen=True)
+class ReadGates:
+    """The gates of a hyper-connection read from the one projection ``[W_down; W_inject; 0] xn`` (`rowwise`'s
+    ``fn``, hashable): lanes ``< rank``: ``silu(v / hc)`` (the up projection's input); lanes ``rank ..
+    rank + hc - 1``: ``2 * sigmoid(v / hc)`` (the inject weights); lanes after: 0 (the zero rows that pad the
+    width to the up projection's K). For a power-of-two ``hc`` the division is the product by ``1 / hc`` (the
+    same exact value). The lane index comes from an iota over the last axis: the same per-lane code in the row
+    map's Pallas program and in the reference's one-row map."""
+    rank: int
+    hc: int
+
+    def __call__(self, v):
+        x = v * (1.0 / self.hc) if self.hc & (self.hc - 1) == 0 else v / self.hc
+        sig = jax.nn.sigmoid(x)
+        lane = jax.lax.broadcasted_iota(jnp.int32, v.shape, v.ndim - 1)
+        return jnp.where(lane < self.rank, x * sig, jnp.where(lane < self.rank + self.hc, 2.0 * sig, 0.0))
+
+
 class GatedResidual(nnx.Module):
     """One hyper-connection read (see module docstring).
 
     Args: g; prefix e.g. ``"blk.3.hc_attn_"`` or ``"output_hc_"``; dim: D; hc: streams; rank: r (None: as the
     file's ``down``); eps; inject: has ``inject``. Tensors (expected shapes): ``norm`` [hc*D], ``down`` [r, hc*D],
-    ``up`` [hc*D, r], ``inject`` [hc, hc*D]. Where down and inject share a format they are held as one matrix
-    ``down_inject`` [r + hc, hc*D] (`QLinear.stacked`; ``down`` and ``inject`` are then None).
+    ``up`` [hc*D, r], ``inject`` [hc, hc*D]. Where down and inject share a format and up is float-stored, they are
+    held as ``down_inject`` [w, hc*D] (down's rows, inject's, zero rows up to w = r + hc rounded up to 32;
+    `QLinear.stacked`) and ``up`` [hc*D, w] (zero columns after r; `QLinear.padded_k`), the gates as one
+    `ReadGates` row map (``down`` and ``inject`` are then None).
     """
 
     def __init__(self, g, prefix: str, *, dim: int, hc: int, rank: int | None, eps: float, inject: bool = True,
@@ -68,10 +88,17 @@ class GatedResidual(nnx.Module):
         self.up = QLinear.from_gguf(g, prefix + "up.weight", device, shape=(hc * dim, rank or self.down.n_out))
         self.inject = (QLinear.from_gguf(g, prefix + "inject.weight", device, shape=(hc, hc * dim)) if inject
                        else None)
-        # down and inject read the same xn: one matrix [r + hc, hc*D] where their formats agree (one launch less)
+        # down and inject read the same xn: one matrix [W_down; W_inject; 0] of width rounded up to 32 (the planar
+        # GEMV's K unit), one row map for both gates (`ReadGates`) and the up projection on that width (zero
+        # columns): per read 2 launches fewer (the inject GEMV, and the silu fusion + the inject's slice). Only
+        # where up is float-stored (its columns can be padded) and down / inject share a format.
         self.rank = self.down.n_out
-        self.down_inject = QLinear.stacked([self.down, self.inject]) if inject else None
-        if self.down_inject is not None:
+        width = -(-(self.rank + hc) // 32) * 32
+        up = self.up.padded_k(width) if inject else None
+        stacked = QLinear.stacked([self.down, self.inject], n_out=width) if up is not None else None
+        self.down_inject = stacked  # assigned once: a QLinear (nnx data) or None
+        if stacked is not None:
+            self.up = up
             self.down = self.inject = None
 
     def __call__(self, R: jax.Array, exact: bool):
@@ -80,16 +107,15 @@ class GatedResidual(nnx.Module):
         xn = norm_per_stream(R, self.norm_w[...], self.eps)
         flat = xn.reshape(B, T, hc * D)
         if self.down_inject is not None:
-            y = qcall(self.down_inject, flat, exact)
-            lo, q = y[..., :self.rank], y[..., self.rank:]
-        else:
-            lo = qcall(self.down, flat, exact)
-            q = None if self.inject is None else qcall(self.inject, flat, exact)
-        lo = jax.nn.silu(lo / hc)
+            z = rowwise(ReadGates(self.rank, hc), qcall(self.down_inject, flat, exact), exact)
+            m = jax.nn.sigmoid(qcall(self.up, z, exact)).reshape(B, T, hc, D)
+            return stream_mean(m * xn), z[..., self.rank:self.rank + hc]
+        lo = jax.nn.silu(qcall(self.down, flat, exact) / hc)
         m = jax.nn.sigmoid(qcall(self.up, lo, exact)).reshape(B, T, hc, D)
         mixed = stream_mean(m * xn)
-        if q is None:
+        if self.inject is None:
             return mixed, None
+        q = qcall(self.inject, flat, exact)
         if exact and hc & (hc - 1) == 0:  # the / hc in row_map's program: exact (a power of two), one launch less
             return mixed, 2.0 * rowwise(SigmoidScaled(1.0 / hc), q, exact)
         return mixed, 2.0 * rowwise(jax.nn.sigmoid, q / hc, exact)

@@ -235,23 +235,44 @@ class QLinear(nnx.Module):
         return cls(prepare_weight(w, qtype, shape[1]), qtype, shape[0], shape[1], b)
 
     @classmethod
-    def stacked(cls, linears) -> "QLinear | None":
+    def stacked(cls, linears, n_out: int | None = None) -> "QLinear | None":
         """One `QLinear` whose output rows are those of ``linears`` in order (W and the biases concatenated along
-        n_out; a missing bias is zeros), so that projections of one input take one launch and one read of it; None
-        when they differ in format, n_in or stored form (dtype, row width): the caller keeps them apart. Every
-        stored form keeps one matrix row per leading index (GGUF bytes, planar words, floats), so output row r is
-        row r of its own matrix; the bits may differ from the separate call's (a kernel's launch config, e.g. its
-        K split, is a function of n_out), never between row counts."""
+        n_out; a missing bias is zeros), so that projections of one input take one launch and one read of it; with
+        ``n_out`` larger than their sum, zero rows after them (every stored form's all-zero row is a zero row: a
+        block of zero bytes has scale 0). None when they differ in format, n_in or stored form (dtype, row width):
+        the caller keeps them apart. Every stored form keeps one matrix row per leading index (GGUF bytes, planar
+        words, floats), so output row r is row r of its own matrix; the bits may differ from the separate call's
+        (a kernel's launch config, e.g. its K split, is a function of n_out), never between row counts.
+
+        Raises: ValueError: ``n_out`` below the rows of ``linears``."""
         first = linears[0]
         ws = [lin.w[...] for lin in linears]
         if any(lin.qtype != first.qtype or lin.n_in != first.n_in or w.dtype != ws[0].dtype
                or w.ndim != 2 or w.shape[1:] != ws[0].shape[1:] for lin, w in zip(linears, ws)):
             return None
+        rows = sum(lin.n_out for lin in linears)
+        n_out = rows if n_out is None else int(n_out)
+        if n_out < rows:
+            raise ValueError(f"QLinear.stacked: n_out {n_out} is below the {rows} rows of the parts")
+        if n_out > rows:
+            ws.append(jnp.zeros((n_out - rows, ws[0].shape[1]), ws[0].dtype))
         b = None
         if any(lin.b is not None for lin in linears):
             b = jnp.concatenate([lin.b[...] if lin.b is not None else jnp.zeros((lin.n_out,), jnp.float32)
-                                 for lin in linears])
-        return cls(jnp.concatenate(ws, axis=0), first.qtype, sum(lin.n_out for lin in linears), first.n_in, b)
+                                 for lin in linears] + [jnp.zeros((n_out - rows,), jnp.float32)])
+        return cls(jnp.concatenate(ws, axis=0), first.qtype, n_out, first.n_in, b)
+
+    def padded_k(self, n_in: int) -> "QLinear | None":
+        """The same map on inputs widened to ``n_in`` (zero columns after W's: inputs there add exact zeros for
+        finite values), for a float-stored W [n_out, K] (F32 / F16 / BF16, or blocks dequantized at load); None for
+        block formats (their columns come in blocks). Raises ValueError: ``n_in`` below K."""
+        w = self.w[...]
+        if n_in < self.n_in:
+            raise ValueError(f"QLinear.padded_k: n_in {n_in} is below K = {self.n_in}")
+        if self.qtype not in FLOAT_FORMATS or w.dtype == jnp.uint8 or w.ndim != 2:
+            return None
+        w = jnp.concatenate([w, jnp.zeros((w.shape[0], n_in - self.n_in), w.dtype)], axis=1)
+        return QLinear(w, self.qtype, self.n_out, n_in, self.b[...] if self.b is not None else None)
 
     def __call__(self, x: jax.Array, exact_rows: bool = True) -> jax.Array:
         """x float [..., n_in] -> float32 [..., n_out].

@@ -66,3 +66,27 @@ def test_stacked_refuses_what_does_not_stack(rng, monkeypatch):
     assert QLinear.stacked([q8, _linear(rng, Q.Q4_0, 4, 256)[0]]) is None
     assert QLinear.stacked([q8, _linear(rng, Q.Q8_0, 4, 512)[0]]) is None
     assert QLinear.stacked([q8, _linear(rng, Q.Q8_0, 4, 256)[0]]) is not None
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0], ids=lambda q: q.name)
+def test_stacked_zero_rows_and_padded_k(qtype, path, rng):
+    """n_out past the parts: the extra rows give exact zeros (an all-zero block has scale 0) on every path; an
+    F16 matrix widened by padded_k maps [x, anything finite] as it maps x (within 1e-5 of float64; the padding is
+    zero columns); block formats cannot be widened; widths below the parts are refused."""
+    k = 256
+    (a, a64, _), (b, b64, bb) = _linear(rng, qtype, 8, k), _linear(rng, qtype, 4, k, bias=True)
+    s = QLinear.stacked([a, b], n_out=32)
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    y = np.asarray(s(jnp.asarray(x)))
+    assert y.shape == (2, 32) and np.all(y[:, 12:] == 0)
+    want = np.concatenate([x @ a64.T, x @ b64.T + bb], axis=1)
+    assert np.max(np.abs(y[:, :12] - want)) <= 1e-5 * np.max(np.abs(want))
+    with pytest.raises(ValueError, match="below"):
+        QLinear.stacked([a, b], n_out=11)
+    up, up64, _ = _linear(rng, Q.F16, 64, 12)
+    wide = up.padded_k(32)
+    assert (wide.n_in, wide.n_out) == (32, 64) and a.padded_k(512) is None
+    z = np.concatenate([x[:, :12], rng.uniform(-3, 3, (2, 20)).astype(np.float32)], axis=1)
+    yz = np.asarray(wide(jnp.asarray(z)))
+    want = x[:, :12] @ up64.T
+    assert np.max(np.abs(yz - want)) <= 1e-5 * np.max(np.abs(want))

@@ -184,6 +184,30 @@ def test_row_map_scaled_sigmoid(impl, rng):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_row_map_read_gates(impl, rng):
+    """A hyper-connection read's gates in one row map (`hyper.ReadGates`, lanes by an iota in the program): lanes
+    < rank ``silu(v / hc)``, the next hc ``2 * sigmoid(v / hc)``, the padding 0, within 1e-6 of float64 (hc = 4:
+    the Flash-Next rank 320 in a 352-lane row; hc = 3: the division); a row alone has its bits; one launch."""
+    from strata_jax.layers.hyper import ReadGates
+    for rank, hc, width in ((320, 4, 352), (8, 4, 32), (5, 3, 32)):
+        v = rng.standard_normal((2, 3, width)).astype(np.float32) * 6
+        v[0, 0, :3] = [1e38, -1e38, -0.0]
+        g = ReadGates(rank, hc)
+        with dispatch.poison_outputs():
+            y = np.asarray(rows.row_map(g, jnp.asarray(v), impl=impl))
+        x = v.astype(np.float64) / hc
+        with np.errstate(over="ignore"):  # exp(1e38 / hc): sigmoid 0, as float32's
+            sig = 1 / (1 + np.exp(-x))
+        want = np.concatenate([(x * sig)[..., :rank], 2 * sig[..., rank:rank + hc], 0 * x[..., rank + hc:]], -1)
+        np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-30, err_msg=f"rank {rank}, hc {hc}")
+        assert_bits_equal(rows.row_map(g, jnp.asarray(v[1:2, 2:3]), impl=impl)[0, 0], y[1, 2], "row alone")
+        if impl != "reference":
+            jaxpr = str(jax.make_jaxpr(lambda a: rows.row_map(g, a, impl=impl))(jnp.asarray(v)))
+            assert jaxpr.count("pallas_call") == 1
+    assert ReadGates(320, 4) == ReadGates(320, 4) and hash(ReadGates(320, 4)) == hash(ReadGates(320, 4))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_qk_l2_norm(impl, rng):
     """The GDN's q / k (`rows.qk_l2_norm`): the bits of ``tile(l2norm(q) * Dk^-0.5)`` / ``tile(l2norm(k))``
     (``repeat`` for the grouped order) on the same path, one launch; a row's bits alone; errors."""
