@@ -18,17 +18,16 @@ reference (each (row, expert) pair dequantized and multiplied alone). The stacke
 block format on the device (uint8 [E, rows, row_bytes], or float for F32/F16/BF16). Both paths compute a row the
 same way whatever the other rows of the call are (row m of an M-row call == the row alone, bit for bit); the router
 softmax and the shared-expert gate's dot are per-row ops (`strata_jax.pallas.rows`: one program per row on the
-kernel path), and the renormalisation's sum of k weights is a fixed tree of adds (`strata_jax.layers.exact`), so a
-row's arithmetic does not depend on the other rows of the window, nor on B or T.
+kernel path; the renormalisation over the k weights in the router's program, or a fixed tree of adds
+(`strata_jax.layers.exact`) on the reference path), so a row's arithmetic does not depend on the other rows of
+the window, nor on B or T.
 """
 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
-from strata_jax.layers.exact import row_sum
 from strata_jax.layers.gdn import qcall
 from strata_jax.layers.linear import QLinear, load_f32, load_raw, project_shared
 from strata_jax.pallas import rows as row_ops
@@ -77,10 +76,8 @@ class MoE(nnx.Module):
 
     def route(self, logits: jax.Array):
         """logits float32 [..., E] -> (weights float32 [..., k], ids int32 [..., k])."""
-        w, ids = row_ops.softmax_top_k(logits, self.n_used)  # top_k(softmax(logits)): one launch on a GPU
-        if self.renorm:
-            w = w / jnp.maximum(row_sum(w), RENORM_MIN)
-        return w, ids
+        # top_k(softmax(logits)) and the renormalisation: one launch on a GPU
+        return row_ops.softmax_top_k(logits, self.n_used, renorm_min=RENORM_MIN if self.renorm else None)
 
     def routed(self, x: jax.Array, w: jax.Array, ids: jax.Array, impl: str = "auto",
                prefill: bool = False) -> jax.Array:
@@ -102,9 +99,8 @@ class MoE(nnx.Module):
             sg, su = project_shared(x, (self.sh_gate, self.sh_up), exact_rows)
             hs = jax.nn.silu(sg) * su
             s = qcall(self.sh_down, hs, exact_rows)
-            xw = x * self.sh_w[...]
-            # window rows: the sigmoid in the row sum's program (the bits of row_map(sigmoid, row_sum), one launch)
-            gate = (row_ops.row_sum(xw, fn=jax.nn.sigmoid) if exact_rows
-                    else jax.nn.sigmoid(row_ops.row_sum(xw)))
+            # window rows: the product, the sum and the sigmoid in one row program (one launch on a GPU)
+            gate = (row_ops.row_sum(x, w=self.sh_w[...], fn=jax.nn.sigmoid) if exact_rows
+                    else jax.nn.sigmoid(row_ops.row_sum(x, w=self.sh_w[...])))
             y = y + gate * s
         return y

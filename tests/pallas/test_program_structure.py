@@ -93,8 +93,8 @@ def test_kernel_path_programs(monkeypatch):
         assert "rows_softmax_top_k" in names and "rows_softmax" not in names, f"{what}: {sorted(names)}"
         # the GDN's q / k norms, scale and v-head repeat are one rows kernel (rows.qk_l2_norm), no l2 norm left
         assert "rows_qk_l2_norm" in names and "rows_l2_norm" not in names, f"{what}: {sorted(names)}"
-        if kind != "prefill":  # window rows: the shared-expert gate's sigmoid in its row sum's program
-            assert "rows_sum_map" in names, f"{what}: {sorted(names)}"
+        if kind != "prefill":  # window rows: the shared-expert gate's product, sum and sigmoid in one program
+            assert "rows_dot_map" in names and "rows_sum_map" not in names, f"{what}: {sorted(names)}"
         if kind == "step":
             # one row: the routed experts' union is the row's own ids (grouped_experts.union_slots), no sort; the
             # only sort left is the QSA indexer's block selection, one per attention layer (XLA:GPU runs each as a

@@ -108,6 +108,56 @@ def test_softmax_top_k(impl, rng):
         rows.softmax_top_k(x, n + 1, impl=impl)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_softmax_top_k_renorm(impl, rng):
+    """softmax_top_k(renorm_min=...) (the MoE router's renormalisation in its program): the ids of top_k, the
+    values within 1e-6 of float64 ``p_top / max(sum p_top, min)`` (a row whose k values sum below the minimum
+    included), a row's bits alone and among others, one launch."""
+    for n, k, lo in ((512, 10, 2.0 ** -14), (40, 3, 0.5)):
+        x = rng.standard_normal((6, n)).astype(np.float32) * 3
+        x[4, :] = 0.0                                   # flat row: k / n of the mass (< lo for the 40 / 3 case)
+        x = jnp.asarray(x)
+        with dispatch.poison_outputs():
+            w, ids = rows.softmax_top_k(x, k, renorm_min=lo, impl=impl)
+        _, ids0 = jax.lax.top_k(rows.softmax(x, impl=impl), k)
+        assert_bits_equal(ids, ids0, f"n={n}: ids")
+        x64 = np.asarray(x, np.float64)
+        p = np.exp(x64 - x64.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        top = np.take_along_axis(p, np.asarray(ids), -1)
+        assert_close_rel(w, top / np.maximum(top.sum(-1, keepdims=True), lo), 1e-6, f"n={n}")
+        w1, _ = rows.softmax_top_k(x[4:5], k, renorm_min=lo, impl=impl)
+        assert_bits_equal(w1[0], w[4], f"n={n}: row alone")
+        other = jnp.asarray(rng.standard_normal((9, n)).astype(np.float32)).at[7].set(x[2])
+        assert_bits_equal(rows.softmax_top_k(other, k, renorm_min=lo, impl=impl)[0][7], w[2], "row among 9")
+        if impl != "reference":
+            jaxpr = str(jax.make_jaxpr(lambda a: rows.softmax_top_k(a, k, renorm_min=lo, impl=impl))(x))
+            assert jaxpr.count("pallas_call") == 1
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_row_sum_weighted(impl, rng):
+    """row_sum(x, w=..., fn=...) (the shared-expert gate ``sigmoid(sum(x * w))`` in one program): within 1e-6
+    of float64, a row's bits alone and among others, one launch; a w of another length is refused."""
+    for n in (40, 2560):
+        x = jnp.asarray(rng.standard_normal((3, 5, n)).astype(np.float32) * 0.05)
+        w = jnp.asarray(rng.standard_normal(n).astype(np.float32))
+        with dispatch.poison_outputs():
+            y = rows.row_sum(x, w=w, fn=jax.nn.sigmoid, impl=impl)
+            s = rows.row_sum(x, w=w, impl=impl)
+        dot64 = np.sum(np.asarray(x, np.float64) * np.asarray(w, np.float64), -1, keepdims=True)
+        assert_close_rel(y, _sigmoid64(dot64), 1e-6, f"n={n}")
+        assert_close_rel(s, dot64, 1e-5, f"n={n}: sum")
+        assert_bits_equal(rows.row_sum(x[1:2, 3:4], w=w, fn=jax.nn.sigmoid, impl=impl)[0, 0], y[1, 3], "alone")
+        other = jnp.asarray(rng.standard_normal((7, n)).astype(np.float32)).at[4].set(x[1, 3])
+        assert_bits_equal(rows.row_sum(other, w=w, fn=jax.nn.sigmoid, impl=impl)[4], y[1, 3], "among 7 others")
+        if impl != "reference":
+            jaxpr = str(jax.make_jaxpr(lambda a: rows.row_sum(a, w=w, fn=jax.nn.sigmoid, impl=impl))(x))
+            assert jaxpr.count("pallas_call") == 1
+    with pytest.raises(UnsupportedError):
+        rows.row_sum(x, w=w[:-1], impl=impl)
+
+
 def test_errors_and_fallback(monkeypatch, capsys):
     x = jnp.ones((2, 8), jnp.int32)
     with pytest.raises(UnsupportedError):

@@ -11,9 +11,11 @@ All act on the last axis of ``x`` [..., n] (any float dtype, computed in float32
 * ``add_rms_norm(x, r, w, eps)`` -> (``x + r``, its ``rms_norm``): a residual add and the norm behind it.
 * ``qk_l2_norm(q, k, eps, q_scale=, heads=, order=)`` -> the GDN's L2-normalised q (scaled) and k, repeated to
   the v heads, in one launch.
-* ``row_sum(x, fn=None)`` -> float32 [..., 1] (``fn``: `row_map`'s ``fn`` of the sum, in the same launch).
+* ``row_sum(x, fn=None, w=None)`` -> float32 [..., 1] (``w``: of x * w; ``fn``: `row_map`'s ``fn`` of the sum;
+  one launch).
 * ``softmax(x)`` -> float32 [..., n] (-inf entries give 0).
-* ``softmax_top_k(x, k)`` -> (float32 [..., k], int32 [..., k]): ``jax.lax.top_k(softmax(x), k)`` (a router).
+* ``softmax_top_k(x, k, renorm_min=None)`` -> (float32 [..., k], int32 [..., k]): ``jax.lax.top_k(softmax(x), k)`` (a
+  router; ``renorm_min``: the values over max(their sum, renorm_min)).
 * ``row_map(fn, x)`` -> float32 [..., n]: an elementwise ``fn`` (sigmoid, softplus, ...) applied per row (for
   narrow rows, whose arithmetic XLA on a CPU would otherwise choose by the number of rows).
 
@@ -146,22 +148,28 @@ def qk_l2_norm(q, k, eps: float, *, q_scale: float, heads: int, order: str, impl
 
 
 @functools.partial(jax.jit, static_argnames=("fn", "path", "poison"))
-def _row_sum(x, *, fn, path, poison):
+def _row_sum(x, w, *, fn, path, poison):
     if path == "reference":
-        s = _ref.row_sum(x)
+        s = _ref.row_sum(x if w is None else x * w)
         return s if fn is None else _ref.row_map(fn, s)
     with dispatch.poison_outputs(poison):
-        return _k.row_sum(_rows(x), interpret=path == "interpret", fn=fn).reshape(*x.shape[:-1], 1)
+        return _k.row_sum(_rows(x), interpret=path == "interpret", fn=fn, w=w).reshape(*x.shape[:-1], 1)
 
 
-def row_sum(x, *, fn=None, impl: str = "auto"):
-    """float32 [..., 1]: the sum of each row (module docstring); with ``fn`` (elementwise, hashable), ``fn`` of it:
-    the bits of ``row_map(fn, row_sum(x))`` on either path, one launch on the kernel path (``STRATA_ROW_MAP=xla``:
-    ``fn`` left to XLA, as `row_map` does)."""
+def row_sum(x, *, fn=None, w=None, impl: str = "auto"):
+    """float32 [..., 1]: the sum of each row (module docstring); with ``w`` [n], of ``x * w`` (the product in the
+    same program on the kernel path; the reference sums XLA's product); with ``fn`` (elementwise, hashable),
+    ``fn`` of the sum: without ``w`` the bits of ``row_map(fn, row_sum(x))`` on either path, one launch on the
+    kernel path (``STRATA_ROW_MAP=xla``: ``fn`` left to XLA, as `row_map` does).
+
+    Raises:
+      UnsupportedError: ``w`` not of shape [n] (or as the module docstring)."""
+    if w is not None and tuple(w.shape) != tuple(x.shape[-1:]):
+        raise UnsupportedError(f"rows.row_sum: w {tuple(w.shape)} for rows of {x.shape[-1]} values")
     path = dispatch.resolve("rows.row_sum", impl, _why_not(x))
     if fn is not None and path == "kernel" and row_map_in_xla():
-        return fn(_row_sum(x, fn=None, path=path, poison=dispatch.poisoning()))
-    return _row_sum(x, fn=fn, path=path, poison=dispatch.poisoning())
+        return fn(_row_sum(x, w, fn=None, path=path, poison=dispatch.poisoning()))
+    return _row_sum(x, w, fn=fn, path=path, poison=dispatch.poisoning())
 
 
 @functools.partial(jax.jit, static_argnames=("path", "poison"))
@@ -178,26 +186,32 @@ def softmax(x, *, impl: str = "auto"):
     return _softmax(x, path=path, poison=dispatch.poisoning())
 
 
-@functools.partial(jax.jit, static_argnames=("k", "path", "poison"))
-def _softmax_top_k(x, *, k, path, poison):
+@functools.partial(jax.jit, static_argnames=("k", "renorm_min", "path", "poison"))
+def _softmax_top_k(x, *, k, renorm_min, path, poison):
     if path == "reference":
-        return jax.lax.top_k(_ref.softmax(x), k)
+        w, ids = jax.lax.top_k(_ref.softmax(x), k)
+        if renorm_min is not None:  # one row at a time: XLA:CPU's divide over [N, k] differs with N in the last bit
+            w = _ref.row_map(lambda r: r / jnp.maximum(_ref.row_sum(r), renorm_min), w)
+        return w, ids
     with dispatch.poison_outputs(poison):
-        w, ids = _k.softmax_top_k(_rows(x), k, interpret=path == "interpret")
+        w, ids = _k.softmax_top_k(_rows(x), k, interpret=path == "interpret", renorm_min=renorm_min)
         return w.reshape(*x.shape[:-1], k), ids.reshape(*x.shape[:-1], k)
 
 
-def softmax_top_k(x, k: int, *, impl: str = "auto"):
+def softmax_top_k(x, k: int, *, renorm_min: float | None = None, impl: str = "auto"):
     """(values float32 [..., k], ids int32 [..., k]): the k largest of each row's `softmax`, in descending order,
     ties to the lower index -- the bits of ``jax.lax.top_k(softmax(x), k)`` on either path, one launch on the
-    kernel path (XLA:GPU runs ``top_k`` as a sort and a slice: 2 of the MoE router's launches).
+    kernel path (XLA:GPU runs ``top_k`` as a sort and a slice: 2 of the MoE router's launches). With
+    ``renorm_min``: the values divided by ``max(sum of the k, renorm_min)`` (the router's renormalisation; in
+    the same program on the kernel path, the sum in its fixed tile order; the reference's pairwise `row_sum`).
 
     Raises:
       UnsupportedError: k outside 1 .. n (or as the module docstring)."""
     if not 1 <= int(k) <= x.shape[-1]:
         raise UnsupportedError(f"rows.softmax_top_k: k={k} for rows of {x.shape[-1]} values")
     path = dispatch.resolve("rows.softmax", impl, _why_not(x))
-    return _softmax_top_k(x, k=int(k), path=path, poison=dispatch.poisoning())
+    return _softmax_top_k(x, k=int(k), renorm_min=None if renorm_min is None else float(renorm_min), path=path,
+                          poison=dispatch.poisoning())
 
 
 @functools.partial(jax.jit, static_argnames=("fn", "path", "poison"))

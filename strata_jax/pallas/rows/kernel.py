@@ -141,16 +141,18 @@ def add_rms_norm(x2, r2, w, eps, *, interpret):
                    name="rows_add_rms_norm")
 
 
-def _sum_kernel(x, *, fn=None):
-    s = jnp.broadcast_to(jnp.sum(x, axis=1, keepdims=True), x.shape)
+def _sum_kernel(x, *w, fn=None):
+    s = jnp.broadcast_to(jnp.sum(x * w[0] if w else x, axis=1, keepdims=True), x.shape)
     return s if fn is None else _map_kernel(s, fn=fn)
 
 
-def row_sum(x2, *, interpret, fn=None):
-    """The sum of each row of x2 [N, n] (float32 [N, 1]); ``fn``: an elementwise function applied to it in the same
-    program (`row_map`'s per-lane code on the sum broadcast over the tile: its bits, one launch less)."""
+def row_sum(x2, *, interpret, fn=None, w=None):
+    """The sum of each row of x2 [N, n] (float32 [N, 1]); ``w`` [n]: of ``x * w`` (the product in the program:
+    Triton may contract it into the adds, a fixed choice for every row); ``fn``: an elementwise function applied to
+    the sum in the same program (`row_map`'s per-lane code on the sum broadcast over the tile: its bits)."""
     return _launch(functools.partial(_sum_kernel, fn=fn), x2, 0.0, interpret=interpret, out_width=1,
-                   name="rows_sum" if fn is None else "rows_sum_map")
+                   extra=() if w is None else (w,), name="rows_sum" if fn is None and w is None else
+                   "rows_sum_map" if w is None else "rows_dot_map")
 
 
 def _softmax_kernel(x):
@@ -162,7 +164,7 @@ def softmax(x2, *, interpret):
     return _launch(_softmax_kernel, x2, NEG, interpret=interpret, name="rows_softmax")
 
 
-def _softmax_top_k_kernel(x, *, n, k):
+def _softmax_top_k_kernel(x, *, n, k, renorm_min=None):
     """`_softmax_kernel`'s row, then k rounds of (max, its lowest lane, that lane removed): the values and lanes
     of the k largest in descending order, ties to the lower lane (`jax.lax.top_k`'s order for the softmax's
     values, which are never -0.0 or NaN for a row without NaN); result j in lane j."""
@@ -178,12 +180,15 @@ def _softmax_top_k_kernel(x, *, n, k):
         vals = jnp.where(col == j, m, vals)
         ids = jnp.where(col == j, at, ids)
         v = jnp.where(col == at, -jnp.inf, v)
+    if renorm_min is not None:  # the k values over their sum (at least renorm_min): the router's renormalisation
+        vals = vals / jnp.maximum(jnp.sum(jnp.where(col < k, vals, 0.0), axis=1, keepdims=True), renorm_min)
     return vals, ids
 
 
-def softmax_top_k(x2, k: int, *, interpret):
-    """(values float32 [N, k], ids int32 [N, k]): each row's softmax and its k largest, in one launch."""
-    kern = functools.partial(_softmax_top_k_kernel, n=int(x2.shape[1]), k=int(k))
+def softmax_top_k(x2, k: int, *, interpret, renorm_min=None):
+    """(values float32 [N, k], ids int32 [N, k]): each row's softmax and its k largest, in one launch; with
+    ``renorm_min`` the values divided by max(their sum, renorm_min)."""
+    kern = functools.partial(_softmax_top_k_kernel, n=int(x2.shape[1]), k=int(k), renorm_min=renorm_min)
     return _launch(kern, x2, NEG, interpret=interpret, out_width=int(k), n_out=2,
                    out_dtypes=(jnp.float32, jnp.int32), name="rows_softmax_top_k")
 
