@@ -56,6 +56,12 @@ def rowwise(fn, x: jax.Array, exact: bool = True) -> jax.Array:
     return row_ops.row_map(fn, x) if exact else fn(x)
 
 
+def gdn_gates(b, a, dt_bias, ssm_a):
+    """(``beta = sigmoid(b)``, ``g = softplus(a + dt_bias) * ssm_a``): float32, b / a [..., Hv], dt_bias / ssm_a
+    [Hv] (module docstring, step 3); elementwise (`rows.row_map_multi`'s ``fn``)."""
+    return jax.nn.sigmoid(b), jax.nn.softplus(a + dt_bias) * ssm_a
+
+
 def l2norm(x: jax.Array, eps: float = L2_EPS) -> jax.Array:
     """``x * rsqrt(sum(x^2, -1) + eps)`` (HF ``l2norm``), float32, row-independent (`strata_jax.pallas.rows`)."""
     return row_ops.rms_norm(x, None, eps, mean=False)
@@ -159,14 +165,16 @@ class GatedDeltaNet(nnx.Module):
         hist = st["conv"][rows.slot]
         c = jax.nn.silu(causal_conv(hist, qkv, self.conv_w[...]))
         nq = self.Hk * self.Dk
-        q = c[..., :nq].reshape(B, T, self.Hk, self.Dk)
-        k = c[..., nq:2 * nq].reshape(B, T, self.Hk, self.Dk)
         v = c[..., 2 * nq:].reshape(B, T, self.Hv, self.Dv)
-        # l2norm(q) * Dk^-0.5 and l2norm(k), each repeated to the v heads (_to_v_heads' order): one launch
-        q, k = row_ops.qk_l2_norm(q, k, L2_EPS, q_scale=self.Dk ** -0.5, heads=self.Hv, order=self.v_order)
+        # l2norm(q) * Dk^-0.5 and l2norm(k) of q = c[..., :nq], k = c[..., nq:2nq] (read in place: no slice
+        # launches), each repeated to the v heads (_to_v_heads' order): one launch
+        q, k = row_ops.qk_l2_norm_packed(c, L2_EPS, h=self.Hk, n=self.Dk, q_scale=self.Dk ** -0.5, heads=self.Hv,
+                                         order=self.v_order)
         b, a = self._beta_alpha(x, exact)
-        beta = rowwise(jax.nn.sigmoid, b, exact)
-        gdec = rowwise(jax.nn.softplus, a + self.dt_bias[...], exact) * self.ssm_a[...]
+        if exact:  # window rows: both gates in one row program (one launch on a GPU; the bits of two row maps)
+            beta, gdec = row_ops.row_map_multi(gdn_gates, (b, a), (self.dt_bias[...], self.ssm_a[...]), n_out=2)
+        else:
+            beta, gdec = gdn_gates(b, a, self.dt_bias[...], self.ssm_a[...])
         if mode == "window":
             o = gdn_window(st["S"], q, k, v, gdec, beta, slots=rows.slot, impl="auto")
             pending = {"qkv": qkv, "k": k, "v": v, "g": gdec, "beta": beta}

@@ -258,6 +258,37 @@ def test_row_map_read_gates(impl, rng):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_row_map_multi_gdn_gates(impl, rng):
+    """row_map_multi (the GDN gates ``sigmoid(b)``, ``softplus(a + dt_bias) * ssm_a`` in one program): the bits
+    of two row maps on the same path (``row_map(sigmoid, b)``; ``row_map(softplus, a + dt_bias) * ssm_a``, the
+    add and the product exact either side), within 1e-6 of float64, a row alone, one launch; shapes refused."""
+    from strata_jax.layers.gdn import gdn_gates
+    for B, T, H in ((2, 3, 48), (1, 1, 6), (3, 4, 32)):
+        b = jnp.asarray(rng.standard_normal((B, T, H)).astype(np.float32) * 4)
+        a = jnp.asarray(rng.standard_normal((B, T, H)).astype(np.float32) * 4)
+        dt = jnp.asarray(rng.standard_normal(H).astype(np.float32))
+        A = jnp.asarray(-np.exp(rng.standard_normal(H)).astype(np.float32))
+        with dispatch.poison_outputs():
+            beta, g = rows.row_map_multi(gdn_gates, (b, a), (dt, A), n_out=2, impl=impl)
+        assert_bits_equal(beta, rows.row_map(jax.nn.sigmoid, b, impl=impl), f"{B}x{T}x{H}: beta")
+        assert_bits_equal(g, rows.row_map(jax.nn.softplus, a + dt, impl=impl) * A, f"{B}x{T}x{H}: g")
+        assert_close_rel(beta, _sigmoid64(np.asarray(b, np.float64)), 1e-6)
+        z = np.asarray(a, np.float64) + np.asarray(dt, np.float64)
+        assert_close_rel(g, np.logaddexp(0, z) * np.asarray(A, np.float64), 1e-6)
+        b1, g1 = rows.row_map_multi(gdn_gates, (b[-1:, -1:], a[-1:, -1:]), (dt, A), n_out=2, impl=impl)
+        assert_bits_equal(b1[0, 0], beta[-1, -1], "row alone (beta)")
+        assert_bits_equal(g1[0, 0], g[-1, -1], "row alone (g)")
+        if impl != "reference":
+            jaxpr = str(jax.make_jaxpr(lambda b, a: rows.row_map_multi(gdn_gates, (b, a), (dt, A), n_out=2,
+                                                                       impl=impl))(b, a))
+            assert jaxpr.count("pallas_call") == 1
+    with pytest.raises(UnsupportedError):
+        rows.row_map_multi(gdn_gates, (b, a[..., :-1]), (dt, A), n_out=2, impl=impl)
+    with pytest.raises(UnsupportedError):
+        rows.row_map_multi(gdn_gates, (b, a), (dt[:-1], A), n_out=2, impl=impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_qk_l2_norm(impl, rng):
     """The GDN's q / k (`rows.qk_l2_norm`): the bits of ``tile(l2norm(q) * Dk^-0.5)`` / ``tile(l2norm(k))``
     (``repeat`` for the grouped order) on the same path, one launch; a row's bits alone; errors."""
@@ -288,3 +319,32 @@ def test_qk_l2_norm(impl, rng):
             rows.qk_l2_norm(q, k, L2_EPS, q_scale=1.0, impl=impl, **bad)
     with pytest.raises(UnsupportedError):
         rows.qk_l2_norm(q, k[..., :8], L2_EPS, q_scale=1.0, heads=3, order="tiled", impl=impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_qk_l2_norm_packed(impl, rng):
+    """qk_l2_norm_packed: q and k read in place from the GDN's convolved q|k|v rows have the bits of qk_l2_norm of
+    the sliced q and k on the same path (tiled / grouped, v wider or narrower than q|k), one launch and no slice
+    before it; a row alone; too narrow a c is refused."""
+    from strata_jax.layers.gdn import L2_EPS
+    for (B, T, Hk, Hv, Dk, Dv), order in (((2, 3, 2, 6, 40, 24), "tiled"), ((1, 1, 16, 48, 128, 128), "tiled"),
+                                          ((2, 2, 2, 4, 24, 8), "grouped")):
+        nq = Hk * Dk
+        c = jnp.asarray(rng.standard_normal((B, T, 2 * nq + Hv * Dv)).astype(np.float32))
+        s = Dk ** -0.5
+        with dispatch.poison_outputs():
+            qo, ko = rows.qk_l2_norm_packed(c, L2_EPS, h=Hk, n=Dk, q_scale=s, heads=Hv, order=order, impl=impl)
+        q, k = c[..., :nq].reshape(B, T, Hk, Dk), c[..., nq:2 * nq].reshape(B, T, Hk, Dk)
+        q0, k0 = rows.qk_l2_norm(q, k, L2_EPS, q_scale=s, heads=Hv, order=order, impl=impl)
+        what = f"{B}x{T}x{Hk}->{Hv}x{Dk} {order}"
+        assert_bits_equal(qo, q0, f"{what}: q")
+        assert_bits_equal(ko, k0, f"{what}: k")
+        q1, _ = rows.qk_l2_norm_packed(c[-1:, -1:], L2_EPS, h=Hk, n=Dk, q_scale=s, heads=Hv, order=order, impl=impl)
+        assert_bits_equal(q1[0, 0], qo[-1, -1], f"{what}: row alone")
+        if impl != "reference":
+            jaxpr = str(jax.make_jaxpr(lambda c: rows.qk_l2_norm_packed(c, L2_EPS, h=Hk, n=Dk, q_scale=s, heads=Hv,
+                                                                        order=order, impl=impl))(c))
+            before = jaxpr.split("pallas_call")[0]  # (interpret mode slices the padded outputs after the call)
+            assert jaxpr.count("pallas_call") == 1 and "slice" not in before, before[-400:]
+    with pytest.raises(UnsupportedError):
+        rows.qk_l2_norm_packed(c[..., :2 * nq - 1], L2_EPS, h=Hk, n=Dk, q_scale=s, heads=Hv, order=order, impl=impl)

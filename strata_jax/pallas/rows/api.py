@@ -10,14 +10,15 @@ All act on the last axis of ``x`` [..., n] (any float dtype, computed in float32
   [n] or None); ``mean=False`` divides by nothing (the L2 normalisation ``x * rsqrt(sum(x^2) + eps)``).
 * ``add_rms_norm(x, r, w, eps)`` -> (``x + r``, its ``rms_norm``): a residual add and the norm behind it.
 * ``qk_l2_norm(q, k, eps, q_scale=, heads=, order=)`` -> the GDN's L2-normalised q (scaled) and k, repeated to
-  the v heads, in one launch.
+  the v heads, in one launch; ``qk_l2_norm_packed(c, ...)``: the same of q and k read in place from one array.
 * ``row_sum(x, fn=None, w=None)`` -> float32 [..., 1] (``w``: of x * w; ``fn``: `row_map`'s ``fn`` of the sum;
   one launch).
 * ``softmax(x)`` -> float32 [..., n] (-inf entries give 0).
 * ``softmax_top_k(x, k, renorm_min=None)`` -> (float32 [..., k], int32 [..., k]): ``jax.lax.top_k(softmax(x), k)`` (a
   router; ``renorm_min``: the values over max(their sum, renorm_min)).
 * ``row_map(fn, x)`` -> float32 [..., n]: an elementwise ``fn`` (sigmoid, softplus, ...) applied per row (for
-  narrow rows, whose arithmetic XLA on a CPU would otherwise choose by the number of rows).
+  narrow rows, whose arithmetic XLA on a CPU would otherwise choose by the number of rows); ``row_map_multi(fn,
+  xs, params, n_out=)``: the same over several operands and per-lane parameters, several outputs, one launch.
 
 Row invariance (both paths): a row's result is bit-identical whatever the other rows hold and however many there
 are. The reference (the CPU path) gets it from fixed pairwise trees and a loop over rows (`reference`); the kernel
@@ -33,6 +34,7 @@ cannot serve (a non-float dtype, a row wider than `MAX_WIDTH`).
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -115,9 +117,23 @@ def add_rms_norm(x, r, w, eps: float, *, impl: str = "auto"):
     return _add_rms_norm(x, r, w, eps=float(eps), path=path, poison=dispatch.poisoning())
 
 
-@functools.partial(jax.jit, static_argnames=("eps", "q_scale", "heads", "path", "poison"))
-def _qk_l2_norm(q, k, *, eps, q_scale, heads, path, poison):
+@functools.partial(jax.jit, static_argnames=("eps", "q_scale", "heads", "path", "poison", "packed"))
+def _qk_l2_norm(q, k, *, eps, q_scale, heads, path, poison, packed=None):
     h_in, h_out, order = heads
+    if packed is not None:  # q = c[..., :h*n], k = c[..., h*n:2*h*n] of one array c (passed as q and k)
+        n = packed
+        lead, C = q.shape[:-1], q.shape[-1]
+        if path == "reference":
+            q = q[..., :h_in * n].reshape(*lead, h_in, n)
+            k = k[..., h_in * n:2 * h_in * n].reshape(*lead, h_in, n)
+            return _qk_l2_norm(q, k, eps=eps, q_scale=q_scale, heads=heads, path=path, poison=poison)
+        N = math.prod(lead) * h_in
+        with dispatch.poison_outputs(poison):
+            flat = q.reshape(-1)
+            a, b = _k.qk_l2_norm(flat, flat, eps, q_scale=q_scale, heads=heads, interpret=path == "interpret",
+                                 packed=((N, n), ((h_in, C, 0), (h_in, C, h_in * n))))
+            shape = lead + (h_out, n)
+            return a.reshape(shape), b.reshape(shape)
     if path == "reference":
         qn = _ref.rms_norm(q, None, eps, False) * q_scale
         return _ref.to_heads(qn, h_out, order), _ref.to_heads(_ref.rms_norm(k, None, eps, False), h_out, order)
@@ -145,6 +161,22 @@ def qk_l2_norm(q, k, eps: float, *, q_scale: float, heads: int, order: str, impl
     path = dispatch.resolve("rows.rms_norm", impl, _why_not(q))
     return _qk_l2_norm(q, k, eps=float(eps), q_scale=float(q_scale), heads=(h, int(heads), order), path=path,
                        poison=dispatch.poisoning())
+
+
+def qk_l2_norm_packed(c, eps: float, *, h: int, n: int, q_scale: float, heads: int, order: str,
+                      impl: str = "auto"):
+    """`qk_l2_norm` of ``q = c[..., :h*n]`` and ``k = c[..., h*n:2*h*n]`` (as [..., h, n]) of one array c float
+    [..., C] (the GDN's convolved q|k|v), the same bits, with the rows read in place on the kernel path: no slice
+    launches before the norm (XLA materialises a slice that feeds a Pallas call).
+
+    Raises:
+      UnsupportedError: C < 2*h*n, or as `qk_l2_norm`."""
+    h, n = int(h), int(n)
+    if c.ndim < 2 or c.shape[-1] < 2 * h * n or h < 1 or n < 1 or int(heads) % h or order not in ("tiled", "grouped"):
+        raise UnsupportedError(f"rows.qk_l2_norm_packed: c {c.shape}, h={h}, n={n}, heads={heads}, order={order!r}")
+    path = dispatch.resolve("rows.rms_norm", impl, _why_not(c))
+    return _qk_l2_norm(c, c, eps=float(eps), q_scale=float(q_scale), heads=(h, int(heads), order), path=path,
+                       poison=dispatch.poisoning(), packed=n)
 
 
 @functools.partial(jax.jit, static_argnames=("fn", "path", "poison"))
@@ -237,3 +269,35 @@ def row_map(fn, x, *, impl: str = "auto"):
     if path == "kernel" and row_map_in_xla():
         return fn(x.astype(jnp.float32))
     return _row_map(x, fn=fn, path=path, poison=dispatch.poisoning())
+
+
+@functools.partial(jax.jit, static_argnames=("fn", "n_out", "path", "poison"))
+def _row_map_multi(xs, params, *, fn, n_out, path, poison):
+    if path == "reference":
+        return _ref.row_map_multi(fn, xs, params, n_out)
+    with dispatch.poison_outputs(poison):
+        outs = _k.row_map_multi(fn, tuple(_rows(x) for x in xs), params, n_out=n_out,
+                                interpret=path == "interpret")
+        outs = tuple(o.reshape(xs[0].shape) for o in (outs if n_out > 1 else (outs,)))
+        return outs if n_out > 1 else outs[0]
+
+
+def row_map_multi(fn, xs, params=(), *, n_out: int = 1, impl: str = "auto"):
+    """`row_map` of several operands: ``fn(*rows, *params)`` (elementwise, hashable) for each row of ``xs`` (a
+    tuple of float [..., n] of one shape) with ``params`` (a tuple of float [n], the same for every row; e.g. a
+    layer's per-head bias), returning ``n_out`` float32 [..., n] (a tuple when > 1): one Pallas program per row on
+    the kernel path, one launch for all of them (`row_map`'s per-lane code: what ``fn`` computes of a lane depends
+    on that lane only); ``lax.map`` over rows on the reference; ``STRATA_ROW_MAP=xla``: ``fn`` as XLA fuses it.
+
+    Raises:
+      UnsupportedError: operands of different shapes, params not [n] (or as the module docstring)."""
+    xs, params = tuple(xs), tuple(params)
+    n = xs[0].shape[-1]
+    if any(x.shape != xs[0].shape for x in xs) or any(tuple(p.shape) != (n,) for p in params) or n_out < 1:
+        raise UnsupportedError(f"rows.row_map_multi: operands {[x.shape for x in xs]}, params "
+                               f"{[p.shape for p in params]}, n_out={n_out}")
+    path = dispatch.resolve("rows.row_map", impl, _why_not(xs[0]))
+    if path == "kernel" and row_map_in_xla():
+        return fn(*(x.astype(jnp.float32) for x in xs), *(p.astype(jnp.float32) for p in params))
+    return _row_map_multi(xs, params, fn=fn, n_out=int(n_out), path=path, poison=dispatch.poisoning())
+

@@ -47,7 +47,18 @@ def _source_row(r, heads):
     return (r // h_out) * h_in + (j % h_in if order == "tiled" else j // (h_out // h_in))
 
 
-def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_out, extra_rows, heads, interpret):
+def _row_base(src, n, addr):
+    """The flat offset of input row ``src`` (rows of n values): ``src * n``, or under ``addr`` = (per, stride, off)
+    row ``src % per`` of the ``per`` rows that start at ``off`` in record ``src // per`` of ``stride`` values (the
+    heads of a fused projection's output, read in place)."""
+    if addr is None:
+        return src * n
+    per, stride, off = addr
+    return (src // per) * stride + off + (src % per) * n
+
+
+def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_out, extra_rows, heads, interpret,
+                 addrs=None):
     """Program i: row i of the flat x_ref [N * n] as a [1, Dp] tile (lanes >= n = ``fill``), row i of each of the
     ``n_rows`` further row operands (flat [N * n], lanes >= n = 0), the extra operands (flat [k * n] each, row i
     reading its row ``i mod k``, k from ``extra_rows``; lanes >= n = 0), ``kernel(x, *rows, *extras) -> [1, Dp]``
@@ -61,8 +72,10 @@ def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_ou
     col = lax.broadcasted_iota(jnp.int32, (1, Dp), 1)
     live = col < n
     cc = jnp.minimum(col, n - 1)         # in-bounds addresses for the masked lanes
-    x = jnp.where(live, x_ref[src * n + cc].astype(jnp.float32), fill)
-    more = [jnp.where(live, e[src * n + cc].astype(jnp.float32), 0.0) for e in refs[:n_rows]]
+    addrs = addrs or (None,) * (1 + n_rows)
+    x = jnp.where(live, x_ref[_row_base(src, n, addrs[0]) + cc].astype(jnp.float32), fill)
+    more = [jnp.where(live, e[_row_base(src, n, a) + cc].astype(jnp.float32), 0.0)
+            for e, a in zip(refs[:n_rows], addrs[1:])]
     extras = [jnp.where(live, e[(r % k) * n + cc if k > 1 else cc].astype(jnp.float32), 0.0)
               for e, k in zip(refs[n_rows:n_rows + n_extra], extra_rows)]
     ys = kernel(x, *more, *extras)
@@ -75,14 +88,16 @@ def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_ou
 
 
 def _launch(kernel, x2, fill, *, interpret, rows_in=(), extra=(), out_width=None, n_out=1, out_dtypes=None,
-            heads=None, name):
+            heads=None, name, packed=None):
     """``kernel(x [1, Dp], *rows_in [1, Dp], *extras [1, Dp]) -> [1, Dp]`` (or a tuple of ``n_out``) for every row
     of x2 [N, n] (``rows_in``: more [N, n] operands read row by row; ``extra``: [n] or [k, n] operands, row i
     reading row i mod k), one program per row; returns float32 (or ``out_dtypes``, one per output) [N, out_width
     or n] (the first lanes of each row's result), or a tuple of ``n_out`` of them. ``heads`` = (h_in, h_out,
     order): x2's rows are groups of h_in heads and the output's groups of h_out (`_source_row`): N / h_in * h_out
-    output rows, one program each."""
-    N, n = x2.shape
+    output rows, one program each. ``packed`` = ((N, n), addrs): x2 and rows_in are flat records holding the rows
+    at the offsets of `_row_base` (one (per, stride, off) per operand, x first), N rows of n values, read in place
+    (no slice launch before the call)."""
+    N, n = x2.shape if packed is None else packed[0]
     if heads is not None:
         N = N // heads[0] * heads[1]
     Dp = padded_width(n)
@@ -92,7 +107,7 @@ def _launch(kernel, x2, fill, *, interpret, rows_in=(), extra=(), out_width=None
     call = dispatch.pallas_call(
         functools.partial(_row_program, kernel=kernel, N=N, n=n, Dp=Dp, ow=ow, fill=fill, n_extra=len(extra),
                           n_rows=len(rows_in), n_out=n_out, extra_rows=tuple(e.size // n for e in extra),
-                          heads=heads, interpret=interpret),
+                          heads=heads, interpret=interpret, addrs=None if packed is None else packed[1]),
         out_shape=[jax.ShapeDtypeStruct((rows * Dp,) if interpret else (N * ow,), dt)
                    for dt in (out_dtypes or (jnp.float32,) * n_out)],
         grid=(rows,), in_specs=[full] * (1 + len(rows_in) + len(extra)), out_specs=[full] * n_out,
@@ -121,12 +136,15 @@ def _qk_norm_kernel(q, k, *, eps, n, q_scale):
     return _norm_kernel(q, eps=eps, n=n, mean=False) * q_scale, _norm_kernel(k, eps=eps, n=n, mean=False)
 
 
-def qk_l2_norm(q2, k2, eps, *, q_scale, heads, interpret):
+def qk_l2_norm(q2, k2, eps, *, q_scale, heads, interpret, packed=None):
     """(l2norm(q) * q_scale, l2norm(k)) of rows q2, k2 [N, n] (groups of h_in heads), each written to the heads
     of the output that read it (``heads`` = (h_in, h_out, order), `_source_row`): [N / h_in * h_out, n] each, one
-    launch (each program the norms of one q row and one k row)."""
-    kern = functools.partial(_qk_norm_kernel, eps=float(eps), n=float(q2.shape[1]), q_scale=float(q_scale))
-    return _launch(kern, q2, 0.0, interpret=interpret, rows_in=(k2,), n_out=2, heads=heads, name="rows_qk_l2_norm")
+    launch (each program the norms of one q row and one k row). ``packed`` (`_launch`): q2 and k2 are one array
+    of records holding both, read in place."""
+    n = q2.shape[1] if packed is None else packed[0][1]
+    kern = functools.partial(_qk_norm_kernel, eps=float(eps), n=float(n), q_scale=float(q_scale))
+    return _launch(kern, q2, 0.0, interpret=interpret, rows_in=(k2,), n_out=2, heads=heads, name="rows_qk_l2_norm",
+                   packed=packed)
 
 
 def _add_norm_kernel(x, r, *w, eps, n):
@@ -199,3 +217,16 @@ def _map_kernel(x, *, fn):
 
 def row_map(fn, x2, *, interpret):
     return _launch(functools.partial(_map_kernel, fn=fn), x2, 0.0, interpret=interpret, name="rows_map")
+
+
+def _map_multi_kernel(*tiles, fn, n_out):
+    ys = fn(*tiles)
+    return tuple(y.astype(jnp.float32) for y in ys) if n_out > 1 else ys.astype(jnp.float32)
+
+
+def row_map_multi(fn, xs, params, *, n_out, interpret):
+    """``fn(*rows, *params)`` per row: xs a tuple of [N, n] operands read row by row, params [n] operands read by
+    every row; ``n_out`` float32 [N, n] outputs (a tuple when > 1), one launch."""
+    return _launch(functools.partial(_map_multi_kernel, fn=fn, n_out=n_out), xs[0], 0.0, interpret=interpret,
+                   rows_in=tuple(xs[1:]), extra=tuple(params), n_out=n_out, name="rows_map_multi")
+

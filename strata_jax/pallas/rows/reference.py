@@ -43,3 +43,18 @@ def row_map(fn, x):
     lead, n = x.shape[:-1], x.shape[-1]
     flat = x.reshape(-1, n)
     return jax.lax.map(lambda r: fn(flat[r]), jnp.arange(flat.shape[0])).reshape(*lead, n)
+
+
+def row_map_multi(fn, xs, params, n_out):
+    lead, n = xs[0].shape[:-1], xs[0].shape[-1]
+    flat = [x.reshape(-1, n).astype(jnp.float32) for x in xs]
+    ps = [p.astype(jnp.float32) for p in params]
+
+    def one(r):
+        ys = fn(*(f[r] for f in flat), *ps)
+        return ys if n_out > 1 else (ys,)
+
+    outs = jax.lax.map(one, jnp.arange(flat[0].shape[0]))
+    outs = tuple(o.reshape(*lead, n) for o in outs)
+    return outs if n_out > 1 else outs[0]
+
