@@ -26,6 +26,7 @@ from strata_jax.layers.exact import row_mean
 from strata_jax.layers.gdn import qcall, rowwise
 from strata_jax.layers.linear import QLinear, load_f32
 from strata_jax.layers.norms import rms_norm
+from strata_jax.pallas import rows as row_ops
 
 
 def norm_per_stream(R: jax.Array, w: jax.Array, eps: float) -> jax.Array:
@@ -103,8 +104,18 @@ class GatedResidual(nnx.Module):
 
     def __call__(self, R: jax.Array, exact: bool):
         """R float32 [B, T, hc, D] -> (mixed [B, T, D], inj [B, T, hc] or None)."""
-        B, T, hc, D = R.shape
-        xn = norm_per_stream(R, self.norm_w[...], self.eps)
+        return self.mix(norm_per_stream(R, self.norm_w[...], self.eps), exact)
+
+    def after_write(self, R: jax.Array, y: jax.Array, inj: jax.Array, exact: bool):
+        """``self(hc_write(R, y, inj), exact)`` with the write and this read's norm in one row program
+        (`rows.hc_write_norm`): -> (R after the write, mixed, inj of this read)."""
+        R, xn = row_ops.hc_write_norm(R, y, inj, self.norm_w[...], self.eps)
+        return (R, *self.mix(xn, exact))
+
+    def mix(self, xn: jax.Array, exact: bool):
+        """The read after its norm: xn float32 [B, T, hc, D] (`norm_per_stream` of R) -> (mixed [B, T, D], inj
+        [B, T, hc] or None)."""
+        B, T, hc, D = xn.shape
         flat = xn.reshape(B, T, hc * D)
         if self.down_inject is not None:
             z = rowwise(ReadGates(self.rank, hc), qcall(self.down_inject, flat, exact), exact)

@@ -172,8 +172,7 @@ class HCMTP(_Base):
         R = qcall(self.fc_h, flat.reshape(B, T, hc, D), exact) + e[:, :, None, :]
         mixed, inj = self.hc_attn(R, exact)
         y, state = self._attend(mixed, state, rows, mode)
-        R = hc_write(R, y, inj)
-        mixed, inj = self.hc_ffn(R, exact)
+        R, mixed, inj = self.hc_ffn.after_write(R, y, inj, exact)  # the write and the read's norm: one launch
         R = hc_write(R, self.moe(mixed, exact), inj)
         mixed, _ = self.out_hc(R, exact)
         return qcall(self.head, mixed, exact), R, state

@@ -9,7 +9,8 @@ HF transformers' and llama.cpp's qwen4exp, qwen3next and qwen35moe code.
 
 qwen4exp (`HCBlock`): the residual is ``R`` float32 [B, T, hc, D] (the embedding tiled into the hc
 streams); per layer ``[R += PLE(R, emb)]`` (PLE layers only), then ``mixed, inj = hc_attn(R)``, ``R += mixer(mixed) *
-inj``, ``mixed, inj = hc_ffn(R)``, ``R += MoE(mixed) * inj`` (`strata_jax.layers.hyper`); no attn/ffn norms.
+inj``, ``mixed, inj = hc_ffn(R)`` (the write before it and this read's norm in one launch: `GatedResidual.after_write`),
+``R += MoE(mixed) * inj`` (`strata_jax.layers.hyper`); no attn/ffn norms.
 Mixers: GDN with a sigmoid output gate, or gated attention with the QSA indexer (`strata_jax.layers.qsa`). Head:
 ``output(output_hc(R))`` (a hyper-connection read without inject; no output_norm). Extra per-row input: the PLE
 table rows (``ple=`` of `HybridStage.__call__`), gathered on the host by `strata_jax.layers.ple.PLETable`.
@@ -253,8 +254,7 @@ class HCBlock(nnx.Module):
             y, new_st["mix"], pend["mix"] = self.mixer(mixed, st["mix"], rows, mode)
         else:
             y, new_st["mix"] = self.mixer(mixed, st["mix"], rows, mode, max_context)
-        R = hc_write(R, y, inj)
-        mixed, inj = self.hc_ffn(R, exact)
+        R, mixed, inj = self.hc_ffn.after_write(R, y, inj, exact)  # the write and the read's norm: one launch
         R = hc_write(R, self.moe(mixed, exact), inj)
         return R, new_st, pend
 

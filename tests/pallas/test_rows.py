@@ -289,6 +289,36 @@ def test_row_map_multi_gdn_gates(impl, rng):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_hc_write_norm(impl, rng):
+    """hc_write_norm (a hyper-connection write and the next read's per-stream norm in one program per stream row):
+    within 1e-6 of float64 (``R + y * inj``; its RMSNorm times the stream's weight), the reference path's norm
+    the bits of `rms_norm` of its write, a token's rows alone bitwise, one launch;
+    mismatched shapes refused."""
+    for B, T, hc, D in ((2, 3, 4, 256), (1, 1, 4, 2560), (1, 2, 2, 40)):
+        R = rng.standard_normal((B, T, hc, D)).astype(np.float32)
+        y = rng.standard_normal((B, T, D)).astype(np.float32)
+        inj = rng.uniform(0, 2, (B, T, hc)).astype(np.float32)
+        w = rng.standard_normal(hc * D).astype(np.float32)
+        args = tuple(map(jnp.asarray, (R, y, inj, w)))
+        with dispatch.poison_outputs():
+            h, xn = rows.hc_write_norm(*args, 1e-6, impl=impl)
+        h64 = R.astype(np.float64) + y[..., None, :].astype(np.float64) * inj[..., :, None]
+        xn64 = h64 / np.sqrt(np.mean(h64 * h64, -1, keepdims=True) + 1e-6) * w.reshape(hc, D)
+        assert_close_rel(h, h64, 1e-6, f"{B}x{T}x{hc}x{D}: write")
+        assert_close_rel(xn, xn64, 1e-6, f"{B}x{T}x{hc}x{D}: norm")
+        if impl == "reference":  # (the write's bits are XLA's: inside a jit it may contract y * inj into an FMA)
+            assert_bits_equal(xn, rows.rms_norm(h, args[3].reshape(hc, D), 1e-6, impl=impl), "reference: norm")
+        h1, xn1 = rows.hc_write_norm(*(a[-1:, -1:] for a in args[:3]), args[3], 1e-6, impl=impl)
+        assert_bits_equal(h1[0, 0], h[-1, -1], "token alone (write)")
+        assert_bits_equal(xn1[0, 0], xn[-1, -1], "token alone (norm)")
+        if impl != "reference":
+            jaxpr = str(jax.make_jaxpr(lambda *a: rows.hc_write_norm(*a, 1e-6, impl=impl))(*args))
+            assert jaxpr.count("pallas_call") == 1
+    with pytest.raises(UnsupportedError):
+        rows.hc_write_norm(args[0], args[1][..., :-1], args[2], args[3], 1e-6, impl=impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_qk_l2_norm(impl, rng):
     """The GDN's q / k (`rows.qk_l2_norm`): the bits of ``tile(l2norm(q) * Dk^-0.5)`` / ``tile(l2norm(k))``
     (``repeat`` for the grouped order) on the same path, one launch; a row's bits alone; errors."""

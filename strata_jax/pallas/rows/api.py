@@ -8,7 +8,8 @@ All act on the last axis of ``x`` [..., n] (any float dtype, computed in float32
 
 * ``rms_norm(x, w, eps, *, mean=True)`` -> float32 [..., n]: ``x * rsqrt(mean(x^2) + eps) * w`` (``w`` float32
   [n] or None); ``mean=False`` divides by nothing (the L2 normalisation ``x * rsqrt(sum(x^2) + eps)``).
-* ``add_rms_norm(x, r, w, eps)`` -> (``x + r``, its ``rms_norm``): a residual add and the norm behind it.
+* ``add_rms_norm(x, r, w, eps)`` -> (``x + r``, its ``rms_norm``): a residual add and the norm behind it;
+  ``hc_write_norm(R, y, inj, w, eps)``: the same for a hyper-connection write (``R + y * inj`` per stream).
 * ``qk_l2_norm(q, k, eps, q_scale=, heads=, order=)`` -> the GDN's L2-normalised q (scaled) and k, repeated to
   the v heads, in one launch; ``qk_l2_norm_packed(c, ...)``: the same of q and k read in place from one array.
 * ``row_sum(x, fn=None, w=None)`` -> float32 [..., 1] (``w``: of x * w; ``fn``: `row_map`'s ``fn`` of the sum;
@@ -115,6 +116,35 @@ def add_rms_norm(x, r, w, eps: float, *, impl: str = "auto"):
     path = dispatch.resolve("rows.rms_norm", impl, _why_not(x))
     w = _norm_weight(x, w)
     return _add_rms_norm(x, r, w, eps=float(eps), path=path, poison=dispatch.poisoning())
+
+
+@functools.partial(jax.jit, static_argnames=("eps", "path", "poison"))
+def _hc_write_norm(R, y, inj, w, *, eps, path, poison):
+    if path == "reference":
+        h = R + y[..., None, :] * inj[..., :, None]
+        return h, _ref.rms_norm(h, w, eps, True)
+    hc, D = R.shape[-2:]
+    with dispatch.poison_outputs(poison):
+        h, xn = _k.hc_write_norm(R.reshape(-1, D), y.reshape(-1, D), inj.reshape(-1), w, eps, hc=hc,
+                                 interpret=path == "interpret")
+        return h.reshape(R.shape), xn.reshape(R.shape)
+
+
+def hc_write_norm(R, y, inj, w, eps: float, *, impl: str = "auto"):
+    """A hyper-connection write and the per-stream RMSNorm of the next read (`strata_jax.layers.hyper`): R float32
+    [..., hc, D], y [..., D], inj [..., hc], w [hc*D] or [hc, D] -> (``R + y[..., None, :] * inj[..., :, None]``,
+    its `rms_norm` with weight [hc, D]), float32 [..., hc, D] each; one launch on the kernel path (XLA:GPU ran the
+    write as an add fusion before the norm's launch). The reference computes the two as written (the bits of
+    ``hc_write`` and ``rms_norm``); the kernel's ``R + y * inj`` may be contracted into an FMA (fixed per row).
+
+    Raises:
+      UnsupportedError: shapes that do not agree (or as `rms_norm`)."""
+    if R.ndim < 2 or y.shape != R.shape[:-2] + R.shape[-1:] or inj.shape != R.shape[:-1]:
+        raise UnsupportedError(f"rows.hc_write_norm: R {R.shape}, y {y.shape}, inj {inj.shape}")
+    path = dispatch.resolve("rows.rms_norm", impl, _why_not(R))
+    w = jnp.asarray(w, jnp.float32).reshape(R.shape[-2:])
+    return _hc_write_norm(R.astype(jnp.float32), y.astype(jnp.float32), inj.astype(jnp.float32), w,
+                          eps=float(eps), path=path, poison=dispatch.poisoning())
 
 
 @functools.partial(jax.jit, static_argnames=("eps", "q_scale", "heads", "path", "poison", "packed"))

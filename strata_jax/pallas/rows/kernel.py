@@ -48,13 +48,21 @@ def _source_row(r, heads):
 
 
 def _row_base(src, n, addr):
-    """The flat offset of input row ``src`` (rows of n values): ``src * n``, or under ``addr`` = (per, stride, off)
-    row ``src % per`` of the ``per`` rows that start at ``off`` in record ``src // per`` of ``stride`` values (the
-    heads of a fused projection's output, read in place)."""
+    """The flat offset of input row ``src`` (rows of n values): ``src * n``, or under ``addr`` = (per, stride, off[,
+    step]) row ``src % per`` of the ``per`` rows that start at ``off`` in record ``src // per`` of ``stride``
+    values, ``step`` (default n) apart (the heads of a fused projection's output read in place; step 0: the
+    record's one row shared by its ``per`` programs)."""
     if addr is None:
         return src * n
-    per, stride, off = addr
-    return (src // per) * stride + off + (src % per) * n
+    per, stride, off = addr[:3]
+    step = addr[3] if len(addr) > 3 else n
+    return (src // per) * stride + off + (src % per) * step
+
+
+def _lanes(cc, addr):
+    """The lane offsets of a row's load: ``cc``, or 0 for every lane when ``addr``'s fifth entry is False (one
+    value per row, broadcast over the tile: a per-row scale)."""
+    return cc if addr is None or len(addr) < 5 or addr[4] else cc * 0
 
 
 def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_out, extra_rows, heads, interpret,
@@ -73,8 +81,8 @@ def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_ou
     live = col < n
     cc = jnp.minimum(col, n - 1)         # in-bounds addresses for the masked lanes
     addrs = addrs or (None,) * (1 + n_rows)
-    x = jnp.where(live, x_ref[_row_base(src, n, addrs[0]) + cc].astype(jnp.float32), fill)
-    more = [jnp.where(live, e[_row_base(src, n, a) + cc].astype(jnp.float32), 0.0)
+    x = jnp.where(live, x_ref[_row_base(src, n, addrs[0]) + _lanes(cc, addrs[0])].astype(jnp.float32), fill)
+    more = [jnp.where(live, e[_row_base(src, n, a) + _lanes(cc, a)].astype(jnp.float32), 0.0)
             for e, a in zip(refs[:n_rows], addrs[1:])]
     extras = [jnp.where(live, e[(r % k) * n + cc if k > 1 else cc].astype(jnp.float32), 0.0)
               for e, k in zip(refs[n_rows:n_rows + n_extra], extra_rows)]
@@ -95,8 +103,8 @@ def _launch(kernel, x2, fill, *, interpret, rows_in=(), extra=(), out_width=None
     or n] (the first lanes of each row's result), or a tuple of ``n_out`` of them. ``heads`` = (h_in, h_out,
     order): x2's rows are groups of h_in heads and the output's groups of h_out (`_source_row`): N / h_in * h_out
     output rows, one program each. ``packed`` = ((N, n), addrs): x2 and rows_in are flat records holding the rows
-    at the offsets of `_row_base` (one (per, stride, off) per operand, x first), N rows of n values, read in place
-    (no slice launch before the call)."""
+    at the offsets of `_row_base` / `_lanes` (one address tuple or None per operand, x first), N rows of n values,
+    read in place (no slice or broadcast launch before the call)."""
     N, n = x2.shape if packed is None else packed[0]
     if heads is not None:
         N = N // heads[0] * heads[1]
@@ -145,6 +153,22 @@ def qk_l2_norm(q2, k2, eps, *, q_scale, heads, interpret, packed=None):
     kern = functools.partial(_qk_norm_kernel, eps=float(eps), n=float(n), q_scale=float(q_scale))
     return _launch(kern, q2, 0.0, interpret=interpret, rows_in=(k2,), n_out=2, heads=heads, name="rows_qk_l2_norm",
                    packed=packed)
+
+
+def _write_norm_kernel(x, y, s, w, *, eps, n):
+    h = x + y * s
+    return h, _norm_kernel(h, w, eps=eps, n=n, mean=True)
+
+
+def hc_write_norm(R2, y2, inj, w, eps, *, hc, interpret):
+    """A hyper-connection write and the next read's per-stream norm: rows R2 [N * hc, D] (stream c of token t at
+    row t * hc + c), y2 [N, D], inj [N * hc] (one weight per stream row), w [hc, D] -> (R2 + y * inj, its RMSNorm
+    times w[c]), float32 [N * hc, D] each, one launch (each program one stream row: y's row and the stream's
+    weight read in place, no broadcast before the call)."""
+    N, D = R2.shape
+    k = functools.partial(_write_norm_kernel, eps=float(eps), n=float(D))
+    return _launch(k, R2, 0.0, interpret=interpret, rows_in=(y2, inj), extra=(w,), n_out=2,
+                   packed=((N, D), (None, (hc, D, 0, 0), (1, 1, 0, 0, False))), name="rows_hc_write_norm")
 
 
 def _add_norm_kernel(x, r, *w, eps, n):
