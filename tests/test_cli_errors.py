@@ -220,7 +220,7 @@ def test_write_failures_are_one_error_line_and_leave_no_partial_file(tmp_path, m
             g._write_output("stats_json", str(p), g._write_json({"a": 1}))
     assert p.read_text() == "old"
     g._write_output("stats_json", str(p), g._write_json({"a": 1}))
-    assert json.loads(p.read_text()) == {"a": 1}
+    assert json.loads(p.read_text()) == {"a": 1} and p.read_text().endswith("}\n")
     g._write_output("dump_logits", str(tmp_path / "logits"), lambda f: np.savez(f, a=np.arange(3)), binary=True)
     assert np.load(tmp_path / "logits.npz")["a"].tolist() == [0, 1, 2]
     g._write_output("out_jsonl", str(tmp_path / "out.jsonl"), lambda f: write_jsonl(f, []))

@@ -208,7 +208,7 @@ def _write_output(name: str, path: str, write, binary: bool = False) -> None:
 
 def _write_json(d: dict):
     def write(f):
-        f.write(json.dumps(d, indent=1))
+        f.write(json.dumps(d, indent=1) + "\n")  # a text file: its last line ends
     return write
 
 
