@@ -366,8 +366,8 @@ def test_kblock_rows_independent(impl, rng):
 def test_grouped_experts_planar(impl, variant, rng, monkeypatch):
     """Routed experts on planar Q2_K / IQ4_NL stacks: the window path (union slots, 8-row groups) and the prefill
     path (pairs sorted by expert, grouped tensor-core GEMM, each STRATA_QMATMUL_GEMM kernel) against float64
-    (1e-5 of the largest output; 5e-5 for the prefill path's bf16x2 products); rows bitwise independent of the call's other rows in both (a 9-row prefill chunk == those rows of
-    the 12-row chunk)."""
+    (1e-5 of the largest output; 5e-5 for the prefill path's bf16x2 products); rows bitwise independent of the
+    call's other rows in both (a 9-row prefill chunk == those rows of the 12-row chunk)."""
     monkeypatch.setenv("STRATA_QMATMUL", "planar")
     monkeypatch.setenv("STRATA_QMATMUL_GEMM", variant)
     E, H, F, k, M = 6, 256, 64, 2, 12

@@ -32,8 +32,8 @@ Planar weights (``STRATA_QMATMUL=planar``, the default; ``bytes`` selects the ke
 tensor-core GEMV `strata_jax.pallas.quant_matmul.tcgemv`, 16-row tiles), for more rows
 the tensor-core GEMM (`strata_jax.pallas.quant_matmul.gemm`; ``STRATA_QMATMUL_GEMM``: ``kblock``, the default,
 dequantizes a block of K values per step and multiplies whole blocks; ``unit``, the kernel before, one scale unit
-per step) at ``STRATA_QMATMUL_PRECISION`` (``bf16x2`` by default for the GEMM, ``bf16x3`` for the tensor-core GEMVs; ``bf16``: bfloat16 pieces per
-operand; `precision`).
+per step) at ``STRATA_QMATMUL_PRECISION`` (bfloat16 pieces per operand: ``bf16x2`` by default for the GEMM,
+``bf16x3`` for the tensor-core GEMVs, or ``bf16``; `precision`).
 F16 / BF16 / F32 weights take the same planar kernels under the variable. The weight's dtype says which kernel
 family serves it, so a weight loaded under one setting keeps working under another; on the
 reference path a planar weight is decoded by `planar.dequantize` (the same values as the GGUF bytes). Formats:

@@ -147,23 +147,9 @@ def hc_write_norm(R, y, inj, w, eps: float, *, impl: str = "auto"):
                           eps=float(eps), path=path, poison=dispatch.poisoning())
 
 
-@functools.partial(jax.jit, static_argnames=("eps", "q_scale", "heads", "path", "poison", "packed"))
-def _qk_l2_norm(q, k, *, eps, q_scale, heads, path, poison, packed=None):
+@functools.partial(jax.jit, static_argnames=("eps", "q_scale", "heads", "path", "poison"))
+def _qk_l2_norm(q, k, *, eps, q_scale, heads, path, poison):
     h_in, h_out, order = heads
-    if packed is not None:  # q = c[..., :h*n], k = c[..., h*n:2*h*n] of one array c (passed as q and k)
-        n = packed
-        lead, C = q.shape[:-1], q.shape[-1]
-        if path == "reference":
-            q = q[..., :h_in * n].reshape(*lead, h_in, n)
-            k = k[..., h_in * n:2 * h_in * n].reshape(*lead, h_in, n)
-            return _qk_l2_norm(q, k, eps=eps, q_scale=q_scale, heads=heads, path=path, poison=poison)
-        N = math.prod(lead) * h_in
-        with dispatch.poison_outputs(poison):
-            flat = q.reshape(-1)
-            a, b = _k.qk_l2_norm(flat, flat, eps, q_scale=q_scale, heads=heads, interpret=path == "interpret",
-                                 packed=((N, n), ((h_in, C, 0), (h_in, C, h_in * n))))
-            shape = lead + (h_out, n)
-            return a.reshape(shape), b.reshape(shape)
     if path == "reference":
         qn = _ref.rms_norm(q, None, eps, False) * q_scale
         return _ref.to_heads(qn, h_out, order), _ref.to_heads(_ref.rms_norm(k, None, eps, False), h_out, order)
@@ -205,8 +191,24 @@ def qk_l2_norm_packed(c, eps: float, *, h: int, n: int, q_scale: float, heads: i
     if c.ndim < 2 or c.shape[-1] < 2 * h * n or h < 1 or n < 1 or int(heads) % h or order not in ("tiled", "grouped"):
         raise UnsupportedError(f"rows.qk_l2_norm_packed: c {c.shape}, h={h}, n={n}, heads={heads}, order={order!r}")
     path = dispatch.resolve("rows.rms_norm", impl, _why_not(c))
-    return _qk_l2_norm(c, c, eps=float(eps), q_scale=float(q_scale), heads=(h, int(heads), order), path=path,
-                       poison=dispatch.poisoning(), packed=n)
+    return _qk_l2_norm_packed(c, n=n, eps=float(eps), q_scale=float(q_scale), heads=(h, int(heads), order),
+                              path=path, poison=dispatch.poisoning())
+
+
+@functools.partial(jax.jit, static_argnames=("n", "eps", "q_scale", "heads", "path", "poison"))
+def _qk_l2_norm_packed(c, *, n, eps, q_scale, heads, path, poison):
+    h_in, h_out, _ = heads
+    lead, C = c.shape[:-1], c.shape[-1]
+    if path == "reference":  # the slices, then `_qk_l2_norm`: its bits
+        q = c[..., :h_in * n].reshape(*lead, h_in, n)
+        k = c[..., h_in * n:2 * h_in * n].reshape(*lead, h_in, n)
+        return _qk_l2_norm(q, k, eps=eps, q_scale=q_scale, heads=heads, path=path, poison=poison)
+    flat = c.reshape(-1)
+    with dispatch.poison_outputs(poison):  # q rows at offset 0 of each record of C values, k rows at h * n
+        a, b = _k.qk_l2_norm(flat, flat, eps, q_scale=q_scale, heads=heads, interpret=path == "interpret",
+                             packed=((math.prod(lead) * h_in, n), ((h_in, C, 0), (h_in, C, h_in * n))))
+    shape = lead + (h_out, n)
+    return a.reshape(shape), b.reshape(shape)
 
 
 @functools.partial(jax.jit, static_argnames=("fn", "path", "poison"))
