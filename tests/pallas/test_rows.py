@@ -36,7 +36,8 @@ OPS = {
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_accuracy_and_rows_independent(op, impl, rng):
     f, f64 = OPS[op]
-    for n in (40, 4) if impl != "interpret" or op in ("rms_norm", "row_map") else (40,):
+    # 512: XLA:CPU fuses exp(x - max) differently for >= 8 rows of 512 than for fewer (the router's width)
+    for n in (512, 40, 4) if impl != "interpret" or op in ("rms_norm", "row_map") else (40,):
         x = jnp.asarray(rng.standard_normal((3, 5, n)).astype(np.float32) * 2)
         w = jnp.asarray(rng.uniform(0.5, 1.5, n).astype(np.float32))
         with dispatch.poison_outputs():

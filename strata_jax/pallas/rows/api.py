@@ -254,7 +254,7 @@ def softmax(x, *, impl: str = "auto"):
 def _softmax_top_k(x, *, k, renorm_min, path, poison):
     if path == "reference":
         w, ids = jax.lax.top_k(_ref.softmax(x), k)
-        if renorm_min is not None:  # one row at a time: XLA:CPU's divide over [N, k] differs with N in the last bit
+        if renorm_min is not None:  # one row at a time, as the softmax
             w = _ref.row_map(lambda r: r / jnp.maximum(_ref.row_sum(r), renorm_min), w)
         return w, ids
     with dispatch.poison_outputs(poison):
