@@ -13,3 +13,14 @@ class StrataError(Exception):
 
 class UnsupportedError(StrataError):
     """An architecture, block format or feature this engine does not implement."""
+
+
+def os_reason(e: OSError) -> str:
+    """The reason of a failed file operation in the words the other errors use ("no such file", "is a directory,
+    not a file", "permission denied"; otherwise the system's text, lower-cased at the start)."""
+    if isinstance(e, FileNotFoundError):
+        return "no such file"
+    if isinstance(e, IsADirectoryError):
+        return "is a directory, not a file"
+    text = e.strerror or str(e)
+    return text[:1].lower() + text[1:]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_jax.cli.console import Console, LabelledLines
+from strata_jax.cli.console import Console, LabelledLines, id_text
 from strata_jax.errors import StrataError
 
 HYBRID = Path(__file__).parent / "fixtures" / "hybrid"
@@ -107,6 +107,14 @@ def test_labelled_lines_format(tmp_path):
     assert _read(out).splitlines() == [
         "[a] first line", "[a] second", "[7] " + "x" + "y" * 19, "[b] words that run past ", "[7]+ " + "y" * 11,
         "[b]+ the width end", "[empty]"]
+
+
+def test_id_text_separates_ids_without_a_trailing_space():
+    """Token ids (a model without a usable tokenizer) read ``151 0 42``: single spaces between, none after; two
+    renderers (two batch requests) keep their own state."""
+    a, b = id_text(), id_text()
+    assert "".join(a(t) for t in (151, 0)) + a(42) == "151 0 42"
+    assert b(9) == "9" and b(10) == " 10"
 
 
 def test_compile_cache_announces_slow_first_calls():

@@ -7,6 +7,8 @@ import sys
 import numpy as np
 import pytest
 
+from strata_jax.errors import StrataError
+
 
 def run_cli(*args, env=None):
     e = dict(os.environ)
@@ -48,6 +50,18 @@ def _tiny_gguf(path, arch="llama", embd_type=None):
 
 def test_missing_file(tmp_path):
     assert_clean_error(run_cli("--model", str(tmp_path / "missing.gguf"), "--prompt", "hi"), "no such file")
+
+
+def test_missing_prompt_files_worded_as_a_missing_model(tmp_path):
+    """--prompts_file and --prompt_file name a missing file or a directory in the words --model uses."""
+    from strata_jax.cli.requests import read_prompts_file
+
+    for path, want in ((tmp_path / "missing.jsonl", "no such file"), (tmp_path, "is a directory, not a file")):
+        with pytest.raises(StrataError) as e:
+            read_prompts_file(str(path))
+        assert str(e.value) == f"--prompts_file {path}: {want}"
+    assert_clean_error(run_cli("--model", NO_MODEL, "--prompt_file", str(tmp_path / "p.txt")),
+                       f"--prompt_file {tmp_path / 'p.txt'}: no such file")
 
 
 def test_not_gguf(tmp_path):

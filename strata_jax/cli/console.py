@@ -24,6 +24,17 @@ def _same_stream(a, b) -> bool:
         return a is b
 
 
+def id_text():
+    """A token-id renderer for models without a usable tokenizer: ``f(t) -> str`` gives ``"t"`` for the first id
+    and ``" t"`` after it, so a stream of ids reads ``1 2 3`` with no trailing space."""
+    sep = [""]
+
+    def render(t: int) -> str:
+        out, sep[0] = f"{sep[0]}{t}", " "
+        return out
+    return render
+
+
 class Console:
     """stdout for text, stderr for notes (see the module doc). Thread-safe: compile lines come from a timer thread.
 

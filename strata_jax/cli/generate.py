@@ -24,6 +24,7 @@ from absl import flags
 
 from strata_jax.cli import flags as shared
 from strata_jax.cli.flags import FLAGS, fail, flag_label
+from strata_jax.errors import os_reason
 
 flags.DEFINE_string("prompt", None, "The prompt text.")
 flags.DEFINE_string("prompt_file", None, "Read the prompt text from this file.")
@@ -105,7 +106,7 @@ def _check_flags(argv) -> dict:
                 with open(FLAGS.prompt_file, encoding="utf-8-sig") as f:  # a byte-order mark is not prompt text
                     text = f.read()
             except OSError as e:
-                fail(f"--prompt_file {FLAGS.prompt_file}: {e.strerror}")
+                fail(f"--prompt_file {FLAGS.prompt_file}: {os_reason(e)}")
             except UnicodeDecodeError as e:
                 fail(f"--prompt_file {FLAGS.prompt_file}: not UTF-8 text (byte {e.start}: {e.reason})")
             check_request_values({"prompt": text}, lambda k: f"--prompt_file {FLAGS.prompt_file}")
@@ -302,7 +303,7 @@ def main(argv) -> int:
     shared.quiet_logs()
     import numpy as np
 
-    from strata_jax.cli.console import prompt_progress
+    from strata_jax.cli.console import id_text, prompt_progress
     from strata_jax.pipeline.engine import default_decode_steps
     from strata_jax.pipeline.memory import memory_in_use
     from strata_jax.pipeline.sequence import stop_strings
@@ -328,9 +329,10 @@ def main(argv) -> int:
             con.text(dec.feed(t))
     else:
         eos = {engine.cfg.eos_id} if engine.cfg.eos_id >= 0 else set()
+        ids_text = id_text()
 
         def on_token(t):
-            con.text(f"{t} ")
+            con.text(ids_text(t))
     spec = shared.spec_cap()
     proposer = make_proposer(FLAGS.draft, engine, draft_model=FLAGS.draft_model, spec=spec or shared.DEFAULT_SPEC,
                              cache_dir=FLAGS.cache_dir)
@@ -404,7 +406,7 @@ def run_batch(engine, lines, tok=None) -> int:
       StrataError: a bad request, a prompt longer than --max_context, a batch that does not fit, impossible group
         flags.
     """
-    from strata_jax.cli.console import LabelledLines
+    from strata_jax.cli.console import LabelledLines, id_text
     from strata_jax.cli.requests import build_requests, usable_tokenizer, write_jsonl
     from strata_jax.pipeline.memory import memory_in_use, memory_text
     from strata_jax.pipeline.sequence import stop_strings
@@ -434,7 +436,7 @@ def run_batch(engine, lines, tok=None) -> int:
             r.on_token = lambda t, rid=r.rid, dec=dec: out.feed(rid, dec.feed(t))
             r.on_finish = lambda res_, dec=dec: finish(res_, dec.flush())
         else:
-            r.on_token = lambda t, rid=r.rid: out.feed(rid, f"{t} ")
+            r.on_token = lambda t, rid=r.rid, render=id_text(): out.feed(rid, render(t))
             r.on_finish = lambda res_: finish(res_, "")
     # BatchScheduler.run, step by step, to leave the steps that compiled out of the rate
     caches = [engine.cache]

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from strata_jax.errors import StrataError
+from strata_jax.errors import StrataError, os_reason
 from strata_jax.pipeline.scheduler import Request, RequestResult
 from strata_jax.limits import SEED_MAX, TOP_K_MAX
 from strata_jax.sampling import SamplingParams
@@ -166,7 +166,7 @@ def read_prompts_file(path: str) -> list[PromptLine]:
             # JSON Lines ends lines with "\n" (or "\r\n") only: U+2028, U+0085, ... are legal inside a JSON string
             lines = [ln[:-1] if ln.endswith("\r") else ln for ln in f.read().split("\n")]
     except OSError as e:
-        raise StrataError(f"--prompts_file {path}: {e.strerror}") from None
+        raise StrataError(f"--prompts_file {path}: {os_reason(e)}") from None
     except UnicodeDecodeError as e:
         raise StrataError(f"--prompts_file {path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     out: list[PromptLine] = []
