@@ -172,12 +172,16 @@ def test_cli_decode_steps_note_stats_and_tokens(tmp_path):
     import subprocess
     import sys
 
+    runs = []
+
     def cli(*extra):
-        out = tmp_path / f"s{len(list(tmp_path.iterdir()))}.json"
+        out = tmp_path / f"s{len(runs)}.json"
+        runs.append(out)
+        # one compilation cache for the four runs: the last two reuse the first two's programs
         proc = subprocess.run([sys.executable, "-m", "strata_jax.cli.generate", "--model",
                                str(FIXTURES / "hybrid" / "qwen4exp_q8_0.gguf"), "--prompt_ids", "3,17,101,5,9",
                                "--max_new_tokens", "14", "--max_context", "64", "--decode_steps", "4",
-                               "--xla_cache_dir", "", "--stats_json", str(out), *extra],
+                               "--xla_cache_dir", str(tmp_path / "xla"), "--stats_json", str(out), *extra],
                               capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr
         return proc.stderr, json.loads(out.read_text())
