@@ -33,6 +33,8 @@ synchronised with block_until_ready):
       gdn_prefill   GDN prefill at T = 128 / 512 / 2048 at the models' GDN shapes (configs/geometries): the step
                     recurrence kernel (gdn_scan) vs the chunked kernels (gdn/chunked.py, two launch variants) vs the
                     chunked jnp reference; also TFLOP/s of the chunked products.
+      moe_prefill   MoE prefill of a 512-row chunk at the Flash-Next experts (uniform and skewed router ids): both
+                    GEMM kernels x bf16 / bf16x2 / bf16x3, K-block launch configs, 32-row tiles.
       qsa_prefill   QSA over a 512-row prefill chunk at 8192 cells (Flash-Next shapes): the prefill kernels
                     (qsa/prefill.py, four launch variants) vs the verify-window path over the rows vs jnp.
   * each op and path: time, bytes the op must read at least (the weights as the path stores them -- GGUF bytes or
@@ -579,6 +581,49 @@ def bench_moe_variants(b: Bench, small: bool, rng):
               (x, jnp.asarray(ids), tw, *raw, *pl_), extra={"M": m})
 
 
+def bench_moe_prefill(b: Bench, small: bool, rng):
+    """MoE prefill (`grouped_experts.kernel.moe_prefill`) at the Flash-Next experts (Q2_K gate/up, Q4_0 down, 512
+    experts, top-10) for a 512-row chunk: both kernels of STRATA_QMATMUL_GEMM at bf16 / bf16x2 / bf16x3 on the
+    default tiles (`gemm.MOE_PREFILL`, BM = 16 rows per tile), then K-block launch configs and 32-row tiles at
+    bf16x2. Router ids uniform over the experts (about 10 rows per expert) and skewed (a per-expert bias, as real
+    routers: a few experts take many rows). Bytes: every expert's planar words once (each expert is chosen)."""
+    import dataclasses
+    from strata_jax.pallas.grouped_experts import kernel as GK
+    from strata_jax.pallas.quant_matmul import gemm as G
+    E, H, F, k, M = (8, 256, 64, 2, 64) if small else (512, 2560, 640, 10, 512)
+    qts = (Q.Q2_K, Q.Q2_K, Q.Q4_0)
+    ws = [_weights(rng, q, nn, kk, (E,))[1] for q, nn, kk in ((qts[0], F, H), (qts[1], F, H), (qts[2], H, F))]
+    it = b.interpret
+    base = G.MOE_PREFILL
+
+    def fn(variant, prec, cfg=base):
+        return jax.jit(lambda x, i, tw, *w: GK.moe_prefill(x, i, tw, *w, qts, interpret=it, precision=prec,
+                                                            variant=variant, cfg=cfg))
+    fns = {f"{v}_{p}": fn(v, p) for v in ("kblock", "unit") for p in ("bf16x2", "bf16x3", "bf16")}
+    sweep = {"kb_BN128_KB64": dataclasses.replace(base, BN=128, KB=64),
+             "kb_BN64_KB64": dataclasses.replace(base, BN=64, KB=64),
+             "kb_BN64_KB256": dataclasses.replace(base, BN=64, KB=256),
+             "kb_BN128_KB128_w8": dataclasses.replace(base, BN=128, KB=128, num_warps=8),
+             "kb_BN32_KB128": dataclasses.replace(base, BN=32, KB=128),
+             "kb_BM32": dataclasses.replace(base, BM=32)}
+    if not small:
+        fns.update({name: fn("kblock", "bf16x2", cfg) for name, cfg in sweep.items()})
+        fns["unit_bf16x2_BM32"] = fn("unit", "bf16x2", dataclasses.replace(base, BM=32))
+    nbytes = sum(_nbytes(w) for w in ws)
+    x = jnp.asarray(rng.standard_normal((M, H)), jnp.float32)
+    tw = jnp.asarray(rng.uniform(0.1, 1, (M, k)), jnp.float32)
+    bias = rng.standard_normal(E) * 1.5
+    for dist in ("uniform", "skewed"):
+        logits = rng.gumbel(size=(M, E)) + (bias if dist == "skewed" else 0.0)
+        ids = np.argsort(-logits, axis=1)[:, :k].astype(np.int32)
+        counts = np.bincount(ids.reshape(-1), minlength=E)
+        tiles = int(np.sum(-(-counts // base.BM)))
+        flops = 2 * M * k * 3 * H * F
+        b.add("moe_prefill", f"{qts[0].name}/{qts[2].name} E={E} k={k} M={M} {dist} max_rows={counts.max()} "
+              f"tiles={tiles}", nbytes, fns if dist == "uniform" else {p: fns[p] for p in list(fns)[:6]},
+              (x, jnp.asarray(ids), tw, *ws), flops=flops, extra={"M": M, "dist": dist})
+
+
 def sweep_planar(b: Bench, small: bool, rng):
     """Launch configurations of the planar GEMV (fma), the tensor-core tiles (tc) and the 16-row tensor-core GEMV
     (tc16), to choose `gemv.choose_config` / `gemm.GEMV_TC` / `tcgemv.choose_config` (first guesses today); the
@@ -645,7 +690,8 @@ def summary(b: Bench) -> list[dict]:
 SECTIONS = {"qmatmul": bench_qmatmul, "gdn": bench_gdn, "moe": bench_moe, "qsa": bench_qsa,
             "sweep_qmatmul": sweep_qmatmul, "formats": bench_formats, "head": bench_head, "prefill": bench_prefill,
             "moe_variants": bench_moe_variants, "sweep_planar": sweep_planar,
-            "gdn_prefill": bench_gdn_prefill, "qsa_prefill": bench_qsa_prefill}
+            "gdn_prefill": bench_gdn_prefill, "qsa_prefill": bench_qsa_prefill,
+            "moe_prefill": bench_moe_prefill}
 DEFAULT_SECTIONS = "qmatmul,gdn,moe,qsa"
 SECTION_WEIGHT = {"formats": 3.0, "prefill": 1.5, "sweep_planar": 1.5}   # shares of --budget_s
 

@@ -163,17 +163,18 @@ def expert_tiles(topk_ids, n_experts: int, BM: int):
 
 
 def moe_prefill(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool, precision: str,
-                variant: str | None = None):
+                variant: str | None = None, cfg=None):
     """MoE prefill: the chunk's (row, expert) pairs grouped by expert (`expert_tiles`), one grouped tensor-core
     GEMM per projection (`strata_jax.pallas.quant_matmul.gemm.tile_gemm`: each tile reads its expert's weights
     once), SwiGLU between, then each row's k results summed in slot order. Row-independent: a pair's result does
-    not depend on the other pairs of its tile or chunk. ``variant``: `tile_gemm`'s kernel (None: the environment)."""
+    not depend on the other pairs of its tile or chunk. ``variant``: `tile_gemm`'s kernel (None: the environment);
+    ``cfg``: its launch parameters (None: `gemm.MOE_PREFILL`; benchmarks try others)."""
     from strata_jax.pallas.quant_matmul import gemm as G
 
     M, H = x.shape
     E, n_ff = gate.shape[:2]
     qg, qu, qd = qtypes
-    cfg = G.MOE_PREFILL
+    cfg = G.MOE_PREFILL if cfg is None else cfg
     tile_expert, tile_rows, pair_tile, pair_pos = expert_tiles(topk_ids, E, cfg.BM)
     T = tile_expert.shape[0]
     kw = dict(interpret=interpret, precision=precision, cfg=cfg, variant=variant)
