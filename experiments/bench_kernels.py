@@ -337,29 +337,40 @@ def bench_qsa_prefill(b: Bench, small: bool, rng):
     else:
         N, T, Hq, Hkv, D, Hi, Di, top = 8192, 512, 24, 2, 256, 4, 128, 512
     it = b.interpret
-    k = jnp.asarray(rng.standard_normal((N, Hkv, D)), jnp.bfloat16)
-    v = jnp.asarray(rng.standard_normal((N, Hkv, D)), jnp.bfloat16)
-    pooled = jnp.asarray(rng.standard_normal((1, N // 4, Di)), jnp.float32)
-    q = jnp.asarray(rng.standard_normal((1, T, Hq, D)), jnp.float32)
-    iq = jnp.asarray(rng.standard_normal((1, T, Hi, Di)), jnp.float32)
-    n_kv = jnp.arange(N - T + 1, N + 1, dtype=jnp.int32)[None]
-    n_complete = n_kv // 4
     base = jnp.zeros((1,), jnp.int32)
     pre = lambda **kw: jax.jit(lambda q, k, v, iq, p, n, c: P.qsa_prefill_kernel(
         q, k, v, iq, p, n, c, base, top_blocks=top, block=4, scale=D ** -0.5, interpret=it, **kw))
     fns = {"prefill": pre()}
     if not small:
         fns["prefill_w8"] = pre(num_warps=8)
-        fns["prefill_m64"] = pre(m_tile=64)
-        fns["prefill_m64_tk64"] = pre(m_tile=64, tk=64)
+        fns["prefill_m64"] = pre(m_tile=64)   # (64 pairs x 64 cells: over the H100's shared memory, 2026-12-06)
     fns["rows"] = jax.jit(lambda q, k, v, iq, p, n, c: qsa_attention(q[0], k, v, iq[0], p[0], n[0], c[0],
                                                                       top_blocks=top, impl=b.kernel_impl))
+    if not small:  # the rows path with fewer splits of each row's cell list (smaller partial sums to merge)
+        from strata_jax.pallas.qsa import api as A, kernel as K
+        for ms in (16, 32):
+            cfg = K.AttendConfig(NC=32, max_split=ms, num_warps=8, num_stages=2, tag=f"_s{ms}")
+            fns[f"rows_s{ms}"] = jax.jit(lambda q, k, v, iq, p, n, c, cfg=cfg: A._qsa_rows(
+                q[0], k, v, iq[0], p, n[0], c[0], jnp.zeros((T,), jnp.int32), jnp.zeros((T,), jnp.int32),
+                top_blocks=top, block=4, scale=D ** -0.5, interpret=it, attend_cfg=cfg))
     fns["jnp"] = jax.jit(lambda *a: qsa_prefill(*a, top_blocks=top, impl="reference"))
-    cells = min(N, top * 4 + 3)
-    nbytes = {p: (N if p.startswith("prefill") else T * cells) * Hkv * D * 2 * 2 + pooled.size * 4 for p in fns}
-    flops = 2 * 2 * Hkv * P.tiling(Hq, Hkv, D, 4)[0] * D * float(np.sum(np.asarray(n_kv)))
-    b.add("qsa_prefill", f"N={N} T={T} Hq={Hq} Hkv={Hkv} D={D} top={top}", nbytes, fns,
-          (q, k, v, iq, pooled, n_kv, n_complete), flops=flops, extra={"T": T, "N": N})
+    # the chunk at the end of N cells (sparse: each row keeps top of N / 4 blocks), then (full size) a prompt's
+    # first chunk in a 1,024-cell cache (rows 0..T-1: every block kept, causal)
+    for N, first in ((N, False),) + (() if small else ((1024, True),)):
+        k = jnp.asarray(rng.standard_normal((N, Hkv, D)), jnp.bfloat16)
+        v = jnp.asarray(rng.standard_normal((N, Hkv, D)), jnp.bfloat16)
+        pooled = jnp.asarray(rng.standard_normal((1, N // 4, Di)), jnp.float32)
+        q = jnp.asarray(rng.standard_normal((1, T, Hq, D)), jnp.float32)
+        iq = jnp.asarray(rng.standard_normal((1, T, Hi, Di)), jnp.float32)
+        n_kv = (jnp.arange(1, T + 1, dtype=jnp.int32) if first else jnp.arange(N - T + 1, N + 1, dtype=jnp.int32))[None]
+        n_complete = n_kv // 4
+        cells = np.minimum(np.asarray(n_kv[0]), top * 4 + 3)
+        nbytes = {p: (N * T if p.startswith("prefill") else int(cells.sum())) * Hkv * D * 2 * 2 // (T if
+                  p.startswith("prefill") else 1) + pooled.size * 4 for p in fns}
+        flops = 2 * 2 * Hkv * P.tiling(Hq, Hkv, D, 4)[0] * D * float(np.sum(np.asarray(n_kv)))
+        b.add("qsa_prefill", f"N={N} T={T} {'first chunk' if first else 'last rows'} Hq={Hq} Hkv={Hkv} D={D} "
+              f"top={top}", nbytes, fns, (q, k, v, iq, pooled, n_kv, n_complete), flops=flops,
+              extra={"T": T, "N": N, "first": first})
 
 
 def sweep_qmatmul(b: Bench, small: bool, rng):
@@ -601,7 +612,7 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
                                                             variant=variant, cfg=cfg))
     fns = {f"{v}_{p}": fn(v, p) for v in ("kblock", "unit") for p in ("bf16x2", "bf16x3", "bf16")}
     sweep = {"kb_BN128_KB64": dataclasses.replace(base, BN=128, KB=64),
-             "kb_BN64_KB64": dataclasses.replace(base, BN=64, KB=64),
+             "kb_KB128": dataclasses.replace(base, KB=128),   # the default before 2026-12-06
              "kb_BN64_KB256": dataclasses.replace(base, BN=64, KB=256),
              "kb_BN128_KB128_w8": dataclasses.replace(base, BN=128, KB=128, num_warps=8),
              "kb_BN32_KB128": dataclasses.replace(base, BN=32, KB=128),

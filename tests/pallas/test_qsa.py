@@ -160,11 +160,25 @@ def prefill64(args, base):
     return np.stack(out), n_ties
 
 
+# (impl, STRATA_QSA_PREFILL): the reference once, each kernel path (`api.prefill_variant`) per compiled impl
+PREFILL_PATHS = [("reference", "rows")] + [(i, v) for i in IMPLS if i != "reference" for v in ("rows", "tiles")]
+PREFILL_IDS = [i if i == "reference" else f"{i}-{v}" for i, v in PREFILL_PATHS]
+
+
+@pytest.fixture
+def prefill_path(request, monkeypatch):
+    impl, variant = request.param
+    monkeypatch.setenv("STRATA_QSA_PREFILL", variant)
+    return impl
+
+
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("impl", IMPLS)
-def test_prefill_accuracy(impl, dtype, rng):
+@pytest.mark.parametrize("prefill_path", PREFILL_PATHS, ids=PREFILL_IDS, indirect=True)
+def test_prefill_accuracy(prefill_path, dtype, rng):
     """Two segments: one from an empty cache (dense until 8 blocks complete, then sparse), one ending near its
-    slot's end (the selection keeps 8 of 60 blocks); against float64, with ties at the selection's cut."""
+    slot's end (the selection keeps 8 of 60 blocks); against float64, with ties at the selection's cut. Each
+    kernel path of `qsa_prefill` (``STRATA_QSA_PREFILL`` rows / tiles)."""
+    impl = prefill_path
     T = 40
     args, base = make_prefill(rng, T, [0, PN - T - 3], dtype)
     with dispatch.poison_outputs():
@@ -175,11 +189,12 @@ def test_prefill_accuracy(impl, dtype, rng):
     assert_close_rel(o, want, 1e-5, f"{impl} prefill ({np.dtype(dtype).name} cache)")
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_prefill_rows_independent(impl, rng):
+@pytest.mark.parametrize("prefill_path", PREFILL_PATHS, ids=PREFILL_IDS, indirect=True)
+def test_prefill_rows_independent(prefill_path, rng):
     """A row's bits do not depend on the chunk's row count, its place in the chunk, padding rows, the other rows'
     contents or the other segments: T = 48 rows vs the last 16 alone, vs the first 40, vs the last 37, vs 64 rows
     (16 other rows at the end), vs other neighbours, vs its segment alone."""
+    impl = prefill_path
     T = 48
     (q, k, v, iq, pooled, n_kv, nc), base = make_prefill(rng, T, [150, 30])
     call = lambda q, iq, pooled, n_kv, nc, base: qsa_prefill(q, k, v, iq, pooled, n_kv, nc, top_blocks=PTOP,
@@ -199,6 +214,20 @@ def test_prefill_rows_independent(impl, rng):
     assert_bits_equal(mixed[:, 5], o[:, 5], "row 5 with other neighbours")
     one = call(q[1:], iq[1:], pooled[1:], n_kv[1:], nc[1:], base[1:])
     assert_bits_equal(one, o[1:], "segment 1 alone")
+
+
+@pytest.mark.parametrize("impl", [i for i in IMPLS if i != "reference"])
+def test_prefill_rows_path_slices(impl, rng, monkeypatch):
+    """The ``rows`` path cuts the B*T rows into slices of `api.PREFILL_ROWS` (bounded partial sums): slices of 16
+    rows (2 x 40 rows: 5 slices, the last short and across the segments' boundary) give the bits of one slice."""
+    from strata_jax.pallas.qsa import api
+
+    monkeypatch.setenv("STRATA_QSA_PREFILL", "rows")
+    args, base = make_prefill(rng, 40, [0, 150])
+    whole = qsa_prefill(*args, top_blocks=PTOP, block=BLOCK, cell_base=base, impl=impl)
+    monkeypatch.setattr(api, "PREFILL_ROWS", 16)
+    sliced = qsa_prefill(*args, top_blocks=PTOP, block=BLOCK, cell_base=base, impl=impl)
+    assert_bits_equal(sliced, whole, "slices of 16 rows")
 
 
 @pytest.mark.parametrize("impl", [i for i in IMPLS if i != "reference"])
@@ -241,8 +270,13 @@ def test_prefill_errors(rng):
         qsa_prefill(q, k, v, iq, pooled, n_kv[:, :4], nc)
     with pytest.raises(UnsupportedError):
         qsa_prefill(q, k, v, iq, pooled, n_kv, nc, cell_base=jnp.zeros((2,), jnp.int32))
-    with pytest.raises(UnsupportedError):
-        qsa_prefill(q, k, v, iq, pooled, n_kv, nc, block=3, impl="interpret")  # kernel: block a power of two
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STRATA_QSA_PREFILL", "tiles")
+        with pytest.raises(UnsupportedError, match="block 3"):
+            qsa_prefill(q, k, v, iq, pooled, n_kv, nc, block=3, impl="interpret")  # tiles: block a power of two
+        mp.setenv("STRATA_QSA_PREFILL", "blocks")
+        with pytest.raises(UnsupportedError, match="STRATA_QSA_PREFILL"):
+            qsa_prefill(q, k, v, iq, pooled, n_kv, nc, impl="interpret")
 
 
 @pytest.mark.parametrize("window", [0, 5], ids=["causal", "sliding5"])

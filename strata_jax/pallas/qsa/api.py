@@ -35,11 +35,18 @@ cell_base=None, impl="auto") -> float32 [B, T, Hq, D]``: the same attention for 
 rows (each the rows of one sequence, usually at consecutive positions): ``q`` [B, T, Hq, D], ``iq`` [B, T, Hi, Di],
 ``pooled`` [B, NB, Di] (segment b's blocks), ``n_kv`` / ``n_complete`` [B, T] (as above, per row), ``cell_base``
 [B] (segment b's cell c is ``k_cache[cell_base[b] + c]``; None = 0). The reference path is `qsa_attention`'s over
-the B*T rows. The kernel path (`prefill`) scores the rows against the blocks as tiled products, selects in jnp and
-attends with a block-sparse flash-attention kernel over key tiles at fixed cells (tensor-core products for tiles of
-query rows). Row t's result depends only on its own inputs and the fixed tiling, not on T, B or the other rows; it
-need not equal the `qsa_attention` kernel path's bits for the same row (another summation order; both agree with
-float64 to ~1e-5 relative). The kernel path also needs ``block`` a power of two <= 16.
+the B*T rows. Two kernel paths (``STRATA_QSA_PREFILL``, `prefill_variant`):
+
+* ``rows`` (the default): `qsa_attention`'s kernel path over the B*T rows (one program per (row, kv head, split of
+  the row's selected cells)), in slices of `PREFILL_ROWS` rows so that its per-split partial sums stay small. Its
+  work follows the cells each row selects. On the H100 (2026-12-06, `experiments/bench_kernels.py --only
+  qsa_prefill`: a 512-row chunk at 8,192 cells, Flash-Next shapes) 4.2 ms against 106.6 ms for ``tiles``.
+* ``tiles`` (`prefill`): scores as tiled products, selection in jnp, a block-sparse flash-attention kernel over key
+  tiles at fixed cells (tensor-core products for tiles of query rows); it needs ``block`` a power of two <= 16. It
+  runs every key tile any row of a query tile selects, so scattered selections cost it the whole cache.
+
+On either, row t's result depends only on its own inputs and compile-time constants, not on T, B or the other rows;
+the two need not give the same bits for a row (other summation orders; both agree with float64 to ~1e-5 relative).
 
 ``attend_cells(q, k_cache, v_cache, cells, *, scale=None, impl="auto") -> float32 [T, Hq, D]``: the attention part
 alone, over an explicit cell list int32 [T, C] (-1 = none; every row must list at least one cell): what the dense
@@ -90,15 +97,21 @@ def _qsa(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, seg, cell_base, *, t
     if path == "reference":
         return _ref.qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, top_blocks=top_blocks,
                                   block=block, scale=scale, seg=seg, cell_base=cell_base)
-    interpret = path == "interpret"
     with dispatch.poison_outputs(poison):
-        if _k.scores_why_not(iq.shape[1], iq.shape[2], pooled.shape[-2]) is None:
-            scores = _k.block_scores_kernel(iq, pooled, seg, interpret=interpret)
-        else:  # (an indexer head dim the scores kernel cannot serve: the reference's row loop)
-            scores = _ref.block_scores(iq, pooled, seg)
-        cells = _ref.cells_from_scores(scores, n_kv, n_complete, top_blocks=top_blocks, block=block,
-                                       cell_base=cell_base)
-        return _k.attend_kernel(q, k_cache, v_cache, cells, scale, interpret=interpret)
+        return _qsa_rows(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, seg, cell_base, top_blocks=top_blocks,
+                         block=block, scale=scale, interpret=path == "interpret")
+
+
+def _qsa_rows(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, seg, cell_base, *, top_blocks, block, scale,
+              interpret, attend_cfg=None):
+    """The kernel path over rows: block scores (Pallas), selection (jnp), flash decoding over each row's cells
+    (``attend_cfg``: `kernel.attend_kernel`'s launch parameters, None = its default; benchmarks try others)."""
+    if _k.scores_why_not(iq.shape[1], iq.shape[2], pooled.shape[-2]) is None:
+        scores = _k.block_scores_kernel(iq, pooled, seg, interpret=interpret)
+    else:  # (an indexer head dim the scores kernel cannot serve: the reference's row loop)
+        scores = _ref.block_scores(iq, pooled, seg)
+    cells = _ref.cells_from_scores(scores, n_kv, n_complete, top_blocks=top_blocks, block=block, cell_base=cell_base)
+    return _k.attend_kernel(q, k_cache, v_cache, cells, scale, interpret=interpret, cfg=attend_cfg)
 
 
 def qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks: int = 512, block: int = 4,
@@ -114,9 +127,10 @@ def qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_bloc
                 block=block, scale=scale, path=path, poison=dispatch.poisoning())
 
 
-@functools.partial(jax.jit, static_argnames=("top_blocks", "block", "scale", "path", "poison"))
+@functools.partial(jax.jit, static_argnames=("top_blocks", "block", "scale", "path", "poison", "variant",
+                                             "slice_rows"))
 def _qsa_prefill(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_base, *, top_blocks, block, scale, path,
-                 poison):
+                 poison, variant, slice_rows):
     B, T = q.shape[:2]
     if path == "reference":
         rows = lambda a: a.reshape(B * T, *a.shape[2:])
@@ -125,9 +139,21 @@ def _qsa_prefill(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_base, *
                                top_blocks=top_blocks, block=block, scale=scale, seg=seg,
                                cell_base=jnp.repeat(cell_base.astype(jnp.int32), T))
         return o.reshape(q.shape)
+    interpret = path == "interpret"
     with dispatch.poison_outputs(poison):
-        return _p.qsa_prefill_kernel(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_base,
-                                     top_blocks=top_blocks, block=block, scale=scale, interpret=path == "interpret")
+        if variant == "tiles":
+            return _p.qsa_prefill_kernel(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_base,
+                                         top_blocks=top_blocks, block=block, scale=scale, interpret=interpret)
+        rows = lambda a: a.reshape(B * T, *a.shape[2:])
+        seg = jnp.repeat(jnp.arange(B, dtype=jnp.int32), T)
+        base = jnp.repeat(cell_base.astype(jnp.int32), T)
+        args = [rows(q), rows(iq), rows(n_kv), rows(n_complete), seg, base]
+        outs = []
+        for r0 in range(0, B * T, slice_rows):  # static slices: each row's programs are its own
+            qs, iqs, nkv, nc, sg, cb = (a[r0:r0 + slice_rows] for a in args)
+            outs.append(_qsa_rows(qs, k_cache, v_cache, iqs, pooled, nkv, nc, sg, cb, top_blocks=top_blocks,
+                                  block=block, scale=scale, interpret=interpret))
+        return jnp.concatenate(outs).reshape(q.shape) if len(outs) > 1 else outs[0].reshape(q.shape)
 
 
 def qsa_prefill(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks: int = 512, block: int = 4,
@@ -151,11 +177,27 @@ def qsa_prefill(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks
     D = q.shape[3]
     scale = float(D ** -0.5 if scale is None else scale)
     cell_base = jnp.zeros((B,), jnp.int32) if cell_base is None else cell_base
-    path = dispatch.resolve(
-        op, impl, lambda: _p.why_not(q.shape[2], k_cache.shape[1], D, k_cache.shape[0], block,
-                                     [q.dtype, k_cache.dtype, v_cache.dtype]))
+    variant = prefill_variant()
+    dtypes = [q.dtype, k_cache.dtype, v_cache.dtype]
+    Hq, Hkv, N = q.shape[2], k_cache.shape[1], k_cache.shape[0]
+    path = dispatch.resolve(op, impl, lambda: _p.why_not(Hq, Hkv, D, N, block, dtypes) if variant == "tiles"
+                            else _k.why_not(Hq, Hkv, D, N, dtypes))
     return _qsa_prefill(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_base, top_blocks=top_blocks,
-                        block=block, scale=scale, path=path, poison=dispatch.poisoning())
+                        block=block, scale=scale, path=path, poison=dispatch.poisoning(), variant=variant,
+                        slice_rows=PREFILL_ROWS)
+
+
+PREFILL_VARIANTS = ("rows", "tiles")
+PREFILL_ROWS = 512  # rows per slice of the ``rows`` path (its partial sums: ~1 MB per row at Flash-Next's shapes)
+
+
+def prefill_variant() -> str:
+    """``STRATA_QSA_PREFILL``: the kernel path of `qsa_prefill`, ``rows`` (default) or ``tiles`` (module
+    docstring). Read when a call is traced.
+
+    Raises:
+      UnsupportedError: another value."""
+    return dispatch.env_choice("STRATA_QSA_PREFILL", "rows", PREFILL_VARIANTS)
 
 
 def _attend_why_not(q, k_cache, v_cache):

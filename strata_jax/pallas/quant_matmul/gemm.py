@@ -83,7 +83,10 @@ class Config:
 # Prefill: no K split (the row tiles fill the grid; a split would write and re-read partial sums of every row).
 PREFILL = Config(target_programs=1)
 GEMV_TC = Config(BN=32, BM=16, target_programs=2112)   # the tensor-core GEMV: 1..8 rows padded to 16
-MOE_PREFILL = Config(BN=64, BM=16, target_programs=1)  # grouped experts: a few rows per expert in a chunk
+# grouped experts: a few rows per expert in a chunk. KB = 64 by measurement (H100, 2026-12-06, bench_kernels.py
+# --only moe_prefill, Flash-Next experts, 512 rows, bf16x2): 3.03 ms per MoE block against 3.48 at the KB = 128 of
+# KBLOCK_SMALL_BM, 3.27 with BN = 128, 3.74 with 32-row tiles; the unit kernel 5.13
+MOE_PREFILL = Config(BN=64, BM=16, KB=64, target_programs=1)
 # The K-block kernel's prefill tiles, picked by measurement (H100, 2026-12-05, experiments/bench_kernels.py --only
 # prefill, `KBLOCK_SWEEP` there; experiments/RESULTS.md): BN = 64 weight rows x BM = 128 activation rows, KB = 64,
 # 4 warps, 2 stages: at 512 rows and bf16x2, Q4_K 8960 x 1536 76.6 TFLOP/s (58.2 with BN = 128 over 8 warps, the
