@@ -35,8 +35,9 @@ synchronised with block_until_ready):
                     chunked jnp reference; also TFLOP/s of the chunked products.
       moe_prefill   MoE prefill of a 512-row chunk at the Flash-Next experts (uniform and skewed router ids): both
                     GEMM kernels x bf16 / bf16x2 / bf16x3, K-block launch configs, 32-row tiles.
-      qsa_prefill   QSA over a 512-row prefill chunk at 8192 cells (Flash-Next shapes): the prefill kernels
-                    (qsa/prefill.py, four launch variants) vs the verify-window path over the rows vs jnp.
+      qsa_prefill   QSA over a 512-row prefill chunk at the end of 8192 cells and as a prompt's first chunk
+                    (Flash-Next shapes): the tile kernels (qsa/prefill.py, three launch variants) vs the
+                    verify-window path over the rows (default split layout, 16 and 32 splits) vs jnp.
   * each op and path: time, bytes the op must read at least (the weights as the path stores them -- GGUF bytes or
     the planar words -- once per call, plus activations), achieved GB/s and that as a fraction of the ceiling.
   * --budget_s: cases are started only while their section is within its share of the budget (formats 3, prefill
@@ -323,14 +324,16 @@ def bench_qsa(b: Bench, small: bool, rng):
 
 
 def bench_qsa_prefill(b: Bench, small: bool, rng):
-    """QSA over one sequence's prefill chunk of T = 512 rows at the end of N = 8192 cells, Flash-Next shapes (Hq =
-    24, Hkv = 2, D = 256, indexer 4 x 128, 512 blocks of 4 per row, bf16 K/V): ``prefill`` (`qsa/prefill.py`: tiled
-    scores, jnp selection, block-sparse flash attention; at D = 256 by default 32 (row, head) pairs x key tiles of
-    32 cells) and launch variants of it (8 warps; 64 pairs; 64 pairs x 64 cells: float32 operand tiles of 64 KB) vs
-    ``rows`` (the verify-window path over the T rows: per-row scores, a gathered cell list, flash decoding) and
-    ``jnp`` (the reference). The random indexer inputs select scattered blocks (about a quarter of every 64-cell
-    tile), so the prefill kernel runs nearly every tile: a model's clustered selections skip more. TFLOP/s counts
-    the dense q.k and p.v products over the T rows' causal cells (padded heads included)."""
+    """QSA over one sequence's prefill chunk of T = 512 rows at the end of N = 8192 cells, then (full size) as a
+    prompt's first chunk in a 1,024-cell cache, Flash-Next shapes (Hq = 24, Hkv = 2, D = 256, indexer 4 x 128, 512
+    blocks of 4 per row, bf16 K/V): ``prefill`` (`qsa/prefill.py`, ``STRATA_QSA_PREFILL=tiles``: tiled scores, jnp
+    selection, block-sparse flash attention; at D = 256 by default 32 (row, head) pairs x key tiles of 32 cells) and
+    launch variants of it (8 warps; 64 pairs) vs ``rows`` (the verify-window path over the T rows, `qsa_prefill`'s
+    default: per-row scores, a gathered cell list, flash decoding), ``rows_s16`` / ``rows_s32`` (the same with 16 /
+    32 splits of each row's list) and ``jnp`` (the reference). The random indexer inputs select scattered blocks
+    (about a quarter of every 64-cell tile), so the tile kernel runs nearly every tile: a model's clustered
+    selections skip more. TFLOP/s counts the dense q.k and p.v products over the T rows' causal cells (padded heads
+    included)."""
     from strata_jax.pallas.qsa import prefill as P, qsa_attention, qsa_prefill
     if small:
         N, T, Hq, Hkv, D, Hi, Di, top = 256, 64, 4, 2, 32, 2, 16, 8
@@ -343,7 +346,7 @@ def bench_qsa_prefill(b: Bench, small: bool, rng):
     fns = {"prefill": pre()}
     if not small:
         fns["prefill_w8"] = pre(num_warps=8)
-        fns["prefill_m64"] = pre(m_tile=64)   # (64 pairs x 64 cells: over the H100's shared memory, 2026-12-06)
+        fns["prefill_m64"] = pre(m_tile=64)   # (m_tile 64 x tk 64 dropped: over the H100's shared memory)
     fns["rows"] = jax.jit(lambda q, k, v, iq, p, n, c: qsa_attention(q[0], k, v, iq[0], p[0], n[0], c[0],
                                                                       top_blocks=top, impl=b.kernel_impl))
     if not small:  # the rows path with fewer splits of each row's cell list (smaller partial sums to merge)
@@ -365,8 +368,8 @@ def bench_qsa_prefill(b: Bench, small: bool, rng):
         n_kv = (jnp.arange(1, T + 1, dtype=jnp.int32) if first else jnp.arange(N - T + 1, N + 1, dtype=jnp.int32))[None]
         n_complete = n_kv // 4
         cells = np.minimum(np.asarray(n_kv[0]), top * 4 + 3)
-        nbytes = {p: (N * T if p.startswith("prefill") else int(cells.sum())) * Hkv * D * 2 * 2 // (T if
-                  p.startswith("prefill") else 1) + pooled.size * 4 for p in fns}
+        nbytes = {p: (N if p.startswith("prefill") else int(cells.sum())) * Hkv * D * 4 + pooled.size * 4
+                  for p in fns}
         flops = 2 * 2 * Hkv * P.tiling(Hq, Hkv, D, 4)[0] * D * float(np.sum(np.asarray(n_kv)))
         b.add("qsa_prefill", f"N={N} T={T} {'first chunk' if first else 'last rows'} Hq={Hq} Hkv={Hkv} D={D} "
               f"top={top}", nbytes, fns, (q, k, v, iq, pooled, n_kv, n_complete), flops=flops,
@@ -611,12 +614,13 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
         return jax.jit(lambda x, i, tw, *w: GK.moe_prefill(x, i, tw, *w, qts, interpret=it, precision=prec,
                                                             variant=variant, cfg=cfg))
     fns = {f"{v}_{p}": fn(v, p) for v in ("kblock", "unit") for p in ("bf16x2", "bf16x3", "bf16")}
+    main = list(fns)   # the skewed ids: these only
     sweep = {"kb_BN128_KB64": dataclasses.replace(base, BN=128, KB=64),
              "kb_KB128": dataclasses.replace(base, KB=128),   # the default before 2026-12-06
              "kb_BN64_KB256": dataclasses.replace(base, BN=64, KB=256),
              "kb_BN128_KB128_w8": dataclasses.replace(base, BN=128, KB=128, num_warps=8),
              "kb_BN32_KB128": dataclasses.replace(base, BN=32, KB=128),
-             "kb_BM32": dataclasses.replace(base, BM=32)}
+             "kb_BM32": dataclasses.replace(base, BM=32, KB=128)}   # (KB as on 2026-12-06's first run)
     if not small:
         fns.update({name: fn("kblock", "bf16x2", cfg) for name, cfg in sweep.items()})
         fns["unit_bf16x2_BM32"] = fn("unit", "bf16x2", dataclasses.replace(base, BM=32))
@@ -631,7 +635,7 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
         tiles = int(np.sum(-(-counts // base.BM)))
         flops = 2 * M * k * 3 * H * F
         b.add("moe_prefill", f"{qts[0].name}/{qts[2].name} E={E} k={k} M={M} {dist} max_rows={counts.max()} "
-              f"tiles={tiles}", nbytes, fns if dist == "uniform" else {p: fns[p] for p in list(fns)[:6]},
+              f"tiles={tiles}", nbytes, fns if dist == "uniform" else {p: fns[p] for p in main},
               (x, jnp.asarray(ids), tw, *ws), flops=flops, extra={"M": M, "dist": dist})
 
 

@@ -29,11 +29,12 @@ The selection only masks cells of the ordinary causal softmax attention (HF fill
 minimum before the softmax), so the attention runs over the selected cells only: selection and attention are
 `strata_jax.pallas.qsa.qsa_attention` in a window (``impl="auto"``: the Pallas flash-decoding kernel over the
 selected cells on a GPU, its plain-jnp reference elsewhere) and `strata_jax.pallas.qsa.qsa_prefill` in prefill
-mode (the kernel path: tiled indexer scores and a block-sparse flash-attention kernel over the chunk's rows on
-tensor cores; the reference path: the same reference as a window's), each called once for all B*T rows (each row
-reads its own slot's part of the flat caches). Both paths compute every row alone (the row does not depend on the
-other rows, T or B), in window and prefill mode alike; on the kernel path a prefill row and a window row at the
-same position need not agree bit for bit (different kernels, each within ~1e-5 of float64).
+mode (the kernel path: by default the window's kernel over the chunk's rows, or with ``STRATA_QSA_PREFILL=tiles``
+tiled indexer scores and a block-sparse flash-attention kernel on tensor cores; the reference path: the same
+reference as a window's), each called once for all B*T rows (each row reads its own slot's part of the flat
+caches). Both paths compute every row alone (the row does not depend on the other rows, T or B), in window and
+prefill mode alike; with ``tiles`` a prefill row and a window row at the same position need not agree bit for bit
+(different kernels, each within ~1e-5 of float64).
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ One folder per op; each has ``reference.py`` (plain jnp: the numerical spec, and
   rows; with planar weights, prefill chunks are sorted by expert into one grouped GEMM per projection).
 * `strata_jax.pallas.qsa`: ``qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete)``, QSA indexer
   block selection and GQA softmax attention over the selected cells (verify rows and prefill; rows of several
-  sequences in one call with ``seg`` / ``cell_base``); ``qsa_prefill``, the same for prefill chunks (tiled scores,
-  block-sparse flash attention on tensor cores); ``attend_cells``, the attention over an explicit cell list (what
+  sequences in one call with ``seg`` / ``cell_base``); ``qsa_prefill``, the same for prefill chunks (by default the
+  verify-window kernel over the chunk's rows; ``STRATA_QSA_PREFILL=tiles``: tiled scores and block-sparse flash
+  attention on tensor cores); ``attend_cells``, the attention over an explicit cell list (what
   the dense attention layers run on the kernel path).
 
 Beside the ops: `structure` (which loops a step program holds, which kernel operands XLA would copy), `trace` (a
@@ -30,17 +31,18 @@ profiler trace of steps summarised per step), `gpu_flags` (XLA command buffers, 
 The model layers call them with ``impl="auto"``: `strata_jax.layers.linear.QLinear` (qmatmul; row groups in verify
 windows), `strata_jax.layers.moe.MoE` (moe_experts, windows and prefill), `strata_jax.layers.gdn.GatedDeltaNet`
 (gdn_window / gdn_commit / gdn_chunked), `strata_jax.layers.qsa.GatedAttention` with the indexer (qsa_attention in
-windows, qsa_prefill in prefill), `strata_jax.layers.attention` (attend_cells: dense models, qwen35moe / qwen3next attention
-layers), the norms / router softmax / narrow gates (rows).
+windows, qsa_prefill in prefill), `strata_jax.layers.attention` (attend_cells: dense models, qwen35moe / qwen3next
+attention layers), the norms / router softmax / narrow gates (rows).
 
 Row invariance is the kernels' (the batch-invariant rule): the reduction order of output (row r, column n) depends
 only on the reduced length and compile-time constants -- fixed K chunks and splits chosen from the weight, one
 program per row for norms, a fixed split layout for split-KV attention, MoE kernels that compute a row the same
 whichever other rows chose its experts -- so the kernel path holds no XLA-level devices for it (no loops over
-rows, no hidden trip counts); its inner loops have compile-time trip counts, except the QSA prefill kernel's loop
-over the key tiles some row of its query tile attends (a tile a row does not attend leaves that row's state
-untouched, so the row's bits do not depend on which tiles the other rows make live). The plain-jnp references (the CPU
-path) keep what XLA on a CPU needs for the same property (fixed pairwise trees, loops over rows).
+rows, no hidden trip counts); its inner loops have compile-time trip counts, except the QSA prefill tile kernel's
+loop (``STRATA_QSA_PREFILL=tiles``) over the key tiles some row of its query tile attends (a tile a row does not
+attend leaves that row's state untouched, so the row's bits do not depend on which tiles the other rows make live).
+The plain-jnp references (the CPU path) keep what XLA on a CPU needs for the same property (fixed pairwise trees,
+loops over rows).
 
 `experiments/bench_kernels.py` times each kernel against its plain-jnp path and a bandwidth ceiling measured in
 the same run. The kernels use Pallas' Triton lowering (``jax.experimental.pallas.triton.CompilerParams``), which

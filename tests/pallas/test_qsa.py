@@ -219,15 +219,20 @@ def test_prefill_rows_independent(prefill_path, rng):
 @pytest.mark.parametrize("impl", [i for i in IMPLS if i != "reference"])
 def test_prefill_rows_path_slices(impl, rng, monkeypatch):
     """The ``rows`` path cuts the B*T rows into slices of `api.PREFILL_ROWS` (bounded partial sums): slices of 16
-    rows (2 x 40 rows: 5 slices, the last short and across the segments' boundary) give the bits of one slice."""
+    rows (2 x 44 rows: 6 slices, one across the segments' boundary, the last short) give the bits of one slice; the
+    slice size reaches the compiled function (a new program)."""
     from strata_jax.pallas.qsa import api
 
     monkeypatch.setenv("STRATA_QSA_PREFILL", "rows")
-    args, base = make_prefill(rng, 40, [0, 150])
+    args, base = make_prefill(rng, 44, [0, 150])
     whole = qsa_prefill(*args, top_blocks=PTOP, block=BLOCK, cell_base=base, impl=impl)
+    n_programs = api._qsa_prefill._cache_size()
     monkeypatch.setattr(api, "PREFILL_ROWS", 16)
     sliced = qsa_prefill(*args, top_blocks=PTOP, block=BLOCK, cell_base=base, impl=impl)
+    assert api._qsa_prefill._cache_size() == n_programs + 1, "the slice size did not reach the jitted function"
     assert_bits_equal(sliced, whole, "slices of 16 rows")
+    want, _ = prefill64(args, base)
+    assert_close_rel(sliced, want, 1e-5, f"{impl} rows path in slices")
 
 
 @pytest.mark.parametrize("impl", [i for i in IMPLS if i != "reference"])
@@ -277,6 +282,12 @@ def test_prefill_errors(rng):
         mp.setenv("STRATA_QSA_PREFILL", "blocks")
         with pytest.raises(UnsupportedError, match="STRATA_QSA_PREFILL"):
             qsa_prefill(q, k, v, iq, pooled, n_kv, nc, impl="interpret")
+        # the rows path takes any block size: blocks of 3 as the reference computes them
+        mp.setenv("STRATA_QSA_PREFILL", "rows")
+        pooled3 = pooled[:, : PN // 3]
+        got = qsa_prefill(q, k, v, iq, pooled3, n_kv, n_kv // 3, top_blocks=PTOP, block=3, impl="interpret")
+        want = qsa_prefill(q, k, v, iq, pooled3, n_kv, n_kv // 3, top_blocks=PTOP, block=3, impl="reference")
+        assert_close_rel(got, want, 1e-5, "rows path, blocks of 3")
 
 
 @pytest.mark.parametrize("window", [0, 5], ids=["causal", "sliding5"])

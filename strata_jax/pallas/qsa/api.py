@@ -38,23 +38,26 @@ rows (each the rows of one sequence, usually at consecutive positions): ``q`` [B
 the B*T rows. Two kernel paths (``STRATA_QSA_PREFILL``, `prefill_variant`):
 
 * ``rows`` (the default): `qsa_attention`'s kernel path over the B*T rows (one program per (row, kv head, split of
-  the row's selected cells)), in slices of `PREFILL_ROWS` rows so that its per-split partial sums stay small. Its
-  work follows the cells each row selects. On the H100 (2026-12-06, `experiments/bench_kernels.py --only
-  qsa_prefill`: a 512-row chunk at 8,192 cells, Flash-Next shapes) 4.2 ms against 106.6 ms for ``tiles``.
+  the row's selected cells)), in slices of `PREFILL_ROWS` rows so that its per-split partial sums stay small (~2 MB
+  per row at Flash-Next's shapes). Its work follows the cells each row selects (the kernel a verify window runs,
+  with the same cell-list length). On the H100 (2026-12-06, `experiments/bench_kernels.py --only qsa_prefill`: a
+  512-row chunk at 8,192 cells, Flash-Next shapes) 4.2 ms against 106.6 ms for ``tiles``.
 * ``tiles`` (`prefill`): scores as tiled products, selection in jnp, a block-sparse flash-attention kernel over key
   tiles at fixed cells (tensor-core products for tiles of query rows); it needs ``block`` a power of two <= 16. It
   runs every key tile any row of a query tile selects, so scattered selections cost it the whole cache.
 
 On either, row t's result depends only on its own inputs and compile-time constants, not on T, B or the other rows;
 the two need not give the same bits for a row (other summation orders; both agree with float64 to ~1e-5 relative).
+`prefill_variant` reads ``STRATA_QSA_PREFILL`` on every call, the reference path's included.
 
 ``attend_cells(q, k_cache, v_cache, cells, *, scale=None, impl="auto") -> float32 [T, Hq, D]``: the attention part
 alone, over an explicit cell list int32 [T, C] (-1 = none; every row must list at least one cell): what the dense
 (unindexed) attention layers run on the kernel path, with each row's causal cells listed
 (`strata_jax.layers.attention`). Its kernel's split layout depends on C only.
 
-Errors: `strata_jax.errors.UnsupportedError` for inconsistent shapes, an unknown impl, or impl="kernel"/"interpret"
-where the kernel cannot serve (D not a power of two >= 16, Hq not a multiple of Hkv).
+Errors: `strata_jax.errors.UnsupportedError` for inconsistent shapes, an unknown impl, an unknown
+``STRATA_QSA_PREFILL``, or impl="kernel"/"interpret" where the kernel cannot serve (D not a power of two >= 16, Hq
+not a multiple of Hkv; ``tiles``: ``block`` not a power of two <= 16).
 """
 
 from __future__ import annotations
@@ -127,33 +130,46 @@ def qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_bloc
                 block=block, scale=scale, path=path, poison=dispatch.poisoning())
 
 
+PREFILL_VARIANTS = ("rows", "tiles")
+# rows per slice of the ``rows`` path: its per-split partial sums take ~2 MB per row at Flash-Next's shapes (2 kv
+# heads x 65 splits x 16 heads x 256 floats), ~0.5 GB per slice
+PREFILL_ROWS = 256
+
+
+def prefill_variant() -> str:
+    """``STRATA_QSA_PREFILL``: the kernel path of `qsa_prefill`, ``rows`` (default) or ``tiles`` (module
+    docstring). Read when a call is traced.
+
+    Raises:
+      UnsupportedError: another value."""
+    return dispatch.env_choice("STRATA_QSA_PREFILL", "rows", PREFILL_VARIANTS)
+
+
 @functools.partial(jax.jit, static_argnames=("top_blocks", "block", "scale", "path", "poison", "variant",
                                              "slice_rows"))
 def _qsa_prefill(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_base, *, top_blocks, block, scale, path,
                  poison, variant, slice_rows):
     B, T = q.shape[:2]
-    if path == "reference":
-        rows = lambda a: a.reshape(B * T, *a.shape[2:])
-        seg = jnp.repeat(jnp.arange(B, dtype=jnp.int32), T)
-        o = _ref.qsa_attention(rows(q), k_cache, v_cache, rows(iq), pooled, rows(n_kv), rows(n_complete),
-                               top_blocks=top_blocks, block=block, scale=scale, seg=seg,
-                               cell_base=jnp.repeat(cell_base.astype(jnp.int32), T))
-        return o.reshape(q.shape)
     interpret = path == "interpret"
-    with dispatch.poison_outputs(poison):
-        if variant == "tiles":
+    if path != "reference" and variant == "tiles":
+        with dispatch.poison_outputs(poison):
             return _p.qsa_prefill_kernel(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_base,
                                          top_blocks=top_blocks, block=block, scale=scale, interpret=interpret)
-        rows = lambda a: a.reshape(B * T, *a.shape[2:])
-        seg = jnp.repeat(jnp.arange(B, dtype=jnp.int32), T)
-        base = jnp.repeat(cell_base.astype(jnp.int32), T)
-        args = [rows(q), rows(iq), rows(n_kv), rows(n_complete), seg, base]
-        outs = []
+    rows = lambda a: a.reshape(B * T, *a.shape[2:])
+    seg = jnp.repeat(jnp.arange(B, dtype=jnp.int32), T)
+    base = jnp.repeat(cell_base.astype(jnp.int32), T)
+    if path == "reference":
+        o = _ref.qsa_attention(rows(q), k_cache, v_cache, rows(iq), pooled, rows(n_kv), rows(n_complete),
+                               top_blocks=top_blocks, block=block, scale=scale, seg=seg, cell_base=base)
+        return o.reshape(q.shape)
+    args = [rows(q), rows(iq), rows(n_kv), rows(n_complete), seg, base]
+    outs = []
+    with dispatch.poison_outputs(poison):
         for r0 in range(0, B * T, slice_rows):  # static slices: each row's programs are its own
             qs, iqs, nkv, nc, sg, cb = (a[r0:r0 + slice_rows] for a in args)
             outs.append(_qsa_rows(qs, k_cache, v_cache, iqs, pooled, nkv, nc, sg, cb, top_blocks=top_blocks,
                                   block=block, scale=scale, interpret=interpret))
-        return jnp.concatenate(outs).reshape(q.shape) if len(outs) > 1 else outs[0].reshape(q.shape)
+    return jnp.concatenate(outs).reshape(q.shape)
 
 
 def qsa_prefill(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks: int = 512, block: int = 4,
@@ -186,18 +202,6 @@ def qsa_prefill(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks
                         block=block, scale=scale, path=path, poison=dispatch.poisoning(), variant=variant,
                         slice_rows=PREFILL_ROWS)
 
-
-PREFILL_VARIANTS = ("rows", "tiles")
-PREFILL_ROWS = 512  # rows per slice of the ``rows`` path (its partial sums: ~1 MB per row at Flash-Next's shapes)
-
-
-def prefill_variant() -> str:
-    """``STRATA_QSA_PREFILL``: the kernel path of `qsa_prefill`, ``rows`` (default) or ``tiles`` (module
-    docstring). Read when a call is traced.
-
-    Raises:
-      UnsupportedError: another value."""
-    return dispatch.env_choice("STRATA_QSA_PREFILL", "rows", PREFILL_VARIANTS)
 
 
 def _attend_why_not(q, k_cache, v_cache):

@@ -85,7 +85,7 @@ PREFILL = Config(target_programs=1)
 GEMV_TC = Config(BN=32, BM=16, target_programs=2112)   # the tensor-core GEMV: 1..8 rows padded to 16
 # grouped experts: a few rows per expert in a chunk. KB = 64 by measurement (H100, 2026-12-06, bench_kernels.py
 # --only moe_prefill, Flash-Next experts, 512 rows, bf16x2): 3.03 ms per MoE block against 3.48 at the KB = 128 of
-# KBLOCK_SMALL_BM, 3.27 with BN = 128, 3.74 with 32-row tiles; the unit kernel 5.13
+# KBLOCK_SMALL_BM, 3.27 with BN = 128, 3.74 with 32-row tiles (KB = 128); the unit kernel 5.13
 MOE_PREFILL = Config(BN=64, BM=16, KB=64, target_programs=1)
 # The K-block kernel's prefill tiles, picked by measurement (H100, 2026-12-05, experiments/bench_kernels.py --only
 # prefill, `KBLOCK_SWEEP` there; experiments/RESULTS.md): BN = 64 weight rows x BM = 128 activation rows, KB = 64,
@@ -110,9 +110,10 @@ def gemm_variant() -> str:
 def kblock_config(qtype, n_out: int, k_in: int, BM: int | None = None,
                   target_programs: int | None = None) -> Config:
     """The K-block kernel's launch parameters for a weight: `KBLOCK_PREFILL` for prefill tiles (``BM`` None), or
-    the caller's ``BM`` (row tiles of 16 for MoE prefill and the tensor-core GEMV) with `KBLOCK_SMALL_BM`'s BN /
-    KB / warps / stages when BM <= 32; the caller's ``target_programs`` if given; ``KB`` halved until it divides
-    K (`kblock_size`). A function of (format, n_out, K, BM, target_programs) only, never of the row count."""
+    the caller's ``BM`` (row tiles of 16 for the tensor-core GEMV; `MOE_PREFILL` sets its own KB) with
+    `KBLOCK_SMALL_BM`'s BN / KB / warps / stages when BM <= 32; the caller's ``target_programs`` if given; ``KB``
+    halved until it divides K (`kblock_size`). A function of (format, n_out, K, BM, target_programs) only, never
+    of the row count."""
     del qtype, n_out   # one choice for all weights until the sweep says otherwise
     base = KBLOCK_PREFILL if BM is None or BM > 32 else KBLOCK_SMALL_BM
     cfg = dataclasses.replace(base, BM=base.BM if BM is None else BM,
