@@ -33,8 +33,8 @@ mode (the kernel path: by default the window's kernel over the chunk's rows, or 
 tiled indexer scores and a block-sparse flash-attention kernel on tensor cores; the reference path: the same
 reference as a window's), each called once for all B*T rows (each row reads its own slot's part of the flat
 caches). Both paths compute every row alone (the row does not depend on the other rows, T or B), in window and
-prefill mode alike; with ``tiles`` a prefill row and a window row at the same position need not agree bit for bit
-(different kernels, each within ~1e-5 of float64).
+prefill mode alike; on the kernel path a prefill row and a window row at the same position need not agree bit for
+bit (other split layouts or kernels, each within ~1e-5 of float64).
 """
 
 from __future__ import annotations

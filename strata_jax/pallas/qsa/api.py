@@ -38,10 +38,11 @@ rows (each the rows of one sequence, usually at consecutive positions): ``q`` [B
 the B*T rows. Two kernel paths (``STRATA_QSA_PREFILL``, `prefill_variant`):
 
 * ``rows`` (the default): `qsa_attention`'s kernel path over the B*T rows (one program per (row, kv head, split of
-  the row's selected cells)), in slices of `PREFILL_ROWS` rows so that its per-split partial sums stay small (~2 MB
-  per row at Flash-Next's shapes). Its work follows the cells each row selects (the kernel a verify window runs,
-  with the same cell-list length). On the H100 (2026-12-06, `experiments/bench_kernels.py --only qsa_prefill`: a
-  512-row chunk at 8,192 cells, Flash-Next shapes) 4.2 ms against 106.6 ms for ``tiles``.
+  the row's selected cells)), with `PREFILL_ATTEND`'s 16 splits per row (a window's rows take 65 at Flash-Next's
+  shapes), in slices of `PREFILL_ROWS` rows so that the partial sums stay small (~0.5 MB per row). Its work
+  follows the cells each row selects. On the H100 (2026-12-06, `experiments/bench_kernels.py --only qsa_prefill`,
+  Flash-Next shapes, 512 rows): 3.9 ms at the end of 8,192 cells and 1.0 ms as a prompt's first chunk, against
+  106.6 / 4.0 ms for ``tiles`` (and 4.2 / 1.5 ms with a window's 65 splits).
 * ``tiles`` (`prefill`): scores as tiled products, selection in jnp, a block-sparse flash-attention kernel over key
   tiles at fixed cells (tensor-core products for tiles of query rows); it needs ``block`` a power of two <= 16. It
   runs every key tile any row of a query tile selects, so scattered selections cost it the whole cache.
@@ -131,9 +132,13 @@ def qsa_attention(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_bloc
 
 
 PREFILL_VARIANTS = ("rows", "tiles")
-# rows per slice of the ``rows`` path: its per-split partial sums take ~2 MB per row at Flash-Next's shapes (2 kv
-# heads x 65 splits x 16 heads x 256 floats), ~0.5 GB per slice
-PREFILL_ROWS = 256
+# The ``rows`` path's launch parameters: 16 splits of a row's cell list, 32 cells per step, 8 warps (H100,
+# 2026-12-06: 0.67x the time of the window's layout for a first chunk, 0.92x at 8,192 cells; a quarter of the
+# partial sums to merge). A function of the prefill path alone, never of the rows.
+PREFILL_ATTEND = _k.AttendConfig(NC=32, max_split=16, num_warps=8, num_stages=2, tag="_prefill")
+# rows per slice of the ``rows`` path: the partial sums take ~0.5 MB per row at Flash-Next's shapes (2 kv heads x
+# 16 splits x 16 heads x 256 floats), ~256 MB per slice
+PREFILL_ROWS = 512
 
 
 def prefill_variant() -> str:
@@ -168,7 +173,7 @@ def _qsa_prefill(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, cell_base, *
         for r0 in range(0, B * T, slice_rows):  # static slices: each row's programs are its own
             qs, iqs, nkv, nc, sg, cb = (a[r0:r0 + slice_rows] for a in args)
             outs.append(_qsa_rows(qs, k_cache, v_cache, iqs, pooled, nkv, nc, sg, cb, top_blocks=top_blocks,
-                                  block=block, scale=scale, interpret=interpret))
+                                  block=block, scale=scale, interpret=interpret, attend_cfg=PREFILL_ATTEND))
     return jnp.concatenate(outs).reshape(q.shape)
 
 
