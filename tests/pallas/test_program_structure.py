@@ -78,7 +78,8 @@ def test_kernel_path_programs(monkeypatch):
         assert rep.kernels, f"{what}: no Pallas kernel on the kernel path"
         names = set(rep.kernels)
         gdn = ("gdn_chunk_prepare", "gdn_chunk_carry") if kind == "prefill" else ("gdn_scan",)
-        qsa = ("qsa_scores_prefill", "qsa_attend_prefill") if kind == "prefill" else ("qsa_attend",)
+        # prefill: the rows path of qsa_prefill (STRATA_QSA_PREFILL's default), with its own split layout
+        qsa = ("qsa_scores", "qsa_attend_rows_prefill") if kind == "prefill" else ("qsa_attend",)
         for fam in ("qmatmul_", *gdn, *qsa, "rows_rms_norm"):
             assert any(n.startswith(fam) for n in names), f"{what}: no {fam} kernel in {sorted(names)}"
         assert not rep.xla_while, f"{what}: XLA while loops (traced trip counts): {rep.xla_while}"
@@ -88,7 +89,7 @@ def test_kernel_path_programs(monkeypatch):
         assert not rep.sliced_operands, f"{what}: kernel operands copied from slices: {rep.sliced_operands}"
         # the MoE router's top-k is a rows kernel with its softmax (rows.softmax_top_k; XLA:GPU ran jax.lax.top_k
         # as a sort and a slice); the top_k left is the QSA indexer's, one per attention layer
-        n_att = sum(n == "qsa_attend" or n == "qsa_attend_prefill" for n in rep.kernels)
+        n_att = sum(n.startswith("qsa_attend") for n in rep.kernels)
         assert rep.ops.get("top_k", 0) == n_att, f"{what}: {rep.ops.get('top_k', 0)} top_k, {n_att} QSA layers"
         assert "rows_softmax_top_k" in names and "rows_softmax" not in names, f"{what}: {sorted(names)}"
         # the GDN's q / k norms, scale and v-head repeat are one rows kernel (rows.qk_l2_norm), no l2 norm left

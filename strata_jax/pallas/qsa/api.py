@@ -135,7 +135,7 @@ PREFILL_VARIANTS = ("rows", "tiles")
 # The ``rows`` path's launch parameters: 16 splits of a row's cell list, 32 cells per step, 8 warps (H100,
 # 2026-12-06: 0.67x the time of the window's layout for a first chunk, 0.92x at 8,192 cells; a quarter of the
 # partial sums to merge). A function of the prefill path alone, never of the rows.
-PREFILL_ATTEND = _k.AttendConfig(NC=32, max_split=16, num_warps=8, num_stages=2, tag="_prefill")
+PREFILL_ATTEND = _k.AttendConfig(NC=32, max_split=16, num_warps=8, num_stages=2, tag="_rows_prefill")
 # rows per slice of the ``rows`` path: the partial sums take ~0.5 MB per row at Flash-Next's shapes (2 kv heads x
 # 16 splits x 16 heads x 256 floats), ~256 MB per slice
 PREFILL_ROWS = 512
