@@ -277,14 +277,14 @@ KBLOCK_TYPES = [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q2_K, Q.Q4_0, Q.IQ4_XS, Q.IQ2_S, Q.F16
 @pytest.mark.parametrize("qtype", KBLOCK_TYPES, ids=lambda q: q.name)
 def test_kblock_accuracy(impl, qtype, rng):
     """The K-block GEMM against float64 of gguf-py's weights at each precision, outputs poisoned first: the
-    prefill tiles (37 rows in one 128-row tile, 40 output rows in a partial 128-row weight tile), the 16-row tiles
-    of the tensor-core GEMV (3 tiles, KB = 128) and of MoE prefill (`gemm.MOE_PREFILL`, KB = 64); bf16 must be
-    measurably worse."""
+    prefill tiles (37 rows in one 128-row tile, 40 output rows in a partial 128-row weight tile) and the 16-row
+    tiles of the tensor-core GEMV (3 tiles, KB = 128; MoE prefill's `gemm.MOE_PREFILL`, KB = 64, is the tile-path
+    test's config); bf16 must be measurably worse."""
     interpret = impl == "interpret"
     n_out, k_in = 40, 512
     w, w64 = _weight(rng, qtype, n_out, k_in)
     x = rng.standard_normal((37, k_in)).astype(np.float32)
-    for cfg in (None, gemm.kblock_config(qtype, n_out, k_in, BM=16), gemm.MOE_PREFILL):
+    for cfg in (None, gemm.kblock_config(qtype, n_out, k_in, BM=16)):
         for prec, tol in GEMM_BOUNDS.items():
             with dispatch.poison_outputs():
                 y = gemm.gemm(jnp.asarray(x), w, qtype, n_out, k_in, interpret=interpret, precision=prec,
