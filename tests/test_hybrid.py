@@ -237,6 +237,23 @@ def test_qwen4exp_ple_row_ids_match_hf():
     np.testing.assert_array_equal(np.concatenate([a, b]), ref["ple_row_ids"])
 
 
+def test_qwen4exp_ple_gather_from_a_device_table():
+    """`PleTable.gather` from a table held as a device array (random weights made on the device) returns the
+    memory map's rows, gathered on the device (a jax.Array: nothing read back), for two segments of 5 tokens."""
+    _need(FIX / "qwen4exp_q8_0.gguf")
+    g = open_gguf(FIX / "qwen4exp_q8_0.gguf")
+    tab = HybridStage.ple_table(g, config_from_gguf(g))
+    rng = np.random.default_rng(7)
+    prev = np.stack([tab.start_prev(), rng.integers(0, 200, tab.start_prev().shape)])
+    toks = rng.integers(0, 200, (2, 5))
+    host = tab.gather(prev, toks)
+    assert isinstance(host, np.ndarray) and host.dtype == np.uint8 and host.shape[:2] == (2, 5)
+    tab.raw = jnp.asarray(tab.raw)
+    dev = tab.gather(prev, toks)
+    assert isinstance(dev, jax.Array) and dev.dtype == jnp.uint8
+    np.testing.assert_array_equal(np.asarray(dev), host)
+
+
 def test_qwen4exp_qsa_selection_matches_hf():
     """The indexer's per-query cell selection in prefill equals HF's selected-token mask for the prompt."""
     _need(FIX / "qwen4exp_f32.gguf")

@@ -150,12 +150,16 @@ class PLETable:
         return ple_row_ids(np.asarray(prev), np.asarray(tokens), eos=self.eos, mult=self.mult, sizes=self.sizes,
                            offsets=self.offsets, heads_per_ngram=self.hpn)
 
-    def gather(self, prev, tokens) -> np.ndarray:
+    def gather(self, prev, tokens):
         """Stored rows for a window: prev int [B, ngram_size-1] (each segment's slot's committed predecessors,
-        oldest first), tokens int [B, T] -> uint8 [B, T, n_heads, row_bytes]."""
+        oldest first), tokens int [B, T] -> uint8 [B, T, n_heads, row_bytes]: host numpy from a file's memory map;
+        from a table that is a device array (random weights made on the device, `strata_jax.testing`) a device
+        array, gathered there (reading the rows back made the host wait for the device before every call)."""
         tokens = np.asarray(tokens)
         ids = np.stack([self.row_ids(p, t) for p, t in zip(np.asarray(prev), tokens)])
-        return np.ascontiguousarray(self.raw[ids])
+        if isinstance(self.raw, np.ndarray):
+            return np.ascontiguousarray(self.raw[ids])
+        return self.raw[ids]
 
     def advance(self, prev, tokens, keep: int) -> np.ndarray:
         """The predecessors after committing the first ``keep`` of ``tokens`` (one segment)."""

@@ -317,7 +317,7 @@ class Engine:
         dev = stage.device
         extra = None
         if self.ple is not None and index == self.ple.stage:
-            extra = {"ple": self.ple.rows_for(kind, tokens, rows)}
+            extra = {"ple": _place(self.ple.rows_for(kind, tokens, rows), dev)}  # (a device table's rows: moved)
         rows_d = _place(rows, dev)
         tokens_d = _place(tokens, dev, commit=True)
         x_d = tokens_d if x is tokens else _place(x, dev, commit=True)
