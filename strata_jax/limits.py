@@ -6,7 +6,8 @@ PREFILL_CHUNK = 128  # the default of --prefill_chunk on a CPU (rows per prefill
 # ... and on a GPU, where the context holds it: on the H200 a 512-row chunk read the 1.5B shape 2.5x (512-token
 # prompt) to 3x (8192) faster than 128 rows (experiments/RESULTS.md, 2026-12-02 fourth session)
 PREFILL_CHUNK_GPU = 512
-PREFILL_CHUNK_STEP = 16  # chunks are a multiple of this: the row tiles of the prefill kernels (GEMM, QSA tiles) divide it
+# chunks are a multiple of this: the row tiles of the prefill kernels (GEMM, QSA tiles) divide it
+PREFILL_CHUNK_STEP = 16
 TOP_K_MAX = 1024
 TOP_K_DEFAULT = 64  # what top_k 0 means (Strata's cap)
 SEED_MAX = 2 ** 32 - 1  # seeds are 32-bit (the device key); the command line refuses others

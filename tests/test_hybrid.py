@@ -238,7 +238,7 @@ def test_qwen4exp_ple_row_ids_match_hf():
 
 
 def test_qwen4exp_ple_gather_from_a_device_table():
-    """`PleTable.gather` from a table held as a device array (random weights made on the device) returns the
+    """`PLETable.gather` from a table held as a device array (random weights made on the device) returns the
     memory map's rows, gathered on the device (a jax.Array: nothing read back), for two segments of 5 tokens."""
     _need(FIX / "qwen4exp_q8_0.gguf")
     g = open_gguf(FIX / "qwen4exp_q8_0.gguf")

@@ -120,7 +120,8 @@ class PleHost:
         self._dev.pop(slot, None)
 
     def rows_for(self, kind: str, tokens, rows: Rows):
-        """The table rows of a window's tokens, uint8 [B, T, n_heads, row_bytes] (host numpy; `PleTable.gather`).
+        """The table rows of a window's tokens, uint8 [B, T, n_heads, row_bytes] (`PLETable.gather`: host numpy,
+        or a device array when the table is one).
 
         Steps and prefill chunks commit every valid row at once, so the slots' predecessors advance here; a verify
         window's advance in `commit` by its kept rows only (its tokens are remembered until then).

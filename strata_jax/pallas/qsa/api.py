@@ -208,7 +208,6 @@ def qsa_prefill(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks
                         slice_rows=PREFILL_ROWS)
 
 
-
 def _attend_why_not(q, k_cache, v_cache):
     return lambda: _k.why_not(q.shape[1], k_cache.shape[1], q.shape[2], k_cache.shape[0],
                               [q.dtype, k_cache.dtype, v_cache.dtype])
