@@ -34,7 +34,7 @@
 # realfile_write (../shared/tools/make_qwen4exp_gguf.py, carried in .carry/tools, writes /tmp/flash.gguf: the
 # Flash-Next shape with random blocks, REAL_LAYERS layers (48: 53.6 GB, ~2 min); a file already there from an earlier
 # call on a warm machine is reused unless REAL_REWRITE=1), realfile_generate (strata-generate --model on it, 64 tokens,
-# --decode_steps as the GPU's default), realfile_batch (--batch 4 --max_context 8192: 4 requests of 64 tokens) and
+# --decode_steps as the GPU's default), realfile_prefill (bench_prefill.py on it: REAL_PROMPTS in chunks of 512), realfile_batch (--batch 4 --max_context 8192: 4 requests of 64 tokens) and
 # realfile_anchor (llama-bench on the same file, REPS=2; the llama.cpp build starts at the top of the call); each
 # under REALFILE_S; only when named in PARTS. ANCHOR_WAIT_EARLY=0 lets the parts after pallas run beside the llama.cpp
 # build (its 16 compile jobs made the first calls' compiles 2.6x slower on 2026-12-03: keep timed parts after it). Pick parts with PARTS="random_gguf probe
@@ -248,6 +248,10 @@ for r in range(4): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500 
       fi
       part realfile_batch ${REALFILE_S:-300} $NEW python3 -m strata_jax.cli.generate --model $REAL --batch 4 \
         --prompts_file "$OUT/realfile_prompts.jsonl" --max_context 8192 --stats_json "$OUT/realfile_batch.json"
+      # prompt reading on the same file (issue 14's Flash-Next ratio): 512 / 2048 tokens in chunks of 512
+      part realfile_prefill ${REALFILE_S:-300} $NEW python3 experiments/bench_prefill.py --model $REAL \
+        --prompts ${REAL_PROMPTS:-512,2048} --chunks 512 --repeats 2 --budget_s $(( ${REALFILE_S:-300} - 20 )) \
+        --out "$OUT/realfile_prefill.json"
       part realfile_anchor ${REALFILE_S:-300} env REPS=2 bash .carry/anchor/anchor.sh bench $REAL
     fi
     # issue 12 item 5: every function of the full-size Flash-Next model compiled cold (an empty XLA cache of its
@@ -416,6 +420,11 @@ try:
         print("llama.cpp " + " ".join(ln.split()))
 except OSError:
     rows = []
+p = load("realfile_prefill.json")
+if p:
+    print("real file, prefill (bench_prefill.py):")
+    for ln in p.get("table", []):
+        print("  " + ln)
 p = load("prefill.json")
 if p:
     for ln in p.get("table", []):
