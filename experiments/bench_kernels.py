@@ -31,7 +31,7 @@ synchronised with block_until_ready):
       sweep_planar  launch configurations of the planar GEMV and the tensor-core GEMVs (BN / G / warps / K
                     splits; tc16 also at bf16x2).
       gdn_prefill   GDN prefill at T = 128 / 512 / 2048 at the models' GDN shapes (configs/geometries): the step
-                    recurrence kernel (gdn_scan) vs the chunked kernels (gdn/chunked.py, two launch variants) vs the
+                    recurrence kernel (gdn_scan) vs the chunked kernels (gdn/chunked.py, launch variants) vs the
                     chunked jnp reference; also TFLOP/s of the chunked products.
       moe_prefill   MoE prefill of a 512-row chunk at the Flash-Next experts (uniform and skewed router ids): both
                     GEMM kernels x bf16 / bf16x2 / bf16x3, K-block launch configs, 32-row tiles.
@@ -249,8 +249,9 @@ def _gdn_inputs(rng, B, T, H, Dk, Dv):
 def bench_gdn_prefill(b: Bench, small: bool, rng):
     """GDN prefill at T = 128 / 512 / 2048 rows of one segment, at the GDN shapes of configs/geometries
     (Qwen3.8-Flash-Next: 48 v-heads, Qwen3.6: 32, Dk = Dv = 128): ``scan`` (the step recurrence `kernel.gdn_scan`,
-    gdn_chunked's kernel before the chunked kernels), ``chunked`` (`chunked.gdn_chunked_kernel`, BV = 32, 4 warps)
-    and two launch variants of it, ``jnp`` (the chunked reference). TFLOP/s counts the chunked algorithm's tile
+    gdn_chunked's kernel before the chunked kernels), ``chunked`` (`chunked.gdn_chunked_kernel` with its defaults:
+    blocked solve, split carry) and its launch variants (``rows_fused``: the one-row-per-step solve and the outputs
+    inside the chunk loop, the kernels before 2026-12-06c), ``jnp`` (the chunked reference). TFLOP/s counts the chunked algorithm's tile
     products (gram, u, w, w S, q k^T, q S, P delta, k^T delta)."""
     from strata_jax.pallas.gdn import chunked as GC, kernel as GK, reference as GR
     from strata_jax.testing.random_weights import load_geometry
@@ -267,11 +268,17 @@ def bench_gdn_prefill(b: Bench, small: bool, rng):
     slot = jnp.arange(B, dtype=jnp.int32)
     n = jnp.full((B,), 0, jnp.int32)  # not read (masked=False): every row runs
     fns = {"scan": jax.jit(lambda S0, q, k, v, g, beta: GK.gdn_scan(n, slot, S0, q, k, v, g, beta, want_o=True,
-                                                                   want_S=True, interpret=it, masked=False)),
-           "chunked": jax.jit(lambda *a: GC.gdn_chunked_kernel(slot, *a, interpret=it))}
+                                                                   want_S=True, interpret=it, masked=False))}
+    # launch variants (gdn_chunked_kernel's keywords): the default first; rows_fused = the kernels before 2026-12-06c
+    variants = {"chunked": {}, "rows_fused": dict(solve="rows", carry="fused"),
+                "blocked_fused": dict(carry="fused"), "rows_split": dict(solve="rows")}
     if not small:
-        fns["chunked_w8"] = jax.jit(lambda *a: GC.gdn_chunked_kernel(slot, *a, interpret=it, num_warps=8))
-        fns["chunked_bv64"] = jax.jit(lambda *a: GC.gdn_chunked_kernel(slot, *a, interpret=it, BV=64))
+        variants.update({
+            "split_bv64": dict(BV=64), "split_bv16": dict(BV=16), "split_out128": dict(BV_out=128, out_warps=8),
+            "split_out32": dict(BV_out=32), "split_st2": dict(state_stages=2), "split_w8": dict(num_warps=8),
+            "fused_bv64": dict(carry="fused", BV=64)})
+    for vname, kw in variants.items():
+        fns[vname] = jax.jit(lambda *a, kw=kw: GC.gdn_chunked_kernel(slot, *a, interpret=it, **kw))
     fns["jnp"] = jax.jit(lambda *a: GR.gdn_chunked(*a))
     C = GC.CHUNK
     for name, H, Dk, Dv in shapes:

@@ -1,25 +1,31 @@
 """Chunked Pallas kernels for the gated delta rule in prefill (Triton lowering on GPU; interpret mode elsewhere).
 
 The maths of `reference.gdn_chunked` (the WY / UT-transform form, after HF ``torch_chunk_gated_delta_rule``) as
-two kernels on [C, D] tiles, C = `CHUNK` rows (a compile-time constant), so the products run on tensor cores:
+kernels on [C, D] tiles, C = `CHUNK` rows (a compile-time constant), so the products run on tensor cores:
 
-1. `_prepare_kernel`, one program per (segment b, v-head h, chunk c), all chunks in parallel. With
-   ``G = cumsum(g)`` over the chunk's rows (log decay since the chunk's start) and the strictly lower-triangular
+1. `_prepare_blocked_kernel` (``solve="blocked"``, the default) or `_prepare_kernel` (``solve="rows"``), one
+   program per (segment b, v-head h, chunk c), all chunks in parallel. With ``G = cumsum(g)`` over the chunk's
+   rows (log decay since the chunk's start) and the strictly lower-triangular
 
        L[i, j] = beta_i exp(G_i - G_j) k_i . k_j        (j < i),
 
-   the UT transform ``A = (I + L)^-1`` is computed by forward substitution, one row per step in a fixed order
-   (``A[i] = e_i - sum_{j<i} L[i, j] A[j]``: as stable as a triangular solve, no powers of L), and the program
-   writes ``u = A (beta v)`` [C, Dv], ``w = A (beta exp(G) k)`` [C, Dk] and G [C] (the carry kernel reads G
-   rather than summing again: both kernels use the same bits).
-2. `_carry_kernel`, one program per (segment b, v-head h, tile of BV value columns), looping over the chunks in
-   order with its [Dk, BV] slice of the state S in registers (float32):
+   the UT transform ``A = (I + L)^-1`` is a triangular solve in a fixed order: "rows" takes one row of A per step
+   (``A[i] = e_i - sum_{j<i} L[i, j] A[j]``, 63 steps on [C, C] tiles on the vector units), "blocked" inverts the
+   `SOLVE_BLOCK`-row diagonal blocks that way and forms the blocks below them with tile products
+   (``A_ij = -A_ii sum_m L_im A_mj``; as stable as a triangular solve, no powers of L). The program writes
+   ``u = A (beta v)`` [C, Dv], ``w = A (beta exp(G) k)`` [C, Dk] and G [C] (the later kernels read G rather than
+   summing again: every kernel uses the same bits).
+2. The state carried over the chunks in order, one program per (segment b, v-head h, tile of BV value columns)
+   with its [Dk, BV] slice of the state S in registers (float32):
 
        delta = u - w S                                  (the chunk's delta-rule corrections)
        o     = (exp(G) q) S + P delta,   P[i, j] = exp(G_i - G_j) q_i . k_j   (j <= i, else 0)
        S     = exp(G_last) S + (exp(G_last - G) k)^T delta
 
-   A column of S only depends on the same column of S, so the Dv tiles are independent (each recomputes P).
+   ``carry="split"`` (the default): `_state_kernel` runs only the serial part (delta and S; it stores each
+   chunk's starting state Sc [B, H, n_chunks, Dk, Dv] and delta), then `_output_kernel` forms o for every
+   (chunk, tile of ``BV_out`` columns) in parallel. ``carry="fused"`` (`_carry_kernel`) forms o inside the loop.
+   A column of S only depends on the same column of S, so the Dv tiles are independent.
 
 Arithmetic is float32 throughout. The tile products use `dispatch.f32_dot_precision`: TF32x3 on the tensor cores
 when compiled (three TF32 products: about float32 accuracy), plain float32 in interpret mode. The forward
@@ -104,6 +110,62 @@ def _prepare_kernel(k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, G_ref, *, C, in
     G_ref[b, rows, h] = G
 
 
+def _prepare_blocked_kernel(k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, G_ref, *, C, CB, interpret):
+    """`_prepare_kernel` with a blocked solve: the chunk's C rows as C // CB blocks of CB rows (Python-unrolled).
+
+    (I + L)^-1 = A by blocks: A_ii = (I + L_ii)^-1 (forward substitution on a [CB, CB] tile) and, for i > j,
+    A_ij = -A_ii sum_{m=j}^{i-1} L_im A_mj (tile products on the tensor cores), in a fixed order. G comes from a
+    masked sum over the chunk's g per block (G_i[r] = sum_{j <= i CB + r} g_j), computed once per block and used
+    for every product of that block and for the carry (written to G_ref)."""
+    b = pl.program_id(0)
+    h = pl.program_id(1)
+    base = pl.program_id(2) * C
+    prec = dispatch.f32_dot_precision(interpret)
+    NB = C // CB
+    g = g_ref[b, pl.ds(base, C), h].astype(F32)                     # [C]
+    cb_r = lax.broadcasted_iota(jnp.int32, (CB, C), 0)
+    c_c = lax.broadcasted_iota(jnp.int32, (CB, C), 1)
+    r, s = _iotas(CB)
+    ks, betas, Gs = [], [], []
+    for i in range(NB):
+        rows = pl.ds(base + i * CB, CB)
+        ks.append(k_ref[b, rows, h, :].astype(F32))                 # [CB, Dk]
+        betas.append(beta_ref[b, rows, h].astype(F32))              # [CB]
+        Gs.append(jnp.sum(jnp.where(c_c <= cb_r + i * CB, g[None, :], 0.0), axis=1))  # [CB]
+
+    def L(i, m):  # L_im [CB, CB] (i > m: every entry below the diagonal)
+        gram = _dot(ks[i], ks[m], ((1,), (1,)), prec)
+        return betas[i][:, None] * jnp.exp(Gs[i][:, None] - Gs[m][None, :]) * gram
+
+    A = {}
+    for i in range(NB):
+        # diagonal block: LT[j, i'] = L_ii[i', j] for i' > j (as in _prepare_kernel)
+        gram = _dot(ks[i], ks[i], ((1,), (1,)), prec)
+        upper = s > r
+        LT = jnp.where(upper, betas[i][None, :] * jnp.exp(jnp.where(upper, Gs[i][None, :] - Gs[i][:, None], 0.0))
+                       * gram, 0.0)
+        A[i, i] = _ut_inverse(LT, CB)
+        for j in range(i):
+            acc = _dot(L(i, j), A[j, j], ((1,), (0,)), prec)
+            for m in range(j + 1, i):
+                acc = acc + _dot(L(i, m), A[m, j], ((1,), (0,)), prec)
+            A[i, j] = -_dot(A[i, i], acc, ((1,), (0,)), prec)
+    for i in range(NB):
+        rows = pl.ds(base + i * CB, CB)
+        u = w = None
+        for j in range(i + 1):
+            rows_j = pl.ds(base + j * CB, CB)
+            vb = v_ref[b, rows_j, h, :].astype(F32) * betas[j][:, None]
+            kb = ks[j] * (betas[j] * jnp.exp(Gs[j]))[:, None]
+            du = _dot(A[i, j], vb, ((1,), (0,)), prec)
+            dw = _dot(A[i, j], kb, ((1,), (0,)), prec)
+            u = du if u is None else u + du
+            w = dw if w is None else w + dw
+        u_ref[b, rows, h, :] = u
+        w_ref[b, rows, h, :] = w
+        G_ref[b, rows, h] = Gs[i]
+
+
 def _carry_kernel(slot_ref, S0_ref, q_ref, k_ref, G_ref, w_ref, u_ref, o_ref, S_ref, *, C, n_chunks, BV,
                   interpret):
     b = pl.program_id(0)
@@ -134,42 +196,121 @@ def _carry_kernel(slot_ref, S0_ref, q_ref, k_ref, G_ref, w_ref, u_ref, o_ref, S_
     S_ref[slot, h, :, cols] = S
 
 
+def _state_kernel(slot_ref, S0_ref, k_ref, G_ref, w_ref, u_ref, Sc_ref, d_ref, S_ref, *, C, n_chunks, BV,
+                  interpret):
+    """The serial half of `_carry_kernel`: per chunk, store the state at its start (Sc) and its corrections
+    (delta), then carry the state; the outputs come from `_output_kernel`, all chunks in parallel."""
+    b = pl.program_id(0)
+    h = pl.program_id(1)
+    cols = pl.ds(pl.program_id(2) * BV, BV)
+    prec = dispatch.f32_dot_precision(interpret)
+    slot = slot_ref[b]
+    last = lax.broadcasted_iota(jnp.int32, (C,), 0) == C - 1
+
+    def body(c, S):
+        rows = pl.ds(c * C, C)
+        Sc_ref[b, h, c, :, cols] = S
+        k = k_ref[b, rows, h, :].astype(F32)
+        w = w_ref[b, rows, h, :]                                    # [C, Dk]
+        u = u_ref[b, rows, h, cols]                                 # [C, BV]
+        G = G_ref[b, rows, h]
+        G_last = jnp.sum(jnp.where(last, G, 0.0))
+        delta = u - _dot(w, S, ((1,), (0,)), prec)                  # [C, BV]
+        d_ref[b, rows, h, cols] = delta
+        kd = k * jnp.exp(G_last - G)[:, None]
+        return S * jnp.exp(G_last) + _dot(kd, delta, ((0,), (0,)), prec)
+
+    S = lax.fori_loop(0, n_chunks, body, S0_ref[slot, h, :, cols].astype(F32))
+    S_ref[slot, h, :, cols] = S
+
+
+def _output_kernel(q_ref, k_ref, G_ref, Sc_ref, d_ref, o_ref, *, C, BV, interpret):
+    """o = (exp(G) q) S_c + P delta for one (segment, head, chunk, tile of BV value columns)."""
+    b = pl.program_id(0)
+    h = pl.program_id(1)
+    c = pl.program_id(2)
+    cols = pl.ds(pl.program_id(3) * BV, BV)
+    rows = pl.ds(c * C, C)
+    prec = dispatch.f32_dot_precision(interpret)
+    r, s = _iotas(C)
+    q = q_ref[b, rows, h, :].astype(F32)                            # [C, Dk]
+    k = k_ref[b, rows, h, :].astype(F32)
+    G = G_ref[b, rows, h]
+    S = Sc_ref[b, h, c, :, cols]                                    # [Dk, BV]
+    delta = d_ref[b, rows, h, cols]                                 # [C, BV]
+    P = _decay(G, s <= r) * _dot(q, k, ((1,), (1,)), prec)          # [C, C]
+    o_ref[b, rows, h, cols] = (_dot(q * jnp.exp(G)[:, None], S, ((1,), (0,)), prec)
+                               + _dot(P, delta, ((1,), (0,)), prec))
+
+
 def pad_rows(T: int, C: int = CHUNK) -> int:
     """The padded row count: T rounded up to a multiple of C."""
     return -(-T // C) * C
 
 
+SOLVES = ("blocked", "rows")  # the UT transform: 16-row blocks with tile products / one row per step
+CARRIES = ("split", "fused")  # the chunk loop: state only, outputs in parallel after it / outputs inside the loop
+SOLVE_BLOCK = 16  # rows per diagonal block of the blocked solve (the smallest tensor-core tile)
+
+
 def gdn_chunked_kernel(slot, S0, q, k, v, g, beta, *, interpret: bool, C: int = CHUNK, BV: int | None = None,
-                       num_warps: int = 4):
+                       num_warps: int = 4, solve: str = "blocked", carry: str = "split", BV_out: int = 64,
+                       out_warps: int = 4, state_stages: int = 1):
     """All T rows of each segment b from the state ``S0[slot[b]]``, chunked (see the module docstring).
 
     Args: slot int32 [B] (distinct); S0 [N,H,Dk,Dv] float32; q, k [B,T,H,Dk], v [B,T,H,Dv] float32/bfloat16/
       float16; g, beta [B,T,H] float32. Dk, Dv powers of two >= 16 (`kernel.why_not`), BV (default `block_v`)
-      a power of two >= 16 dividing Dv.
+      a power of two >= 16 dividing Dv. ``solve`` in `SOLVES`, ``carry`` in `CARRIES` (launch variants of the
+      same maths; ``BV_out`` / ``out_warps``: the output kernel's value tile and warps with carry="split";
+      ``state_stages``: Triton's pipelining stages of the chunk loop).
     Returns: (o [B,T,H,Dv] float32, S [N,H,Dk,Dv] float32: S0 with the segments' slots replaced by their states
       after the T rows, written in place).
+    Raises: ValueError for an unknown ``solve`` / ``carry``.
     Not jitted here (the api jits it, with the poisoning flag in the cache key).
     """
+    if solve not in SOLVES or carry not in CARRIES:
+        raise ValueError(f"gdn_chunked_kernel: solve={solve!r} (one of {SOLVES}), carry={carry!r} (one of {CARRIES})")
     B, T, H, Dk = k.shape
     Dv = v.shape[-1]
     BV = BV or block_v(Dv)
+    BV_out = min(BV_out, Dv)
     Tp = pad_rows(T, C)
     if Tp != T:  # zero rows: k = 0, g = 0, beta = 0 change nothing (q, v = 0 keep the padded outputs finite)
         pad = lambda a: jnp.pad(a, [(0, 0), (0, Tp - T)] + [(0, 0)] * (a.ndim - 2))
         q, k, v, g, beta = (pad(a) for a in (q, k, v, g, beta))
     n_chunks = Tp // C
     full = pl.no_block_spec
+    if solve == "blocked":
+        prep = functools.partial(_prepare_blocked_kernel, C=C, CB=min(SOLVE_BLOCK, C), interpret=interpret)
+    else:
+        prep = functools.partial(_prepare_kernel, C=C, interpret=interpret)
     prepare = dispatch.pallas_call(
-        functools.partial(_prepare_kernel, C=C, interpret=interpret),
+        prep,
         out_shape=[jax.ShapeDtypeStruct((B, Tp, H, Dk), F32), jax.ShapeDtypeStruct((B, Tp, H, Dv), F32),
                    jax.ShapeDtypeStruct((B, Tp, H), F32)],
         grid=(B, H, n_chunks), in_specs=[full] * 4, out_specs=[full] * 3, interpret=interpret,
         num_warps=num_warps, num_stages=1, name="gdn_chunk_prepare")
     w, u, G = prepare(k, v, g.astype(F32), beta.astype(F32))
-    carry = dispatch.pallas_call(
-        functools.partial(_carry_kernel, C=C, n_chunks=n_chunks, BV=BV, interpret=interpret),
-        out_shape=[jax.ShapeDtypeStruct((B, Tp, H, Dv), F32), jax.ShapeDtypeStruct(S0.shape, F32)],
-        grid=(B, H, Dv // BV), in_specs=[full] * 7, out_specs=[full] * 2, interpret=interpret,
-        num_warps=num_warps, num_stages=1, name="gdn_chunk_carry", input_output_aliases={1: 1})
-    o, S = carry(slot.astype(jnp.int32), S0.astype(F32), q, k, G, w, u)
+    slot = slot.astype(jnp.int32)
+    if carry == "fused":
+        call = dispatch.pallas_call(
+            functools.partial(_carry_kernel, C=C, n_chunks=n_chunks, BV=BV, interpret=interpret),
+            out_shape=[jax.ShapeDtypeStruct((B, Tp, H, Dv), F32), jax.ShapeDtypeStruct(S0.shape, F32)],
+            grid=(B, H, Dv // BV), in_specs=[full] * 7, out_specs=[full] * 2, interpret=interpret,
+            num_warps=num_warps, num_stages=state_stages, name="gdn_chunk_carry", input_output_aliases={1: 1})
+        o, S = call(slot, S0.astype(F32), q, k, G, w, u)
+    else:
+        state = dispatch.pallas_call(
+            functools.partial(_state_kernel, C=C, n_chunks=n_chunks, BV=BV, interpret=interpret),
+            out_shape=[jax.ShapeDtypeStruct((B, H, n_chunks, Dk, Dv), F32),
+                       jax.ShapeDtypeStruct((B, Tp, H, Dv), F32), jax.ShapeDtypeStruct(S0.shape, F32)],
+            grid=(B, H, Dv // BV), in_specs=[full] * 6, out_specs=[full] * 3, interpret=interpret,
+            num_warps=num_warps, num_stages=state_stages, name="gdn_chunk_state", input_output_aliases={1: 2})
+        Sc, delta, S = state(slot, S0.astype(F32), k, G, w, u)
+        out = dispatch.pallas_call(
+            functools.partial(_output_kernel, C=C, BV=BV_out, interpret=interpret),
+            out_shape=[jax.ShapeDtypeStruct((B, Tp, H, Dv), F32)],
+            grid=(B, H, n_chunks, Dv // BV_out), in_specs=[full] * 5, out_specs=[full], interpret=interpret,
+            num_warps=out_warps, num_stages=1, name="gdn_chunk_output")
+        (o,) = out(q, k, G, Sc, delta)
     return (o if Tp == T else o[:, :T]), S
