@@ -8,7 +8,8 @@ accepted).
   prompt (prefill-mode MTP over every row) yields the same drafts and probabilities (1e-4) as the window-by-window
   catch-up, with windows kept whole (an oracle supplies the proposals while the MTP chain runs).
 * Batch modes with MTP proposals (batch MTP in serial windows, piped MTP, and the MTP chain beside serial and
-  pipelined windows) on a 2-stage split: every request decodes its solo tokens.
+  pipelined windows) on a 2-stage split: every request decodes its solo tokens (qwen4exp's decoded alone on the
+  one-device engine).
 """
 
 from pathlib import Path
@@ -152,7 +153,11 @@ def test_mtp_batch_modes_exact(tmp_path_factory, arch, mode):
     reqs = bx.workload(prompts, 8, sampled=True)
     reqs[0].sampling = bx.GREEDY
     if arch not in _SOLO:
-        _SOLO[arch] = {i: bx.solo_tokens(eng, r) for i, r in enumerate(reqs)}
+        # qwen4exp's solo references come from the file's one-device engine (same MTP file), whose solo programs the
+        # tests above compiled already (a split gives the one-device tokens: tests/test_split.py); qwen3next has
+        # no such engine here, so its solo references decode on the split engine itself
+        solo_eng = _engine(tmp_path_factory, arch) if arch == "qwen4exp" else eng
+        _SOLO[arch] = {i: bx.solo_tokens(solo_eng, r) for i, r in enumerate(reqs)}
     kw = {"batch_mtp": dict(batch_mtp=True), "piped_mtp": dict(piped_mtp=2), "pipelined": {}}[mode]
     res = resolve_groups(eng.n_slots, len(eng.stages), **kw)
     assert res.mode == mode, res.message
