@@ -607,7 +607,7 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
     experts, top-10) for a 512-row chunk: both kernels of STRATA_QMATMUL_GEMM at bf16 / bf16x2 / bf16x3 on the
     default tiles (`gemm.MOE_PREFILL`, BM = 16 rows per tile), then K-block launch configs and 32-row tiles at
     bf16x2. Router ids uniform over the experts (about 10 rows per expert) and skewed (a per-expert bias, as real
-    routers: a few experts take many rows). Bytes: every expert's planar words once (each expert is chosen)."""
+    routers: a few experts take many rows); then a 2048-row chunk (uniform, ~40 rows per expert). Bytes: every expert's planar words once (each expert is chosen)."""
     import dataclasses
     from strata_jax.pallas.grouped_experts import kernel as GK
     from strata_jax.pallas.quant_matmul import gemm as G
@@ -627,22 +627,27 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
              "kb_BN64_KB256": dataclasses.replace(base, BN=64, KB=256),
              "kb_BN128_KB128_w8": dataclasses.replace(base, BN=128, KB=128, num_warps=8),
              "kb_BN32_KB128": dataclasses.replace(base, BN=32, KB=128),
-             "kb_BM32": dataclasses.replace(base, BM=32, KB=128)}   # (KB as on 2026-12-06's first run)
+             "kb_BM32": dataclasses.replace(base, BM=32, KB=128),   # (KB as on 2026-12-06's first run)
+             # around the default (KB = 64): pipelining depth, warps, narrower weight tiles, one group per step
+             "kb_st3": dataclasses.replace(base, num_stages=3), "kb_st1": dataclasses.replace(base, num_stages=1),
+             "kb_w2": dataclasses.replace(base, num_warps=2), "kb_w8": dataclasses.replace(base, num_warps=8),
+             "kb_BN32": dataclasses.replace(base, BN=32), "kb_KB32": dataclasses.replace(base, KB=32)}
     if not small:
         fns.update({name: fn("kblock", "bf16x2", cfg) for name, cfg in sweep.items()})
         fns["unit_bf16x2_BM32"] = fn("unit", "bf16x2", dataclasses.replace(base, BM=32))
     nbytes = sum(_nbytes(w) for w in ws)
-    x = jnp.asarray(rng.standard_normal((M, H)), jnp.float32)
-    tw = jnp.asarray(rng.uniform(0.1, 1, (M, k)), jnp.float32)
     bias = rng.standard_normal(E) * 1.5
-    for dist in ("uniform", "skewed"):
+    cases = [("uniform", M), ("skewed", M)] + ([] if small else [("uniform", 4 * M)])
+    for dist, M in cases:   # 4M: a 2048-row chunk, ~40 rows per expert (each decoded weight used 4x as often)
+        x = jnp.asarray(rng.standard_normal((M, H)), jnp.float32)
+        tw = jnp.asarray(rng.uniform(0.1, 1, (M, k)), jnp.float32)
         logits = rng.gumbel(size=(M, E)) + (bias if dist == "skewed" else 0.0)
         ids = np.argsort(-logits, axis=1)[:, :k].astype(np.int32)
         counts = np.bincount(ids.reshape(-1), minlength=E)
         tiles = int(np.sum(-(-counts // base.BM)))
         flops = 2 * M * k * 3 * H * F
         b.add("moe_prefill", f"{qts[0].name}/{qts[2].name} E={E} k={k} M={M} {dist} max_rows={counts.max()} "
-              f"tiles={tiles}", nbytes, fns if dist == "uniform" else {p: fns[p] for p in main},
+              f"tiles={tiles}", nbytes, fns if (dist, M) == cases[0] else {p: fns[p] for p in main[:3]},
               (x, jnp.asarray(ids), tw, *ws), flops=flops, extra={"M": M, "dist": dist})
 
 
