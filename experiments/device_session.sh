@@ -28,7 +28,7 @@
 # (the layers' compiled exactness tests with STRATA_ROW_MAP=xla), sweep (experiments/sweep_kernels.py: GEMV and
 # attention launch configs at the 1.5B file's and Flash-Next's shapes; SWEEP_S, SWEEP_ROWS, SWEEP_ONLY),
 # profile_steps / profile_full_steps (profile_step.py --kind steps: 4 steps per program, per token, with the
-# program's HLO), profile_full_prefill_new / _old (one Flash-Next prefill chunk, the new tree and .carry/old),
+# program's HLO; FULL_STEPS_CB=0: the Flash-Next steps without command buffers, every kernel traced on its own), profile_full_prefill_new / _old (one Flash-Next prefill chunk, the new tree and .carry/old),
 # batch_gen (strata-generate --batch N, aggregate tok/s; BATCH_NS) and anchor_batched
 # (llama-batched-bench on the same file). The real file path at full size (after fullsize; issue 12 item 8):
 # realfile_write (../shared/tools/make_qwen4exp_gguf.py, carried in .carry/tools, writes /tmp/flash.gguf: the
@@ -282,7 +282,7 @@ for r in range(4): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500 
     if [ "$MODE" = run ]; then  # the same on the Qwen3.8-Flash-Next shape (random weights, PLE table on the device)
       part profile_full_steps ${FULL_PROFILE_S:-240} $NEW python3 experiments/profile_step.py \
         --geometry qwen3.8-flash-next ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --kind steps --decode_steps ${FULL_PROFILE_STEPS:-4} --steps 6 --warmup 1 \
-        --prompt_tokens 16 --command_buffers 1 --graphs_in_trace 1 --hlo_launches 0 --top 80 --ple_table device \
+        --prompt_tokens 16 --command_buffers ${FULL_STEPS_CB:-1} --graphs_in_trace 1 --hlo_launches 0 --top 80 --ple_table device \
         --hlo_out "$OUT/full_steps_hlo.txt" --out "$OUT/profile_full_steps.json"
       # one Flash-Next prefill chunk (the engine's 512 rows at the start of a 1,024-cell context), the new tree and
       # the old package (.carry/old, BASE) in one call: kernel times per chunk (command buffers kept in the trace)
