@@ -251,8 +251,8 @@ def bench_gdn_prefill(b: Bench, small: bool, rng):
     (Qwen3.8-Flash-Next: 48 v-heads, Qwen3.6: 32, Dk = Dv = 128): ``scan`` (the step recurrence `kernel.gdn_scan`,
     gdn_chunked's kernel before the chunked kernels), ``chunked`` (`chunked.gdn_chunked_kernel` with its defaults:
     blocked solve, split carry) and its launch variants (``rows_fused``: the one-row-per-step solve and the outputs
-    inside the chunk loop, the kernels before 2026-12-06c), ``jnp`` (the chunked reference). TFLOP/s counts the chunked algorithm's tile
-    products (gram, u, w, w S, q k^T, q S, P delta, k^T delta)."""
+    inside the chunk loop, the kernels before 2026-12-06c), ``jnp`` (the chunked reference). TFLOP/s counts the
+    chunked algorithm's tile products (gram, u, w, w S, q k^T, q S, P delta, k^T delta)."""
     from strata_jax.pallas.gdn import chunked as GC, kernel as GK, reference as GR
     from strata_jax.testing.random_weights import load_geometry
     if small:

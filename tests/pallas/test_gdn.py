@@ -259,3 +259,19 @@ def test_chunked_kernel_bad_variant(rng):
 
     with pytest.raises(ValueError, match="solve='tree'"):
         chunked.gdn_chunked_kernel(jnp.zeros((B,), jnp.int32), *make(rng, 4), interpret=True, solve="tree")
+
+
+def test_chunked_prefill_env_variant(monkeypatch, rng):
+    """STRATA_GDN_PREFILL picks the launch variant of `gdn_chunked`'s kernel path (both within 1e-5 of a float64
+    recurrence); an unknown value is one clear error."""
+    impl = "kernel" if "kernel" in IMPLS else "interpret"
+    S0, q, k, v, g, beta = make(rng, 70, B=1)
+    o64, S64 = recurrence64(S0, q, k, v, g, beta)
+    for value in ("rows", "blocked"):
+        monkeypatch.setenv("STRATA_GDN_PREFILL", value)
+        o, S = gdn_chunked(S0, q, k, v, g, beta, impl=impl)
+        assert_close_rel(o, o64, 1e-5, f"STRATA_GDN_PREFILL={value} o")
+        assert_close_rel(S, S64[-1], 1e-5, f"STRATA_GDN_PREFILL={value} S_T")
+    monkeypatch.setenv("STRATA_GDN_PREFILL", "tree")
+    with pytest.raises(UnsupportedError, match="STRATA_GDN_PREFILL='tree'"):
+        gdn_chunked(S0, q, k, v, g, beta, impl=impl)

@@ -3,7 +3,7 @@
 The maths of `reference.gdn_chunked` (the WY / UT-transform form, after HF ``torch_chunk_gated_delta_rule``) as
 kernels on [C, D] tiles, C = `CHUNK` rows (a compile-time constant), so the products run on tensor cores:
 
-1. `_prepare_blocked_kernel` (``solve="blocked"``, the default) or `_prepare_kernel` (``solve="rows"``), one
+1. `_prepare_blocked_kernel` (``solve="blocked"``) or `_prepare_kernel` (``solve="rows"``), one
    program per (segment b, v-head h, chunk c), all chunks in parallel. With ``G = cumsum(g)`` over the chunk's
    rows (log decay since the chunk's start) and the strictly lower-triangular
 
@@ -22,10 +22,13 @@ kernels on [C, D] tiles, C = `CHUNK` rows (a compile-time constant), so the prod
        o     = (exp(G) q) S + P delta,   P[i, j] = exp(G_i - G_j) q_i . k_j   (j <= i, else 0)
        S     = exp(G_last) S + (exp(G_last - G) k)^T delta
 
-   ``carry="split"`` (the default): `_state_kernel` runs only the serial part (delta and S; it stores each
+   ``carry="split"``: `_state_kernel` runs only the serial part (delta and S; it stores each
    chunk's starting state Sc [B, H, n_chunks, Dk, Dv] and delta), then `_output_kernel` forms o for every
    (chunk, tile of ``BV_out`` columns) in parallel. ``carry="fused"`` (`_carry_kernel`) forms o inside the loop.
    A column of S only depends on the same column of S, so the Dv tiles are independent.
+
+The model's pair comes from ``STRATA_GDN_PREFILL`` (`prefill_variant`); `gdn_chunked_kernel`'s own defaults are
+the blocked solve and the split carry.
 
 Arithmetic is float32 throughout. The tile products use `dispatch.f32_dot_precision`: TF32x3 on the tensor cores
 when compiled (three TF32 products: about float32 accuracy), plain float32 in interpret mode. The forward
@@ -251,6 +254,19 @@ def pad_rows(T: int, C: int = CHUNK) -> int:
 SOLVES = ("blocked", "rows")  # the UT transform: 16-row blocks with tile products / one row per step
 CARRIES = ("split", "fused")  # the chunk loop: state only, outputs in parallel after it / outputs inside the loop
 SOLVE_BLOCK = 16  # rows per diagonal block of the blocked solve (the smallest tensor-core tile)
+# STRATA_GDN_PREFILL: the (solve, carry) pair of the model's prefill; "rows" (rows, fused) are the kernels measured
+# since 2026-12-02, "blocked" (blocked, split) the new pair, not yet timed on a GPU
+PREFILL_VARIANTS = {"rows": ("rows", "fused"), "blocked": ("blocked", "split")}
+DEFAULT_PREFILL = "rows"
+
+
+def prefill_variant() -> tuple[str, str]:
+    """(solve, carry) of `api.gdn_chunked`'s kernel path from ``STRATA_GDN_PREFILL`` (`PREFILL_VARIANTS`; default
+    `DEFAULT_PREFILL`). Read when a call is traced (the api passes it as a static argument).
+
+    Raises:
+      UnsupportedError: another value."""
+    return PREFILL_VARIANTS[dispatch.env_choice("STRATA_GDN_PREFILL", DEFAULT_PREFILL, tuple(PREFILL_VARIANTS))]
 
 
 def gdn_chunked_kernel(slot, S0, q, k, v, g, beta, *, interpret: bool, C: int = CHUNK, BV: int | None = None,
