@@ -28,7 +28,8 @@
 # (the layers' compiled exactness tests with STRATA_ROW_MAP=xla), sweep (experiments/sweep_kernels.py: GEMV and
 # attention launch configs at the 1.5B file's and Flash-Next's shapes; SWEEP_S, SWEEP_ROWS, SWEEP_ONLY),
 # profile_steps / profile_full_steps (profile_step.py --kind steps: 4 steps per program, per token, with the
-# program's HLO; FULL_STEPS_CB=0: the Flash-Next steps without command buffers, every kernel traced on its own), profile_full_prefill_new / _old (one Flash-Next prefill chunk, the new tree and .carry/old),
+# program's HLO; FULL_STEPS_CB=0: the Flash-Next steps without command buffers, every kernel traced on its own), profile_full_prefill_new / _old (one Flash-Next prefill chunk, the new tree and .carry/old; FULL_PREFILL_ARGS
+# e.g. "--prefill_chunk 2048 --max_context 4096"),
 # batch_gen (strata-generate --batch N, aggregate tok/s; BATCH_NS) and anchor_batched
 # (llama-batched-bench on the same file). The real file path at full size (after fullsize; issue 12 item 8):
 # realfile_write (../shared/tools/make_qwen4exp_gguf.py, carried in .carry/tools, writes /tmp/flash.gguf: the
@@ -290,7 +291,7 @@ for r in range(4): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500 
         [ $V = new ] && PP="$NEW" || PP="$OLD"
         part profile_full_prefill_$V ${FULL_PROFILE_S:-240} $PP python3 experiments/profile_step.py \
           --geometry qwen3.8-flash-next ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --kind prefill --steps 4 --warmup 1 \
-          --prompt_tokens 16 --command_buffers 1 --graphs_in_trace 1 --hlo_launches 0 --top 40 \
+          --prompt_tokens 16 --command_buffers 1 --graphs_in_trace 1 --hlo_launches 0 --top 40 ${FULL_PREFILL_ARGS:-} \
           --out "$OUT/profile_full_prefill_$V.json"
       done
     fi

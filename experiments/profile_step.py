@@ -50,6 +50,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3, help="steps run first (the first compiles)")
     ap.add_argument("--prompt_tokens", type=int, default=32)
     ap.add_argument("--max_context", type=int, default=1024)
+    ap.add_argument("--prefill_chunk", type=int, default=None, help="with --kind prefill: rows per chunk (Engine "
+                    "prefill_chunk; default the engine's: 512 on a GPU whose context holds them)")
     ap.add_argument("--command_buffers", type=int, choices=(0, 1), default=0, help="XLA command buffers (GPU)")
     ap.add_argument("--graphs_in_trace", type=int, choices=(0, 1), default=0, help="with --command_buffers 1: "
                     "keep the CUDA graphs while tracing (--xla_enable_command_buffers_during_profiling; XLA "
@@ -91,7 +93,7 @@ def main() -> None:
 
         model = str(resolve_model(args.model))
     t0 = time.perf_counter()
-    eng = Engine(model, max_context=args.max_context, ple_table=args.ple_table)
+    eng = Engine(model, max_context=args.max_context, ple_table=args.ple_table, prefill_chunk=args.prefill_chunk)
     load_s = time.perf_counter() - t0
     if args.kind == "prefill":
         T, kind = eng.prefill_chunk, "prefill"
