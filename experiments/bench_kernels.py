@@ -338,10 +338,10 @@ def bench_qsa_prefill(b: Bench, small: bool, rng):
     blocks of 4 per row, bf16 K/V): ``prefill`` (`qsa/prefill.py`, ``STRATA_QSA_PREFILL=tiles``: tiled scores, jnp
     selection, block-sparse flash attention; at D = 256 by default 32 (row, head) pairs x key tiles of 32 cells) and
     launch variants of it (8 warps; 64 pairs) vs ``rows`` (the verify-window path over the T rows, `qsa_prefill`'s
-    default: per-row scores, a gathered cell list, flash decoding), ``rows_s16`` / ``rows_s32`` (the same with 16 /
-    32 splits of each row's list) and ``jnp`` (the reference). The random indexer inputs select scattered blocks
-    (about a quarter of every 64-cell tile), so the tile kernel runs nearly every tile: a model's clustered
-    selections skip more. TFLOP/s counts the dense q.k and p.v products over the T rows' causal cells (padded heads
+    path: per-row scores, a gathered cell list, flash decoding, in the window's split layout), ``qsa_prefill`` (the
+    public op on its default path: the rows path with 16 splits per row, in slices of 512 rows), ``rows_s32`` (32
+    splits) and ``jnp`` (the reference). The random indexer inputs select scattered blocks (about a quarter of every
+    64-cell tile), so the tile kernel runs nearly every tile: a model's clustered selections skip more. TFLOP/s counts the dense q.k and p.v products over the T rows' causal cells (padded heads
     included)."""
     from strata_jax.pallas.qsa import prefill as P, qsa_attention, qsa_prefill
     if small:
@@ -358,9 +358,12 @@ def bench_qsa_prefill(b: Bench, small: bool, rng):
         fns["prefill_m64"] = pre(m_tile=64)   # (m_tile 64 x tk 64 dropped: over the H100's shared memory)
     fns["rows"] = jax.jit(lambda q, k, v, iq, p, n, c: qsa_attention(q[0], k, v, iq[0], p[0], n[0], c[0],
                                                                       top_blocks=top, impl=b.kernel_impl))
-    if not small:  # the rows path with fewer splits of each row's cell list (smaller partial sums to merge)
+    # the public op as the model calls it (STRATA_QSA_PREFILL's default: the rows path with
+    # qsa.api.PREFILL_ATTEND's 16 splits, in slices of PREFILL_ROWS rows)
+    fns["qsa_prefill"] = jax.jit(lambda *a: qsa_prefill(*a, top_blocks=top, impl=b.kernel_impl))
+    if not small:  # the rows path with 32 splits of each row's cell list
         from strata_jax.pallas.qsa import api as A, kernel as K
-        for ms in (16, 32):
+        for ms in (32,):
             cfg = K.AttendConfig(NC=32, max_split=ms, num_warps=8, num_stages=2, tag=f"_s{ms}")
             fns[f"rows_s{ms}"] = jax.jit(lambda q, k, v, iq, p, n, c, cfg=cfg: A._qsa_rows(
                 q[0], k, v, iq[0], p, n[0], c[0], jnp.zeros((T,), jnp.int32), jnp.zeros((T,), jnp.int32),
