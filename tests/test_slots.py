@@ -7,7 +7,8 @@ Each workload mixes greedy and seeded requests (request 0 greedy, 1 seeded and c
 so greedy and seeded rows share windows, and one run per mode checks both kinds.
 
 The workload and the comparison live in `strata_jax.testing.exactness`. Engines are shared with tests/test_split.py
-(same keys), so compiled functions are reused; the solo references are computed once per engine.
+(same keys), so compiled functions are reused; the solo references are computed once per model (on its first
+engine: the 4-stage tests reuse the 2-stage engine's).
 """
 
 from pathlib import Path
@@ -44,6 +45,13 @@ def _prompts(eng, n):
 _SOLO: dict = {}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _drop_solo():
+    """The references hold their engine: let it go with the file (conftest may release the shared engines)."""
+    yield
+    _SOLO.clear()
+
+
 def _workload(eng, n_new):
     """n_slots + 1 requests one round apart (request 1 cancelled): greedy for requests 0 and 3, seeded otherwise."""
     reqs = bx.workload(_prompts(eng, eng.n_slots + 1), n_new, sampled=True)
@@ -54,17 +62,23 @@ def _workload(eng, n_new):
     return reqs
 
 
-def _solo(eng, reqs, n_new):
-    """The requests decoded alone on this engine, computed once per engine and shared by its tests."""
-    key = (id(eng), n_new)
-    if key not in _SOLO:
-        _SOLO[key] = {i: bx.solo_tokens(eng, r) for i, r in enumerate(reqs)}
-    return _SOLO[key]
+def _solo(name, eng, reqs, n_new):
+    """The requests decoded alone, computed once per model and shared by its engines' tests: request i is the same
+    on every split (prompt i, sampler i), and a split decodes the one-device tokens (tests/test_split.py), so the
+    4-stage tests reuse the 2-stage engine's references and decode alone only the requests it lacked (on the engine
+    that first needed them, whose solo programs the earlier test compiled)."""
+    if (name, n_new) not in _SOLO:
+        _SOLO[name, n_new] = (eng, {})
+    solo_eng, solo = _SOLO[name, n_new]
+    for i, r in enumerate(reqs):
+        if i not in solo:
+            solo[i] = bx.solo_tokens(solo_eng, r)
+    return {i: solo[i] for i in range(len(reqs))}
 
 
-def _check_modes(eng, modes, n_new=8, proposer_factory=None):
+def _check_modes(name, eng, modes, n_new=8, proposer_factory=None):
     reqs = _workload(eng, n_new)
-    solo = _solo(eng, reqs, n_new)
+    solo = _solo(name, eng, reqs, n_new)
     for mode in modes:
         res = resolve_groups(eng.n_slots, len(eng.stages), **MODE_FLAGS[mode])
         assert res.mode == mode, res.message
@@ -87,28 +101,28 @@ def _echo_factory(eng):
 @pytest.mark.slow
 def test_smollm2_two_stages_every_mode(engine_for):
     eng = _engine(engine_for, "smollm2-135m", 2)
-    _check_modes(eng, ["serial", "pipelined", "batch_mtp", "piped_mtp"])
+    _check_modes("smollm2-135m", eng, ["serial", "pipelined", "batch_mtp", "piped_mtp"])
 
 
 @pytest.mark.slow
 def test_smollm2_two_stages_rejected_proposals(engine_for):
     eng = _engine(engine_for, "smollm2-135m", 2)
-    _check_modes(eng, ["batch_mtp", "piped_mtp"], proposer_factory=_echo_factory(eng))
+    _check_modes("smollm2-135m", eng, ["batch_mtp", "piped_mtp"], proposer_factory=_echo_factory(eng))
 
 
 @pytest.mark.slow
 def test_hybrid_two_stages(engine_for):
     eng = _engine(engine_for, HYBRID, 2)
-    _check_modes(eng, ["serial", "pipelined", "piped_mtp"])
+    _check_modes(HYBRID, eng, ["serial", "pipelined", "piped_mtp"])
 
 
 @pytest.mark.slow
 def test_smollm2_four_stages_pipelined(engine_for):
     eng = _engine(engine_for, "smollm2-135m", 4)
-    _check_modes(eng, ["pipelined", "piped_mtp"])
+    _check_modes("smollm2-135m", eng, ["pipelined", "piped_mtp"])
 
 
 @pytest.mark.slow
 def test_hybrid_four_stages_pipelined(engine_for):
     eng = _engine(engine_for, HYBRID, 4)
-    _check_modes(eng, ["pipelined"])
+    _check_modes(HYBRID, eng, ["pipelined"])
