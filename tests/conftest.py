@@ -13,11 +13,21 @@ every live executable holds thousands of mappings, and a process that keeps all 
 Linux's limit of 65,530 (``vm.max_map_count``) late in the run: the next compile's mmap fails and XLA crashes with a
 segfault or an abort. ``_release_when_maps_run_low`` drops the shared engines and JAX's caches before a test file
 when the process holds more than ``MAP_BUDGET`` mappings (later files rebuild what they use).
+
+Every program the run compiles is also kept in JAX's persistent compilation cache, in one folder for the whole run
+(both pytest-xdist workers, removed at the end; ``STRATA_TEST_XLA_CACHE`` names it, ``off`` turns it off): a program
+compiled again -- the same engine built in the other worker, a file's own engine of a model the shared ones hold
+too, an engine rebuilt after ``_release_when_maps_run_low`` -- is read back instead of compiled. The programs and
+what they compute are the same; only XLA's compile is skipped. Command-line tests run in subprocesses keep their
+own ``--xla_cache_dir``.
 """
 
 from __future__ import annotations
 
 import gc
+import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -29,6 +39,30 @@ _ENGINES = {}
 _PLAIN = {}
 
 MAP_BUDGET = 30_000  # of the 65,530 mappings Linux allows a process by default: room for the largest test file
+
+
+def pytest_configure(config):
+    """One persistent compilation cache for the run, set before anything compiles (JAX decides at the first compile
+    whether the process uses it). The first process (the xdist controller, or the only one) makes the folder and
+    passes it to the workers through the environment; it removes the folder at the end."""
+    path = os.environ.get("STRATA_TEST_XLA_CACHE")
+    if path == "off":  # STRATA_TEST_XLA_CACHE=off: compile everything in every process
+        return
+    if not path:
+        path = os.environ["STRATA_TEST_XLA_CACHE"] = tempfile.mkdtemp(prefix="strata_jax_tests_xla_")
+        config._strata_xla_cache_owned = path
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # every program (not only slow compiles)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+def pytest_unconfigure(config):
+    path = getattr(config, "_strata_xla_cache_owned", None)
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
+        os.environ.pop("STRATA_TEST_XLA_CACHE", None)
 
 
 def _n_maps() -> int | None:
