@@ -275,7 +275,8 @@ def bench_gdn_prefill(b: Bench, small: bool, rng):
     if not small:
         variants.update({
             "split_bv64": dict(BV=64), "split_bv16": dict(BV=16), "split_out128": dict(BV_out=128, out_warps=8),
-            "split_out32": dict(BV_out=32), "split_st2": dict(state_stages=2), "split_w8": dict(num_warps=8),
+            "split_out32": dict(BV_out=32), "split_ow8": dict(out_warps=8), "split_st2": dict(state_stages=2),
+            "split_w8": dict(num_warps=8),
             "fused_bv64": dict(carry="fused", BV=64)})
     for vname, kw in variants.items():
         fns[vname] = jax.jit(lambda *a, kw=kw: GC.gdn_chunked_kernel(slot, *a, interpret=it, **kw))
