@@ -282,6 +282,9 @@ def test_prefill_errors(rng):
         mp.setenv("STRATA_QSA_PREFILL", "blocks")
         with pytest.raises(UnsupportedError, match="STRATA_QSA_PREFILL"):
             qsa_prefill(q, k, v, iq, pooled, n_kv, nc, impl="interpret")
+        # the reference does not read it
+        assert qsa_prefill(q, k, v, iq, pooled, n_kv, nc, top_blocks=PTOP, block=BLOCK,
+                           impl="reference").shape == q.shape
         # the rows path takes any block size: blocks of 3 as the reference computes them
         mp.setenv("STRATA_QSA_PREFILL", "rows")
         pooled3 = pooled[:, : PN // 3]

@@ -49,7 +49,7 @@ the B*T rows. Two kernel paths (``STRATA_QSA_PREFILL``, `prefill_variant`):
 
 On either, row t's result depends only on its own inputs and compile-time constants, not on T, B or the other rows;
 the two need not give the same bits for a row (other summation orders; both agree with float64 to ~1e-5 relative).
-`prefill_variant` reads ``STRATA_QSA_PREFILL`` on every call, the reference path's included.
+`prefill_variant` reads ``STRATA_QSA_PREFILL`` on every call but impl="reference"'s.
 
 ``attend_cells(q, k_cache, v_cache, cells, *, scale=None, impl="auto") -> float32 [T, Hq, D]``: the attention part
 alone, over an explicit cell list int32 [T, C] (-1 = none; every row must list at least one cell): what the dense
@@ -198,7 +198,7 @@ def qsa_prefill(q, k_cache, v_cache, iq, pooled, n_kv, n_complete, *, top_blocks
     D = q.shape[3]
     scale = float(D ** -0.5 if scale is None else scale)
     cell_base = jnp.zeros((B,), jnp.int32) if cell_base is None else cell_base
-    variant = prefill_variant()
+    variant = "rows" if impl == "reference" else prefill_variant()  # the reference has one path
     dtypes = [q.dtype, k_cache.dtype, v_cache.dtype]
     Hq, Hkv, N = q.shape[2], k_cache.shape[1], k_cache.shape[0]
     path = dispatch.resolve(op, impl, lambda: _p.why_not(Hq, Hkv, D, N, block, dtypes) if variant == "tiles"
