@@ -611,8 +611,8 @@ def bench_moe_variants(b: Bench, small: bool, rng):
 def bench_moe_prefill(b: Bench, small: bool, rng):
     """MoE prefill (`grouped_experts.kernel.moe_prefill`) at the Flash-Next experts (Q2_K gate/up, Q4_0 down, 512
     experts, top-10) for a 512-row chunk: both kernels of STRATA_QMATMUL_GEMM at bf16 / bf16x2 / bf16x3 on the
-    default tiles (`gemm.MOE_PREFILL`, BM = 16 rows per tile), then K-block launch configs and 32-row tiles at
-    bf16x2. Router ids uniform over the experts (about 10 rows per expert) and skewed (a per-expert bias, as real
+    default tiles (`gemm.MOE_PREFILL`, BM = 16 rows per tile), then K-block launch configs, 32-row tiles and row
+    sub-tiles (`gemm.Config.SUB`) at bf16x2. Router ids uniform over the experts (about 10 rows per expert) and skewed (a per-expert bias, as real
     routers: a few experts take many rows); then a 2048-row chunk (uniform, ~40 rows per expert). Bytes: every expert's planar words once (each expert is chosen)."""
     import dataclasses
     from strata_jax.pallas.grouped_experts import kernel as GK
@@ -627,7 +627,7 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
         return jax.jit(lambda x, i, tw, *w: GK.moe_prefill(x, i, tw, *w, qts, interpret=it, precision=prec,
                                                             variant=variant, cfg=cfg))
     fns = {f"{v}_{p}": fn(v, p) for v in ("kblock", "unit") for p in ("bf16x2", "bf16x3", "bf16")}
-    main = list(fns)   # the skewed ids: these only
+    main = list(fns)   # (--small: the later cases run these only)
     sweep = {"kb_BN128_KB64": dataclasses.replace(base, BN=128, KB=64),
              "kb_KB128": dataclasses.replace(base, KB=128),   # the default before 2026-12-06
              "kb_BN64_KB256": dataclasses.replace(base, BN=64, KB=256),
@@ -637,12 +637,15 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
              # around the default (KB = 64): pipelining depth, warps, narrower weight tiles, one group per step
              "kb_st3": dataclasses.replace(base, num_stages=3), "kb_st1": dataclasses.replace(base, num_stages=1),
              "kb_w2": dataclasses.replace(base, num_warps=2), "kb_w8": dataclasses.replace(base, num_warps=8),
-             "kb_BN32": dataclasses.replace(base, BN=32), "kb_KB32": dataclasses.replace(base, KB=32)}
+             "kb_BN32": dataclasses.replace(base, BN=32), "kb_KB32": dataclasses.replace(base, KB=32),
+             # row sub-tiles: 2 / 4 tiles of 16 rows per program share each decoded weight block (same bits)
+             "kb_SUB2": dataclasses.replace(base, SUB=2), "kb_SUB4": dataclasses.replace(base, SUB=4)}
     if not small:
         fns.update({name: fn("kblock", "bf16x2", cfg) for name, cfg in sweep.items()})
         fns["unit_bf16x2_BM32"] = fn("unit", "bf16x2", dataclasses.replace(base, BM=32))
     nbytes = sum(_nbytes(w) for w in ws)
     bias = rng.standard_normal(E) * 1.5
+    later = main[:3] if small else ["kblock_bf16x2", "kblock_bf16", "kb_SUB2", "kb_SUB4"]
     cases = [("uniform", M), ("skewed", M)] + ([] if small else [("uniform", 4 * M)])
     for dist, M in cases:   # 4M: a 2048-row chunk, ~40 rows per expert (each decoded weight used 4x as often)
         x = jnp.asarray(rng.standard_normal((M, H)), jnp.float32)
@@ -650,10 +653,10 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
         logits = rng.gumbel(size=(M, E)) + (bias if dist == "skewed" else 0.0)
         ids = np.argsort(-logits, axis=1)[:, :k].astype(np.int32)
         counts = np.bincount(ids.reshape(-1), minlength=E)
-        tiles = int(np.sum(-(-counts // base.BM)))
+        tiles = int(np.sum(-(-counts // base.tile_m)))
         flops = 2 * M * k * 3 * H * F
         b.add("moe_prefill", f"{qts[0].name}/{qts[2].name} E={E} k={k} M={M} {dist} max_rows={counts.max()} "
-              f"tiles={tiles}", nbytes, fns if (dist, M) == cases[0] else {p: fns[p] for p in main[:3]},
+              f"tiles={tiles}", nbytes, fns if (dist, M) == cases[0] else {p: fns[p] for p in later},
               (x, jnp.asarray(ids), tw, *ws), flops=flops, extra={"M": M, "dist": dist})
 
 

@@ -150,20 +150,26 @@ def test_qwen38_expert_formats(impl, rng):
     assert_close_rel(y, want, 1e-5, f"{impl} Q2_K/Q2_K/Q4_0 experts")
 
 
+def _qwen38_planar(rng, H2, F2):
+    """Random GGUF blocks of Qwen3.8-Flash-Next's expert formats (E experts; gate / up [F2, H2], down [H2, F2]) and
+    their planar repacks."""
+    from strata_jax.pallas.quant_matmul import planar
+    raws = [random_weight(rng, q, n, kk, lead=(E,)) for q, n, kk in ((QWEN38[0], F2, H2), (QWEN38[1], F2, H2),
+                                                                     (QWEN38[2], H2, F2))]
+    return raws, [planar.repack(jnp.asarray(r), qtype=q, n_cols=r.shape[-1] * 256 // 84 if q == Q.Q2_K else
+                                r.shape[-1] * 32 // 18) for r, q in zip(raws, QWEN38)]
+
+
 @pytest.mark.parametrize("impl", [i for i in IMPLS if i != "reference"])
 @pytest.mark.parametrize("variant", ["kblock", "unit"])
 def test_planar_prefill_precisions(impl, variant, rng, monkeypatch):
     """MoE prefill on planar weights (Qwen3.8-Flash-Next's expert formats; rows sorted by expert into 16-row tiles
     of the grouped tensor-core GEMM, STRATA_QMATMUL_GEMM's kernel) at each STRATA_QMATMUL_PRECISION against
     float64, and each row's bits the same in a 20-row chunk and in a 12-row chunk where it sits elsewhere."""
-    from strata_jax.pallas.quant_matmul import planar
     monkeypatch.setenv("STRATA_QMATMUL", "planar")
     monkeypatch.setenv("STRATA_QMATMUL_GEMM", variant)
     M, H2, F2 = 20, 256, 64
-    raws = [random_weight(rng, q, n, kk, lead=(E,)) for q, n, kk in ((QWEN38[0], F2, H2), (QWEN38[1], F2, H2),
-                                                                     (QWEN38[2], H2, F2))]
-    gate, up, down = (planar.repack(jnp.asarray(r), qtype=q, n_cols=r.shape[-1] * 256 // 84 if q == Q.Q2_K else
-                                    r.shape[-1] * 32 // 18) for r, q in zip(raws, QWEN38))
+    raws, (gate, up, down) = _qwen38_planar(rng, H2, F2)
     x = jnp.asarray(rng.standard_normal((M, H2)).astype(np.float32))
     ids = jnp.asarray(np.stack([rng.choice(E, K, replace=False) for _ in range(M)]).astype(np.int32))
     w = jnp.asarray(rng.uniform(0.1, 1, (M, K)).astype(np.float32))
@@ -188,6 +194,32 @@ def test_planar_prefill_precisions(impl, variant, rng, monkeypatch):
     sel = np.r_[15:20, 0:7]                                   # 12 rows, rows 15..19 first
     y12 = moe_experts(x[sel], ids[sel], w[sel], gate, up, down, QWEN38, impl=impl, prefill=True)
     assert_bits_equal(y12, np.asarray(y)[sel], f"{variant}: 12 rows elsewhere vs the 20-row chunk")
+
+
+@pytest.mark.parametrize("impl", [i for i in IMPLS if i != "reference"])
+def test_prefill_row_sub_tiles(impl, rng):
+    """MoE prefill tiles of SUB x 16 rows (`gemm.Config.SUB`: one decode of each weight block for SUB 16-row
+    sub-tiles) give every row the bits of 16-row tiles (SUB = 1), with up to 20 rows per expert here; the unit
+    kernel refuses SUB > 1."""
+    import dataclasses
+    from strata_jax.pallas.grouped_experts.kernel import moe_prefill
+    from strata_jax.pallas.quant_matmul import gemm as G
+
+    M, H2, F2 = 48, 256, 64
+    _, (gate, up, down) = _qwen38_planar(rng, H2, F2)
+    x = jnp.asarray(rng.standard_normal((M, H2)).astype(np.float32))
+    ids = jnp.asarray(np.stack([rng.choice(E, K, replace=False) for _ in range(M)]).astype(np.int32))
+    w = jnp.asarray(rng.uniform(0.1, 1, (M, K)).astype(np.float32))
+    it = impl == "interpret"
+    run = lambda cfg, variant="kblock": moe_prefill(x, ids, w, gate, up, down, QWEN38, interpret=it,
+                                                    precision="bf16x2", variant=variant, cfg=cfg)
+    one = run(G.MOE_PREFILL)
+    for sub in (2, 4):
+        with dispatch.poison_outputs():
+            got = run(dataclasses.replace(G.MOE_PREFILL, SUB=sub))
+        assert_bits_equal(got, one, f"SUB={sub} vs 16-row tiles")
+    with pytest.raises(UnsupportedError, match="SUB=2"):
+        run(dataclasses.replace(G.MOE_PREFILL, SUB=2), variant="unit")
 
 
 def test_errors(rng):

@@ -175,12 +175,13 @@ def moe_prefill(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool,
     E, n_ff = gate.shape[:2]
     qg, qu, qd = qtypes
     cfg = G.MOE_PREFILL if cfg is None else cfg
-    tile_expert, tile_rows, pair_tile, pair_pos = expert_tiles(topk_ids, E, cfg.BM)
+    TM = cfg.tile_m
+    tile_expert, tile_rows, pair_tile, pair_pos = expert_tiles(topk_ids, E, TM)
     T = tile_expert.shape[0]
     kw = dict(interpret=interpret, precision=precision, cfg=cfg, variant=variant)
-    hg = G.tile_gemm(x, gate, tile_expert, tile_rows, qg, n_ff, H, **kw)                # [T, BM, n_ff]
+    hg = G.tile_gemm(x, gate, tile_expert, tile_rows, qg, n_ff, H, **kw)                # [T, TM, n_ff]
     hu = G.tile_gemm(x, up, tile_expert, tile_rows, qu, n_ff, H, **kw)
-    act = swiglu(hg, hu).reshape(T * cfg.BM, n_ff)
-    rows2 = jnp.arange(T * cfg.BM, dtype=jnp.int32).reshape(T, cfg.BM)
-    y = G.tile_gemm(act, down, tile_expert, rows2, qd, H, n_ff, **kw)                   # [T, BM, H]
+    act = swiglu(hg, hu).reshape(T * TM, n_ff)
+    rows2 = jnp.arange(T * TM, dtype=jnp.int32).reshape(T, TM)
+    y = G.tile_gemm(act, down, tile_expert, rows2, qd, H, n_ff, **kw)                   # [T, TM, H]
     return weighted_sum(y[pair_tile, pair_pos], topk_w)

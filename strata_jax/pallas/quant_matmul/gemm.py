@@ -78,6 +78,13 @@ class Config:
     num_stages: int = 2
     KB: int = 0                 # kblock: K values per loop step (a power-of-two multiple of 32, reduced to divide
     #                             K); 0: BN, KB, warps and stages from `kblock_config` (BM and target kept)
+    SUB: int = 1                # kblock: row sub-tiles of BM rows per program, sharing each decoded weight block
+    #                             (each sub-tile's products are a BM-row tile's: the same bits whatever SUB)
+
+    @property
+    def tile_m(self) -> int:
+        """Activation rows per program (SUB sub-tiles of BM rows): the row count of ``tile_rows``."""
+        return self.BM * self.SUB
 
 
 # Prefill: no K split (the row tiles fill the grid; a split would write and re-read partial sums of every row).
@@ -232,10 +239,12 @@ def _kernel_unit(texp_ref, trows_ref, w_ref, x_ref, *refs, qtype, n_out, k_in, B
         o_ref[t, s, pl.ds(i * BN, BN), :] = acc
 
 
-def _kernel_kblock(texp_ref, trows_ref, w_ref, x_ref, *refs, qtype, n_out, k_in, m_x, BN, BM, G, cps, n_steps,
-                   masked, w_pieces, x_pieces, table_names):
-    """One [BN, BM] tile, K in blocks of G groups (module docstring). ``x_ref``: the activations' bfloat16 pieces,
-    flat [x_pieces, m_x, K]; ``o_ref`` [T, splits, BM, n_pad] (rows of x minor: no transpose after the call)."""
+def _kernel_kblock(texp_ref, trows_ref, w_ref, x_ref, *refs, qtype, n_out, k_in, m_x, BN, BM, SUB, G, cps,
+                   n_steps, masked, w_pieces, x_pieces, table_names):
+    """One [BN, SUB * BM] tile, K in blocks of G groups (module docstring): each step's decoded weights serve the
+    SUB row sub-tiles, each with its own [BN, BM] products and accumulator (a BM-row tile's instructions).
+    ``x_ref``: the activations' bfloat16 pieces, flat [x_pieces, m_x, K]; ``o_ref`` [T, splits, SUB * BM, n_pad]
+    (rows of x minor: no transpose after the call)."""
     tables = dict(zip(table_names, refs[:len(table_names)]))
     o_ref = refs[len(table_names)]
     i = pl.program_id(0)
@@ -248,9 +257,10 @@ def _kernel_kblock(texp_ref, trows_ref, w_ref, x_ref, *refs, qtype, n_out, k_in,
     @pl.when(e >= 0)
     def _():
         rows = tile_rows(i, e, BN, n_out, nd)
-        xoff = trows_ref[t].reshape(BM, 1) * k_in + lax.broadcasted_iota(jnp.int32, (1, KB), 1)   # [BM, KB]
+        col = lax.broadcasted_iota(jnp.int32, (1, KB), 1)
+        xoff = [trows_ref[t, pl.ds(u * BM, BM)].reshape(BM, 1) * k_in + col for u in range(SUB)]   # [BM, KB]
 
-        def body(j, acc):
+        def body(j, accs):
             c, live = split_step(s, j, cps, n_steps, masked)
             f, dl, mn = decode_tile(qtype, w_ref, rows, c * G + lax.broadcasted_iota(jnp.int32, (G,), 0), k_in,
                                     tables)
@@ -258,12 +268,16 @@ def _kernel_kblock(texp_ref, trows_ref, w_ref, x_ref, *refs, qtype, n_out, k_in,
             if mn is not None:
                 w = w + mn
             wp = bf16_pieces(w.reshape(BN, KB), w_pieces, rounded=True)
-            xp = [x_ref[p * (m_x * k_in) + c * KB + xoff] for p in range(x_pieces)]   # bfloat16 [BM, KB]
-            new = piece_products(wp, xp, _dot, acc)
-            return jnp.where(live, new, acc) if masked else new
+            out = []
+            for u in range(SUB):
+                xp = [x_ref[p * (m_x * k_in) + c * KB + xoff[u]] for p in range(x_pieces)]   # bfloat16 [BM, KB]
+                new = piece_products(wp, xp, _dot, accs[u])
+                out.append(jnp.where(live, new, accs[u]) if masked else new)
+            return tuple(out)
 
-        acc = lax.fori_loop(0, cps, body, jnp.zeros((BN, BM), jnp.float32))
-        o_ref[t, s, :, pl.ds(i * BN, BN)] = acc.T
+        accs = lax.fori_loop(0, cps, body, tuple(jnp.zeros((BN, BM), jnp.float32) for _ in range(SUB)))
+        for u in range(SUB):
+            o_ref[t, s, pl.ds(u * BM, BM), pl.ds(i * BN, BN)] = accs[u].T
 
 
 def operand_pieces(qtype, x_dtype, precision: str) -> tuple[int, int]:
@@ -287,16 +301,17 @@ def tile_gemm(x, w_stacked, tile_expert, tile_rows, qtype, n_out: int, k_in: int
     Args:
       x: [Mx, K] float32 / bfloat16 / float16.
       w_stacked: [E, n_out, row_words] uint32 planar, or [E, n_out, K] F32 / F16 / BF16.
-      tile_expert: int32 [T] (-1: idle tile, output not written); tile_rows: int32 [T, BM] valid rows of x.
+      tile_expert: int32 [T] (-1: idle tile, output not written); tile_rows: int32 [T, cfg.tile_m] valid rows of
+        x.
       precision: one of `PRECISIONS`.
-      cfg: the launch parameters (its BM is the tiles' row count; the kblock kernel takes BN / KB / warps /
-        stages from `kblock_config` unless ``cfg.KB`` is set).
+      cfg: the launch parameters (its `Config.tile_m` is the tiles' row count; the kblock kernel takes BN / KB /
+        warps / stages from `kblock_config` unless ``cfg.KB`` is set).
       variant: the kernel, one of `VARIANTS` (None: `gemm_variant`, the environment).
-    Returns: float32 [T, BM, n_out]. Not jitted.
+    Returns: float32 [T, cfg.tile_m, n_out]. Not jitted.
 
     Raises:
-      UnsupportedError: unknown precision or variant, tile_rows not [T, cfg.BM], or a KB that is not a
-        power-of-two multiple of 32.
+      UnsupportedError: unknown precision or variant, tile_rows not [T, cfg.tile_m], SUB > 1 on the unit kernel,
+        or a KB that is not a power-of-two multiple of 32.
     """
     if precision not in PRECISIONS:
         raise UnsupportedError(f"qmatmul precision {precision!r} is not one of {sorted(PRECISIONS)}")
@@ -304,8 +319,10 @@ def tile_gemm(x, w_stacked, tile_expert, tile_rows, qtype, n_out: int, k_in: int
     if variant not in VARIANTS:
         raise UnsupportedError(f"gemm variant {variant!r} is not one of {VARIANTS}")
     T_in = tile_expert.shape[0]
-    if tile_rows.shape != (T_in, cfg.BM):
-        raise UnsupportedError(f"tile_rows {tile_rows.shape} must be [{T_in}, {cfg.BM}]")
+    if tile_rows.shape != (T_in, cfg.tile_m):
+        raise UnsupportedError(f"tile_rows {tile_rows.shape} must be [{T_in}, {cfg.tile_m}]")
+    if cfg.SUB != 1 and variant != "kblock":
+        raise UnsupportedError(f"row sub-tiles (SUB={cfg.SUB}) are a kblock launch parameter, not {variant}'s")
     tile_expert = tile_expert.astype(jnp.int32)
     tile_rows = tile_rows.astype(jnp.int32)
     if interpret and T_in < 2:  # keep the interpreter's grid loop (see gemv.grouped_gemv)
@@ -319,7 +336,7 @@ def tile_gemm(x, w_stacked, tile_expert, tile_rows, qtype, n_out: int, k_in: int
     qname = getattr(qtype, "name", qtype)
     if variant == "kblock":
         cfg = (dataclasses.replace(cfg, KB=kblock_size(k_in, cfg.KB)) if cfg.KB
-               else kblock_config(qtype, n_out, k_in, cfg.BM, cfg.target_programs))
+               else dataclasses.replace(kblock_config(qtype, n_out, k_in, cfg.BM, cfg.target_programs), SUB=cfg.SUB))
         G = cfg.KB // P.GROUP
         n_steps = n_groups // G
         n_tiles = -(-n_out // cfg.BN)
@@ -328,10 +345,10 @@ def tile_gemm(x, w_stacked, tile_expert, tile_rows, qtype, n_out: int, k_in: int
         # the activations' pieces once per call (elementwise: a row's pieces are its own), not in every program
         xp = jnp.stack(bf16_pieces(x.astype(jnp.float32), x_pieces, rounded=True))      # bfloat16 [p, Mx, K]
         kernel = functools.partial(
-            _kernel_kblock, qtype=qtype, n_out=n_out, k_in=k_in, m_x=x.shape[0], BN=cfg.BN, BM=cfg.BM, G=G,
-            cps=sp["cps"], n_steps=n_steps, masked=sp["masked"], w_pieces=w_pieces, x_pieces=x_pieces,
+            _kernel_kblock, qtype=qtype, n_out=n_out, k_in=k_in, m_x=x.shape[0], BN=cfg.BN, BM=cfg.BM, SUB=cfg.SUB,
+            G=G, cps=sp["cps"], n_steps=n_steps, masked=sp["masked"], w_pieces=w_pieces, x_pieces=x_pieces,
             table_names=names)
-        out_shape = (T, sp["split"], cfg.BM, n_tiles * cfg.BN)
+        out_shape = (T, sp["split"], cfg.tile_m, n_tiles * cfg.BN)
         name = f"qmatmul_tc_{qname}_kblock"
     else:
         n_tiles = -(-n_out // cfg.BN)
@@ -357,15 +374,16 @@ def tile_gemm(x, w_stacked, tile_expert, tile_rows, qtype, n_out: int, k_in: int
 
 def gemm(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, precision: str = DEFAULT_PRECISION,
          cfg: Config | None = None, variant: str | None = None):
-    """x [M, K] times one weight [n_out, K]^T -> float32 [M, n_out], rows in tiles of ``cfg.BM`` (any M; the
+    """x [M, K] times one weight [n_out, K]^T -> float32 [M, n_out], rows in tiles of ``cfg.tile_m`` (any M; the
     tensor-core GEMV is ``cfg=GEMV_TC``). ``cfg`` None: the prefill tiles of the variant (`kblock_config`, or
     `PREFILL` for ``unit``); ``variant`` as in `tile_gemm`. Not jitted."""
     variant = gemm_variant() if variant is None else variant
     if cfg is None:
         cfg = kblock_config(qtype, n_out, k_in) if variant == "kblock" else PREFILL
     M = x.shape[0]
-    T = -(-M // cfg.BM)
-    rows = jnp.minimum(jnp.arange(T * cfg.BM, dtype=jnp.int32), M - 1).reshape(T, cfg.BM)
+    TM = cfg.tile_m
+    T = -(-M // TM)
+    rows = jnp.minimum(jnp.arange(T * TM, dtype=jnp.int32), M - 1).reshape(T, TM)
     y = tile_gemm(x, w[None], jnp.zeros((T,), jnp.int32), rows, qtype, n_out, k_in, interpret=interpret,
                   precision=precision, cfg=cfg, variant=variant)
-    return y.reshape(T * cfg.BM, n_out)[:M]
+    return y.reshape(T * TM, n_out)[:M]
