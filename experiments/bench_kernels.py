@@ -640,7 +640,9 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
              "kb_BN32": dataclasses.replace(base, BN=32), "kb_KB32": dataclasses.replace(base, KB=32),
              # row sub-tiles: 2 / 4 tiles of 16 rows per program share each decoded weight block (same bits)
              "kb_SUB2": dataclasses.replace(base, SUB=2), "kb_SUB4": dataclasses.replace(base, SUB=4)}
-    if not small:
+    if small:   # the sub-tiles only (the CPU smoke run exercises them)
+        fns.update({name: fn("kblock", "bf16x2", sweep[name]) for name in ("kb_SUB2", "kb_SUB4")})
+    else:
         fns.update({name: fn("kblock", "bf16x2", cfg) for name, cfg in sweep.items()})
         fns["unit_bf16x2_BM32"] = fn("unit", "bf16x2", dataclasses.replace(base, BM=32))
     nbytes = sum(_nbytes(w) for w in ws)

@@ -35,7 +35,8 @@
 # realfile_write (../shared/tools/make_qwen4exp_gguf.py, carried in .carry/tools, writes /tmp/flash.gguf: the
 # Flash-Next shape with random blocks, REAL_LAYERS layers (48: 53.6 GB, ~2 min); a file already there from an earlier
 # call on a warm machine is reused unless REAL_REWRITE=1), realfile_generate (strata-generate --model on it, 64 tokens,
-# --decode_steps as the GPU's default), realfile_prefill (bench_prefill.py on it: REAL_PROMPTS in chunks of 512), realfile_batch (--batch 4 --max_context 8192: 4 requests of 64 tokens) and
+# --decode_steps as the GPU's default), realfile_batch (--batch 4 --max_context 8192: 4 requests of 64 tokens),
+# realfile_prefill (bench_prefill.py on it: REAL_PROMPTS in chunks of 512) and
 # realfile_anchor (llama-bench on the same file, REPS=2; the llama.cpp build starts at the top of the call); each
 # under REALFILE_S; only when named in PARTS. ANCHOR_WAIT_EARLY=0 lets the parts after pallas run beside the llama.cpp
 # build (its 16 compile jobs made the first calls' compiles 2.6x slower on 2026-12-03: keep timed parts after it). Pick parts with PARTS="random_gguf probe

@@ -166,6 +166,8 @@ def main() -> None:
         launches = structure.hlo_launches(hlo) if args.hlo_launches else None
     r = {"model": args.random_from or args.geometry or args.model, "backend": jax.default_backend(),
          "device": str(jax.devices()[0]), "jax": jax.__version__, "kind": args.kind, "decode_steps": per,
+         "rows": T, "prefill_chunk": eng.prefill_chunk, "max_context": args.max_context,
+         "prompt_tokens": args.prompt_tokens, "env": {k: v for k, v in os.environ.items() if k.startswith("STRATA_")},
          "impl": os.environ.get("STRATA_PALLAS_IMPL", "auto"), "kernels_in_use": getattr(dispatch, "kernels_in_use", dispatch.on_gpu)(),
          "stack_layers": os.environ.get("STRATA_STACK_LAYERS", "auto"), "xla_flags": os.environ.get("XLA_FLAGS", ""),
          "load_s": load_s, "first_step_s": first_s, "wall_ms": wall * 1e3, "dispatch_ms": dispatch_ms, "traced_wall_ms": traced_wall * 1e3,
@@ -174,6 +176,7 @@ def main() -> None:
          "trace_dir": trace_dir}
     c = s["copies"]
     cp = lambda k: f"{c[k]['count']:.1f} ({c[k]['bytes'] / 1e6:.2f} MB)" if k in c else "0"
+    print(f"{args.kind}: {T} rows per call, prefill chunk {eng.prefill_chunk}, context {args.max_context}")
     print(f"{'model':36s} {'ms/step':>8s} {'busy':>6s} {'launches':>9s} {'D2H':>14s} {'D2D':>14s} {'copy kern.':>10s}")
     print(f"{str(r['model'])[-36:]:36s} {wall * 1e3:8.2f} {r['busy_fraction'] or 0:6.2f} {s['launches']:9.1f} "
           f"{cp('D2H'):>14s} {cp('D2D'):>14s} {c.get('copy_kernel', {}).get('count', 0):10.1f}")

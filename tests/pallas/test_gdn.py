@@ -257,8 +257,15 @@ def test_chunked_kernel_variants(solve, carry, rng):
 def test_chunked_kernel_bad_variant(rng):
     from strata_jax.pallas.gdn import chunked
 
+    slot, args = jnp.arange(B, dtype=jnp.int32), make(rng, 4)
     with pytest.raises(ValueError, match="solve='tree'"):
-        chunked.gdn_chunked_kernel(jnp.zeros((B,), jnp.int32), *make(rng, 4), interpret=True, solve="tree")
+        chunked.gdn_chunked_kernel(slot, *args, interpret=True, solve="tree")
+    with pytest.raises(ValueError, match="BV_out=24"):   # DV = 32: a tile of 24 would leave columns unwritten
+        chunked.gdn_chunked_kernel(slot, *args, interpret=True, BV_out=24)
+    with pytest.raises(ValueError, match="C=40"):        # the blocked solve cuts chunks into 16-row blocks
+        chunked.gdn_chunked_kernel(slot, *args, interpret=True, C=40)
+    o, _ = chunked.gdn_chunked_kernel(slot, *args, interpret=True, C=40, solve="rows")   # the row solve takes it
+    assert o.shape == (B, 4, H, DV)
 
 
 def test_chunked_prefill_env_variant(monkeypatch, rng):

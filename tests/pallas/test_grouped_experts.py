@@ -200,7 +200,7 @@ def test_planar_prefill_precisions(impl, variant, rng, monkeypatch):
 def test_prefill_row_sub_tiles(impl, rng):
     """MoE prefill tiles of SUB x 16 rows (`gemm.Config.SUB`: one decode of each weight block for SUB 16-row
     sub-tiles) give every row the bits of 16-row tiles (SUB = 1), with up to 20 rows per expert here; the unit
-    kernel refuses SUB > 1."""
+    kernel refuses SUB > 1, a Config SUB < 1."""
     import dataclasses
     from strata_jax.pallas.grouped_experts.kernel import moe_prefill
     from strata_jax.pallas.quant_matmul import gemm as G
@@ -214,12 +214,14 @@ def test_prefill_row_sub_tiles(impl, rng):
     run = lambda cfg, variant="kblock": moe_prefill(x, ids, w, gate, up, down, QWEN38, interpret=it,
                                                     precision="bf16x2", variant=variant, cfg=cfg)
     one = run(G.MOE_PREFILL)
-    for sub in (2, 4):
+    for sub in (2, 3, 4):
         with dispatch.poison_outputs():
             got = run(dataclasses.replace(G.MOE_PREFILL, SUB=sub))
         assert_bits_equal(got, one, f"SUB={sub} vs 16-row tiles")
     with pytest.raises(UnsupportedError, match="SUB=2"):
         run(dataclasses.replace(G.MOE_PREFILL, SUB=2), variant="unit")
+    with pytest.raises(UnsupportedError, match="SUB=0"):
+        dataclasses.replace(G.MOE_PREFILL, SUB=0)
 
 
 def test_errors(rng):

@@ -42,7 +42,8 @@ masks make later rows of the same chunk contribute exact zeros, and later chunks
 Layouts (full-array refs, indexed explicitly): S0 [N,H,Dk,Dv] f32 (every slot's state; segment b reads and writes
 ``S0[slot[b]]`` in place: the output S is aliased to S0, as in `kernel.gdn_scan`), q/k [B,Tp,H,Dk], v [B,Tp,H,Dv]
 (f32/bf16/f16), g/beta/G [B,Tp,H] f32, w [B,Tp,H,Dk] f32, u [B,Tp,H,Dv] f32, o [B,Tp,H,Dv] f32; Tp a multiple
-of C.
+of C. The split carry also writes Sc [B,H,Tp/C,Dk,Dv] f32 (each chunk's starting state: 4 Dk Dv / C bytes per
+row and head, 12 MiB per Flash-Next layer at T = 512) and delta [B,Tp,H,Dv] f32.
 """
 
 from __future__ import annotations
@@ -276,12 +277,14 @@ def gdn_chunked_kernel(slot, S0, q, k, v, g, beta, *, interpret: bool, C: int = 
 
     Args: slot int32 [B] (distinct); S0 [N,H,Dk,Dv] float32; q, k [B,T,H,Dk], v [B,T,H,Dv] float32/bfloat16/
       float16; g, beta [B,T,H] float32. Dk, Dv powers of two >= 16 (`kernel.why_not`), BV (default `block_v`)
-      a power of two >= 16 dividing Dv. ``solve`` in `SOLVES`, ``carry`` in `CARRIES` (launch variants of the
-      same maths; ``BV_out`` / ``out_warps``: the output kernel's value tile and warps with carry="split";
+      and BV_out (capped at Dv) powers of two >= 16 dividing Dv; C (rows per chunk) a multiple of `SOLVE_BLOCK`
+      for the blocked solve. ``solve`` in `SOLVES`, ``carry`` in `CARRIES` (launch variants of the same maths;
+      ``BV_out`` / ``out_warps``: the output kernel's value tile and warps with carry="split";
       ``state_stages``: Triton's pipelining stages of the chunk loop).
     Returns: (o [B,T,H,Dv] float32, S [N,H,Dk,Dv] float32: S0 with the segments' slots replaced by their states
       after the T rows, written in place).
-    Raises: ValueError for an unknown ``solve`` / ``carry``.
+    Raises: ValueError for an unknown ``solve`` / ``carry``, a value tile that does not divide Dv, or a C the
+      blocked solve cannot cut.
     Not jitted here (the api jits it, with the poisoning flag in the cache key).
     """
     if solve not in SOLVES or carry not in CARRIES:
@@ -290,6 +293,11 @@ def gdn_chunked_kernel(slot, S0, q, k, v, g, beta, *, interpret: bool, C: int = 
     Dv = v.shape[-1]
     BV = BV or block_v(Dv)
     BV_out = min(BV_out, Dv)
+    for name, tile in (("BV", BV), ("BV_out", BV_out)):
+        if not dispatch.is_pow2(tile) or tile < 16 or Dv % tile:
+            raise ValueError(f"gdn_chunked_kernel: {name}={tile} must be a power of two >= 16 dividing Dv={Dv}")
+    if solve == "blocked" and C % min(SOLVE_BLOCK, C):
+        raise ValueError(f"gdn_chunked_kernel: the blocked solve needs C={C} to be a multiple of {SOLVE_BLOCK}")
     Tp = pad_rows(T, C)
     if Tp != T:  # zero rows: k = 0, g = 0, beta = 0 change nothing (q, v = 0 keep the padded outputs finite)
         pad = lambda a: jnp.pad(a, [(0, 0), (0, Tp - T)] + [(0, 0)] * (a.ndim - 2))

@@ -70,16 +70,23 @@ SUBBLOCK16 = frozenset({Q.Q2_K, Q.Q3_K, Q.Q6_K, Q.IQ2_XS, Q.IQ2_S, Q.IQ1_M})
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Launch parameters (a function of the weight and the kernel's use, never of the row count)."""
+    """Launch parameters (a function of the weight and the kernel's use, never of the row count).
+
+    Raises:
+      UnsupportedError: SUB < 1."""
     BN: int = 64                # weight rows per program
     BM: int = 64                # activation rows per program
     target_programs: int = 264  # split K while (weight tiles x splits) is below this (2 per H200 SM)
     num_warps: int = 4
     num_stages: int = 2
     KB: int = 0                 # kblock: K values per loop step (a power-of-two multiple of 32, reduced to divide
-    #                             K); 0: BN, KB, warps and stages from `kblock_config` (BM and target kept)
+    #                             K); 0: BN, KB, warps and stages from `kblock_config` (BM, target and SUB kept)
     SUB: int = 1                # kblock: row sub-tiles of BM rows per program, sharing each decoded weight block
     #                             (each sub-tile's products are a BM-row tile's: the same bits whatever SUB)
+
+    def __post_init__(self):
+        if self.SUB < 1:
+            raise UnsupportedError(f"row sub-tiles SUB={self.SUB}: must be >= 1")
 
     @property
     def tile_m(self) -> int:
