@@ -94,6 +94,32 @@ def _ut_inverse(LT, C):
     return lax.fori_loop(1, C, step, eye)                           # row 0 is e_0
 
 
+def _lower_t(k, beta, G, prec):
+    """L^T [n, n] of n rows (k [n, Dk], beta / G [n]): LT[j, i] = L[i, j] = beta_i exp(G_i - G_j) k_i . k_j for
+    i > j, else 0 (rows j, columns i; the exponent masked first), the operand of `_ut_inverse`."""
+    r, s = _iotas(k.shape[0])
+    gram = _dot(k, k, ((1,), (1,)), prec)                           # k_r . k_s
+    upper = s > r
+    return jnp.where(upper, beta[None, :] * jnp.exp(jnp.where(upper, G[None, :] - G[:, None], 0.0)) * gram, 0.0)
+
+
+def _chunk_outputs(q, k, G, S, delta, prec):
+    """o [C, BV] = (exp(G) q) S + P delta of one chunk, P[i, j] = exp(G_i - G_j) q_i . k_j (j <= i, else 0), from
+    the state S [Dk, BV] at the chunk's start and its corrections delta [C, BV]."""
+    r, s = _iotas(q.shape[0])
+    P = _decay(G, s <= r) * _dot(q, k, ((1,), (1,)), prec)          # [C, C]
+    return _dot(q * jnp.exp(G)[:, None], S, ((1,), (0,)), prec) + _dot(P, delta, ((1,), (0,)), prec)
+
+
+def _next_state(k, G, S, delta, prec):
+    """The state after a chunk: exp(G_last) S + (exp(G_last - G) k)^T delta (G_last = G[C-1], read by a masked sum
+    that adds exact zeros)."""
+    last = lax.broadcasted_iota(jnp.int32, G.shape, 0) == G.shape[0] - 1
+    G_last = jnp.sum(jnp.where(last, G, 0.0))
+    kd = k * jnp.exp(G_last - G)[:, None]
+    return S * jnp.exp(G_last) + _dot(kd, delta, ((0,), (0,)), prec)
+
+
 def _prepare_kernel(k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, G_ref, *, C, interpret):
     b = pl.program_id(0)
     h = pl.program_id(1)
@@ -103,12 +129,7 @@ def _prepare_kernel(k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, G_ref, *, C, in
     v = v_ref[b, rows, h, :].astype(F32)                            # [C, Dv]
     G = jnp.cumsum(g_ref[b, rows, h].astype(F32))                   # [C]
     beta = beta_ref[b, rows, h].astype(F32)
-    r, s = _iotas(C)
-    gram = _dot(k, k, ((1,), (1,)), prec)                           # k_r . k_s
-    # LT[j, i] = L[i, j] = beta_i exp(G_i - G_j) k_i . k_j for i > j (rows j = r, columns i = s)
-    upper = s > r
-    LT = jnp.where(upper, beta[None, :] * jnp.exp(jnp.where(upper, G[None, :] - G[:, None], 0.0)) * gram, 0.0)
-    A = _ut_inverse(LT, C)
+    A = _ut_inverse(_lower_t(k, beta, G, prec), C)
     u_ref[b, rows, h, :] = _dot(A, v * beta[:, None], ((1,), (0,)), prec)
     w_ref[b, rows, h, :] = _dot(A, k * (beta * jnp.exp(G))[:, None], ((1,), (0,)), prec)
     G_ref[b, rows, h] = G
@@ -129,40 +150,32 @@ def _prepare_blocked_kernel(k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, G_ref, 
     g = g_ref[b, pl.ds(base, C), h].astype(F32)                     # [C]
     cb_r = lax.broadcasted_iota(jnp.int32, (CB, C), 0)
     c_c = lax.broadcasted_iota(jnp.int32, (CB, C), 1)
-    r, s = _iotas(CB)
-    ks, betas, Gs = [], [], []
+    ks, betas, Gs, vbs, kbs = [], [], [], [], []                    # per block, each computed once
     for i in range(NB):
         rows = pl.ds(base + i * CB, CB)
         ks.append(k_ref[b, rows, h, :].astype(F32))                 # [CB, Dk]
         betas.append(beta_ref[b, rows, h].astype(F32))              # [CB]
         Gs.append(jnp.sum(jnp.where(c_c <= cb_r + i * CB, g[None, :], 0.0), axis=1))  # [CB]
-
-    def L(i, m):  # L_im [CB, CB] (i > m: every entry below the diagonal)
-        gram = _dot(ks[i], ks[m], ((1,), (1,)), prec)
-        return betas[i][:, None] * jnp.exp(Gs[i][:, None] - Gs[m][None, :]) * gram
+        vbs.append(v_ref[b, rows, h, :].astype(F32) * betas[i][:, None])             # beta v   [CB, Dv]
+        kbs.append(ks[i] * (betas[i] * jnp.exp(Gs[i]))[:, None])                    # beta exp(G) k
 
     A = {}
     for i in range(NB):
-        # diagonal block: LT[j, i'] = L_ii[i', j] for i' > j (as in _prepare_kernel)
-        gram = _dot(ks[i], ks[i], ((1,), (1,)), prec)
-        upper = s > r
-        LT = jnp.where(upper, betas[i][None, :] * jnp.exp(jnp.where(upper, Gs[i][None, :] - Gs[i][:, None], 0.0))
-                       * gram, 0.0)
-        A[i, i] = _ut_inverse(LT, CB)
+        A[i, i] = _ut_inverse(_lower_t(ks[i], betas[i], Gs[i], prec), CB)
+        # L_im (m < i: every entry below the diagonal), each formed once for the blocks A_ij below
+        L = [betas[i][:, None] * jnp.exp(Gs[i][:, None] - Gs[m][None, :]) * _dot(ks[i], ks[m], ((1,), (1,)), prec)
+             for m in range(i)]
         for j in range(i):
-            acc = _dot(L(i, j), A[j, j], ((1,), (0,)), prec)
+            acc = _dot(L[j], A[j, j], ((1,), (0,)), prec)
             for m in range(j + 1, i):
-                acc = acc + _dot(L(i, m), A[m, j], ((1,), (0,)), prec)
+                acc = acc + _dot(L[m], A[m, j], ((1,), (0,)), prec)
             A[i, j] = -_dot(A[i, i], acc, ((1,), (0,)), prec)
     for i in range(NB):
         rows = pl.ds(base + i * CB, CB)
         u = w = None
         for j in range(i + 1):
-            rows_j = pl.ds(base + j * CB, CB)
-            vb = v_ref[b, rows_j, h, :].astype(F32) * betas[j][:, None]
-            kb = ks[j] * (betas[j] * jnp.exp(Gs[j]))[:, None]
-            du = _dot(A[i, j], vb, ((1,), (0,)), prec)
-            dw = _dot(A[i, j], kb, ((1,), (0,)), prec)
+            du = _dot(A[i, j], vbs[j], ((1,), (0,)), prec)
+            dw = _dot(A[i, j], kbs[j], ((1,), (0,)), prec)
             u = du if u is None else u + du
             w = dw if w is None else w + dw
         u_ref[b, rows, h, :] = u
@@ -177,9 +190,6 @@ def _carry_kernel(slot_ref, S0_ref, q_ref, k_ref, G_ref, w_ref, u_ref, o_ref, S_
     cols = pl.ds(pl.program_id(2) * BV, BV)
     prec = dispatch.f32_dot_precision(interpret)
     slot = slot_ref[b]
-    r, s = _iotas(C)
-    causal = s <= r
-    last = lax.broadcasted_iota(jnp.int32, (C,), 0) == C - 1
 
     def body(c, S):
         rows = pl.ds(c * C, C)
@@ -188,13 +198,9 @@ def _carry_kernel(slot_ref, S0_ref, q_ref, k_ref, G_ref, w_ref, u_ref, o_ref, S_
         w = w_ref[b, rows, h, :]                                    # [C, Dk]
         u = u_ref[b, rows, h, cols]                                 # [C, BV]
         G = G_ref[b, rows, h]                                       # the prepare kernel's cumsum (same bits)
-        G_last = jnp.sum(jnp.where(last, G, 0.0))                   # G[C-1] (adds exact zeros)
         delta = u - _dot(w, S, ((1,), (0,)), prec)                  # [C, BV]
-        P = _decay(G, causal) * _dot(q, k, ((1,), (1,)), prec)      # [C, C]
-        o_ref[b, rows, h, cols] = (_dot(q * jnp.exp(G)[:, None], S, ((1,), (0,)), prec)
-                                   + _dot(P, delta, ((1,), (0,)), prec))
-        kd = k * jnp.exp(G_last - G)[:, None]
-        return S * jnp.exp(G_last) + _dot(kd, delta, ((0,), (0,)), prec)
+        o_ref[b, rows, h, cols] = _chunk_outputs(q, k, G, S, delta, prec)
+        return _next_state(k, G, S, delta, prec)
 
     S = lax.fori_loop(0, n_chunks, body, S0_ref[slot, h, :, cols].astype(F32))
     S_ref[slot, h, :, cols] = S
@@ -209,7 +215,6 @@ def _state_kernel(slot_ref, S0_ref, k_ref, G_ref, w_ref, u_ref, Sc_ref, d_ref, S
     cols = pl.ds(pl.program_id(2) * BV, BV)
     prec = dispatch.f32_dot_precision(interpret)
     slot = slot_ref[b]
-    last = lax.broadcasted_iota(jnp.int32, (C,), 0) == C - 1
 
     def body(c, S):
         rows = pl.ds(c * C, C)
@@ -218,11 +223,9 @@ def _state_kernel(slot_ref, S0_ref, k_ref, G_ref, w_ref, u_ref, Sc_ref, d_ref, S
         w = w_ref[b, rows, h, :]                                    # [C, Dk]
         u = u_ref[b, rows, h, cols]                                 # [C, BV]
         G = G_ref[b, rows, h]
-        G_last = jnp.sum(jnp.where(last, G, 0.0))
         delta = u - _dot(w, S, ((1,), (0,)), prec)                  # [C, BV]
         d_ref[b, rows, h, cols] = delta
-        kd = k * jnp.exp(G_last - G)[:, None]
-        return S * jnp.exp(G_last) + _dot(kd, delta, ((0,), (0,)), prec)
+        return _next_state(k, G, S, delta, prec)
 
     S = lax.fori_loop(0, n_chunks, body, S0_ref[slot, h, :, cols].astype(F32))
     S_ref[slot, h, :, cols] = S
@@ -236,15 +239,11 @@ def _output_kernel(q_ref, k_ref, G_ref, Sc_ref, d_ref, o_ref, *, C, BV, interpre
     cols = pl.ds(pl.program_id(3) * BV, BV)
     rows = pl.ds(c * C, C)
     prec = dispatch.f32_dot_precision(interpret)
-    r, s = _iotas(C)
     q = q_ref[b, rows, h, :].astype(F32)                            # [C, Dk]
     k = k_ref[b, rows, h, :].astype(F32)
-    G = G_ref[b, rows, h]
     S = Sc_ref[b, h, c, :, cols]                                    # [Dk, BV]
     delta = d_ref[b, rows, h, cols]                                 # [C, BV]
-    P = _decay(G, s <= r) * _dot(q, k, ((1,), (1,)), prec)          # [C, C]
-    o_ref[b, rows, h, cols] = (_dot(q * jnp.exp(G)[:, None], S, ((1,), (0,)), prec)
-                               + _dot(P, delta, ((1,), (0,)), prec))
+    o_ref[b, rows, h, cols] = _chunk_outputs(q, k, G_ref[b, rows, h], S, delta, prec)
 
 
 def pad_rows(T: int, C: int = CHUNK) -> int:
