@@ -33,8 +33,9 @@ synchronised with block_until_ready):
       gdn_prefill   GDN prefill at T = 128 / 512 / 2048 at the models' GDN shapes (configs/geometries): the step
                     recurrence kernel (gdn_scan) vs the chunked kernels (gdn/chunked.py, launch variants) vs the
                     chunked jnp reference; also TFLOP/s of the chunked products.
-      moe_prefill   MoE prefill of a 512-row chunk at the Flash-Next experts (uniform and skewed router ids): both
-                    GEMM kernels x bf16 / bf16x2 / bf16x3, K-block launch configs, 32-row tiles.
+      moe_prefill   MoE prefill of a 512-row chunk at the Flash-Next experts (uniform and skewed router ids) and of
+                    a 2048-row chunk: both GEMM kernels x bf16 / bf16x2 / bf16x3, K-block launch configs, 32-row
+                    tiles, row sub-tiles.
       qsa_prefill   QSA over a 512-row prefill chunk at the end of 8192 cells and as a prompt's first chunk
                     (Flash-Next shapes): the tile kernels (qsa/prefill.py, three launch variants) vs the
                     verify-window path over the rows (default split layout, 16 and 32 splits) vs jnp.
@@ -342,8 +343,8 @@ def bench_qsa_prefill(b: Bench, small: bool, rng):
     path: per-row scores, a gathered cell list, flash decoding, in the window's split layout), ``qsa_prefill`` (the
     public op on its default path: the rows path with 16 splits per row, in slices of 512 rows), ``rows_s32`` (32
     splits) and ``jnp`` (the reference). The random indexer inputs select scattered blocks (about a quarter of every
-    64-cell tile), so the tile kernel runs nearly every tile: a model's clustered selections skip more. TFLOP/s counts the dense q.k and p.v products over the T rows' causal cells (padded heads
-    included)."""
+    64-cell tile), so the tile kernel runs nearly every tile: a model's clustered selections skip more. TFLOP/s
+    counts the dense q.k and p.v products over the T rows' causal cells (padded heads included)."""
     from strata_jax.pallas.qsa import prefill as P, qsa_attention, qsa_prefill
     if small:
         N, T, Hq, Hkv, D, Hi, Di, top = 256, 64, 4, 2, 32, 2, 16, 8
@@ -612,8 +613,9 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
     """MoE prefill (`grouped_experts.kernel.moe_prefill`) at the Flash-Next experts (Q2_K gate/up, Q4_0 down, 512
     experts, top-10) for a 512-row chunk: both kernels of STRATA_QMATMUL_GEMM at bf16 / bf16x2 / bf16x3 on the
     default tiles (`gemm.MOE_PREFILL`, BM = 16 rows per tile), then K-block launch configs, 32-row tiles and row
-    sub-tiles (`gemm.Config.SUB`) at bf16x2. Router ids uniform over the experts (about 10 rows per expert) and skewed (a per-expert bias, as real
-    routers: a few experts take many rows); then a 2048-row chunk (uniform, ~40 rows per expert). Bytes: every expert's planar words once (each expert is chosen)."""
+    sub-tiles (`gemm.Config.SUB`) at bf16x2. Router ids uniform over the experts (about 10 rows per expert) and
+    skewed (a per-expert bias, as real routers: a few experts take many rows); then a 2048-row chunk (uniform, ~40
+    rows per expert). Bytes: every expert's planar words once (each expert is chosen)."""
     import dataclasses
     from strata_jax.pallas.grouped_experts import kernel as GK
     from strata_jax.pallas.quant_matmul import gemm as G
@@ -627,7 +629,6 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
         return jax.jit(lambda x, i, tw, *w: GK.moe_prefill(x, i, tw, *w, qts, interpret=it, precision=prec,
                                                             variant=variant, cfg=cfg))
     fns = {f"{v}_{p}": fn(v, p) for v in ("kblock", "unit") for p in ("bf16x2", "bf16x3", "bf16")}
-    main = list(fns)   # (--small: the later cases run these only)
     sweep = {"kb_BN128_KB64": dataclasses.replace(base, BN=128, KB=64),
              "kb_KB128": dataclasses.replace(base, KB=128),   # the default before 2026-12-06
              "kb_BN64_KB256": dataclasses.replace(base, BN=64, KB=256),
@@ -647,7 +648,8 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
         fns["unit_bf16x2_BM32"] = fn("unit", "bf16x2", dataclasses.replace(base, BM=32))
     nbytes = sum(_nbytes(w) for w in ws)
     bias = rng.standard_normal(E) * 1.5
-    later = main[:3] if small else ["kblock_bf16x2", "kblock_bf16", "kb_SUB2", "kb_SUB4"]
+    later = ["kblock_bf16x2", "kblock_bf16x3", "kblock_bf16"] if small else ["kblock_bf16x2", "kblock_bf16",
+                                                                             "kb_SUB2", "kb_SUB4"]
     cases = [("uniform", M), ("skewed", M)] + ([] if small else [("uniform", 4 * M)])
     for dist, M in cases:   # 4M: a 2048-row chunk, ~40 rows per expert (each decoded weight used 4x as often)
         x = jnp.asarray(rng.standard_normal((M, H)), jnp.float32)
