@@ -28,7 +28,8 @@
 # (the layers' compiled exactness tests with STRATA_ROW_MAP=xla), sweep (experiments/sweep_kernels.py: GEMV and
 # attention launch configs at the 1.5B file's and Flash-Next's shapes; SWEEP_S, SWEEP_ROWS, SWEEP_ONLY),
 # profile_steps / profile_full_steps (profile_step.py --kind steps: 4 steps per program, per token, with the
-# program's HLO; FULL_STEPS_CB=0: the Flash-Next steps without command buffers, every kernel traced on its own), profile_full_prefill_new / _old (one Flash-Next prefill chunk, the new tree and .carry/old; FULL_PREFILL_ARGS
+# program's HLO; FULL_STEPS_CB=0: the Flash-Next steps without command buffers, every kernel traced on its own),
+# profile_full_prefill_new / _old (one Flash-Next prefill chunk, the new tree and .carry/old; FULL_PREFILL_ARGS
 # e.g. "--prefill_chunk 2048 --max_context 4096"),
 # batch_gen (strata-generate --batch N, aggregate tok/s; BATCH_NS) and anchor_batched
 # (llama-batched-bench on the same file). The real file path at full size (after fullsize; issue 12 item 8):
