@@ -102,6 +102,14 @@ def main() -> None:
     else:
         T = 1 if args.kind == "step" else int(args.kind.removeprefix("window"))
         kind = "step" if T == 1 else "window"
+    # every timed call writes cells past the last one: the furthest cell is the prompt, one position per token of
+    # each program (the first, the warm-up and the timed / traced runs), then a window's T rows
+    per = args.decode_steps if kind == "steps" else 1  # tokens per program
+    furthest = args.prompt_tokens + per * (1 + args.warmup + 2 * args.steps) + T
+    if furthest > args.max_context:
+        raise SystemExit(f"profile_step: --max_context {args.max_context} is too short for {args.kind}: the run "
+                         f"writes {furthest} cells (prompt {args.prompt_tokens}, {1 + args.warmup + 2 * args.steps} "
+                         f"calls, {T} rows per call); raise --max_context or lower --steps / --prefill_chunk")
     rng = np.random.default_rng(0)
     prompt = rng.integers(100, min(eng.cfg.vocab_size, 30000), args.prompt_tokens).tolist()
     sp = SamplingParams(0.0)
@@ -113,8 +121,6 @@ def main() -> None:
     tok = jnp.asarray(toks)
 
     dispatched = []
-
-    per = args.decode_steps if kind == "steps" else 1  # tokens per program
 
     def run(n, start):
         """n programs back to back from position ``start`` (a window re-verifies the same positions); records the
