@@ -153,11 +153,13 @@ def attend_kernel(q, k_cache, v_cache, cells, scale, *, interpret: bool, cfg: At
     m, l, acc = m[..., :G], l[..., :G], acc[:, :, :, :G]                      # the G real heads
     # The splits merged by a fixed pairwise tree over the split axis (its order a function of the split count
     # only): a serial chain of 65 splits was one XLA fusion of 5.5 us per call on the H200 (2026-12-04: the
-    # 1.5B step's largest glue kernel), latency-bound; the tree has depth 7. l rides as column D of acc, so one
-    # tree (one fusion) sums both.
+    # 1.5B step's largest glue kernel), latency-bound; the tree has depth 7. acc and l each take their own tree
+    # (the same adds per element as one tree over l joined to acc, which cost a copy of acc as large as the
+    # attention: 4.1 ms per 16-layer Flash-Next prefill chunk on the H100, 2026-12-06).
     w = jnp.exp(m - jnp.max(m, axis=2, keepdims=True))                           # [T, Hkv, S, G]
-    AL = exact.pairwise_sum(jnp.concatenate([acc, l[..., None]], axis=-1) * w[..., None], axis=2)[:, :, 0]
-    return (AL[..., :D] / AL[..., D:]).reshape(T, Hq, D)                         # [T, Hkv, G, D]
+    A = exact.pairwise_sum(acc * w[..., None], axis=2)[:, :, 0]                  # [T, Hkv, G, D]
+    L = exact.pairwise_sum(l * w, axis=2)[:, :, 0]                               # [T, Hkv, G]
+    return (A / L[..., None]).reshape(T, Hq, D)
 
 
 def _scores_kernel(seg_ref, q_ref, p_ref, o_ref, *, NB, NBT, Di, interpret):
