@@ -86,6 +86,8 @@ def compile_ttir(path: str, num_warps: int, num_stages: int) -> dict:
         f.write(sass)
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", res)
     ttgir = k.asm["ttgir"]
+    with open(path + ".ttgir", "w") as f:   # the layouts: which tensors ttg.convert_layout moves through shared memory
+        f.write(ttgir)
     return {"registers": int(m.group(1)), "stack_bytes": int(m.group(2)), "shared_bytes": k.metadata.shared,
             "wgmma": ttgir.count("ttng.warp_group_dot "), "mma_v2": ttgir.count("tt.dot "),
             "layout_conversions": ttgir.count("ttg.convert_layout"), "async_copies": ttgir.count("async_copy_global"),
