@@ -1,0 +1,26 @@
+#!/bin/bash
+# The device call of 2026-12-07 (first session): 2026-12-06c/call2.sh (never run: no machine came) plus the K-block
+# GEMM's offsets fix (compiled test_planar kblock cases, bench_kernels' dense prefill GEMMs). Sub-runs a (compiled
+# tests, kernel benches), b / c (Flash-Next 16-layer prefill chunk, STRATA_GDN_PREFILL rows / blocked), e (blocked,
+# 2048-row chunk), d (decode steps without command buffers), f (the old package .carry/old = 049af54). Here first:
+#   BASE=049af54 bash experiments/device_session.sh prepare
+# device run (one nvidia-h100-x1 / nvidia-h200, carry [".carry"]):
+#   TOTAL=560 bash experiments/results/s2026-12-07/call1.sh
+T0=$(date +%s)
+TOTAL=${TOTAL:-570}
+left() { echo $(( TOTAL - ($(date +%s) - T0) )); }
+OUT0=${OUT:-/tmp/out}
+export FULL_LAYERS=16
+run() { local sub=$1 b=$2; shift 2; local l; l=$(left); [ "$b" -gt "$l" ] && b=$l
+  [ "$b" -lt 30 ] && { echo "=== $sub skipped ($l s left)"; return; }
+  echo "##### $sub (budget $b s)"; env OUT=$OUT0/$sub BUDGET=$b "$@" bash experiments/device_session.sh run 2>&1 | grep -v "^\s*$" | tail -n 40; }
+run a 260 PARTS="env pallas kernels" PALLAS_FILES="tests/pallas/test_gdn.py tests/pallas/test_grouped_experts.py tests/pallas/test_planar.py" \
+  PALLAS_K="(chunked or sub_tiles or kblock) and not interpret" PALLAS_S=85 \
+  KERNELS_ONLY=gdn_prefill,moe_prefill,prefill KERNELS_S=165
+run b 90 PARTS="profile_full_prefill_new" FULL_PROFILE_S=85
+run c 90 STRATA_GDN_PREFILL=blocked PARTS="profile_full_prefill_new" FULL_PROFILE_S=85
+# a 2048-row chunk (MoE: ~40 rows per expert instead of ~10): ms per row against the 512-row chunk of b
+run e 100 STRATA_GDN_PREFILL=blocked PARTS="profile_full_prefill_new" FULL_PROFILE_S=95 FULL_PREFILL_ARGS="--prefill_chunk 2048 --max_context 4096"
+run d 110 FULL_STEPS_CB=0 PARTS="profile_full_steps" FULL_PROFILE_S=105
+run f 90 PARTS="profile_full_prefill_old" FULL_PROFILE_S=85
+echo "total $(( $(date +%s) - T0 )) s"
