@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -147,6 +148,9 @@ class Bench:
         return row
 
 
+TTIR_DIR = None   # --ttir_dir: where `lower_ir` writes each kernel's Triton IR
+
+
 def lower_ir(fn, args, platform):
     """Lower fn(*args) for ``platform`` (no compile); the Triton IR size of the Pallas kernels it holds."""
     from jax._src.pallas.triton import lowering as _tl
@@ -158,6 +162,12 @@ def lower_ir(fn, args, platform):
         res = orig(jaxpr, *a, **k)
         asm = res.module.operation.get_asm()
         seen.append({"ops": asm.count(" = "), "loads": asm.count("tt.load"), "dots": asm.count("tt.dot")})
+        if TTIR_DIR:   # for `sass_probe.py --scan`: every kernel compiled for sm_90 on this machine
+            os.makedirs(TTIR_DIR, exist_ok=True)
+            name = re.search(r"tt\.func (?:public )?@([\w.]+)", asm)
+            with open(os.path.join(TTIR_DIR, f"{name.group(1) if name else 'kernel'}_{len(os.listdir(TTIR_DIR))}.ttir"),
+                      "w") as f:
+                f.write(asm)
         return res
 
     _tl.lower_jaxpr_to_triton_module = hook
@@ -744,9 +754,13 @@ def main(argv=None):
     ap.add_argument("--only", default=DEFAULT_SECTIONS, help=f"comma-separated subset of {list(SECTIONS)}")
     ap.add_argument("--budget_s", type=float, default=None,
                     help="start no new case after this many seconds (the rest are listed as skipped)")
+    ap.add_argument("--ttir_dir", default=None, help="with --lower: also write each kernel's Triton IR here (for "
+                    "experiments/sass_probe.py --scan)")
     ap.add_argument("--lower", default=None, help="lower every case for this platform (e.g. cuda) instead of "
                     "timing it: Triton IR size per case, works on a CPU")
     args = ap.parse_args(argv)
+    global TTIR_DIR
+    TTIR_DIR = args.ttir_dir
     on_gpu = jax.default_backend() in ("gpu", "cuda", "rocm")
     unknown = [n for n in args.only.split(",") if n not in SECTIONS]
     if unknown:

@@ -159,6 +159,31 @@ def lower(args) -> tuple[str, dict]:
     return path, facts
 
 
+def scan(args) -> int:
+    """`--scan`: one line per kernel of the folder, the worst first (pointer conversions, then spills)."""
+    rows = []
+    for fn in sorted(os.listdir(args.scan)):
+        if not fn.endswith(".ttir") or fn.endswith(".opt.ttir"):
+            continue
+        path = os.path.join(args.scan, fn)
+        r = subprocess.run([args.triton_python, os.path.abspath(__file__), "--compile",
+                            f"{path},{args.scan_warps},2"], capture_output=True, text=True)
+        if r.returncode:
+            rows.append((9, 0, fn, "compile failed: " + r.stderr.strip().splitlines()[-1][:120]))
+            continue
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        ttgir = open(path[:-len(".ttir")] + ".opt.ttir.ttgir").read()
+        ptr_cvt = sum(1 for line in ttgir.splitlines() if "ttg.convert_layout" in line and "!tt.ptr" in line)
+        loops = res["loops"]
+        spills = sum(lp["ops"].get("LDL", 0) + lp["ops"].get("STL", 0) for lp in loops)
+        rows.append((ptr_cvt, spills, fn, f"loops {[lp['instructions'] for lp in loops]} regs {res['registers']} "
+                     f"spill-ops {spills} ptr-convert {ptr_cvt} convert {res['layout_conversions']} "
+                     f"wgmma {res['wgmma']} async {res['async_copies']}"))
+    for _, _, fn, line in sorted(rows, key=lambda r: (-r[0], -r[1], r[2])):
+        print(f"{fn:48s} {line}")
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--triton_python", help="a Python with the triton package (e.g. /tmp/tv/bin/python)")
@@ -171,7 +196,13 @@ def main(argv=None):
     ap.add_argument("--prec", default="bf16x3")
     ap.add_argument("--out_dir", default=None, help="where the .ttir / .sass / .cubin go (default: a temp dir)")
     ap.add_argument("--compile", default=None, help=argparse.SUPPRESS)   # internal: FILE,num_warps,num_stages
+    ap.add_argument("--scan", default=None, help="compile every .ttir in this folder (bench_kernels.py --lower cuda "
+                    "--ttir_dir DIR) at --scan_warps / 2 stages and list per kernel: loop instructions, registers, "
+                    "local-memory (spill) instructions in loops, pointer tensors moved between layouts")
+    ap.add_argument("--scan_warps", type=int, default=4)
     args = ap.parse_args(argv)
+    if args.scan:
+        return scan(args)
     if args.compile:
         path, nw, ns = args.compile.rsplit(",", 2)
         print(json.dumps(compile_ttir(path, int(nw), int(ns))))
