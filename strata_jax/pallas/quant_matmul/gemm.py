@@ -265,15 +265,13 @@ def _kernel_kblock(texp_ref, trows_ref, w_ref, x_ref, *refs, qtype, n_out, k_in,
     def _():
         rows = tile_rows(i, e, BN, n_out, nd)
         col = lax.broadcasted_iota(jnp.int32, (1, KB), 1)
-        xrow = [trows_ref[t, pl.ds(u * BM, BM)].reshape(BM, 1) * k_in for u in range(SUB)]     # [BM, 1]
+        # hoisted: Triton then moves these [BM, KB] offsets between layouts every step (sass_probe: ~half the loop's
+        # instructions at BM = 128); formed inside the loop they do not, but the 1.5B prefill measured 0.93x
+        # (H100, 2026-12-07, experiments/RESULTS.md): the loop is not bound by its instruction count
+        xoff = [trows_ref[t, pl.ds(u * BM, BM)].reshape(BM, 1) * k_in + col for u in range(SUB)]   # [BM, KB]
 
         def body(j, accs):
             c, live = split_step(s, j, cps, n_steps, masked)
-            # the step's offset joins the [BM, 1] row starts before the broadcast to [BM, KB], so the [BM, KB]
-            # offsets are formed inside the loop in the load's layout (formed once before the loop, Triton kept
-            # them in another layout and moved 2 x BM x KB pointers through shared memory every step: ~40% of the
-            # loop's instructions at BM = 128, sass_probe)
-            xoff = [[(xr + (p * (m_x * k_in) + c * KB)) + col for p in range(x_pieces)] for xr in xrow]   # [BM, KB]
             f, dl, mn = decode_tile(qtype, w_ref, rows, c * G + lax.broadcasted_iota(jnp.int32, (G,), 0), k_in,
                                     tables)
             w = f if dl is None else dl * f      # `decode.values`: the weights of `planar.dequantize`
@@ -282,7 +280,7 @@ def _kernel_kblock(texp_ref, trows_ref, w_ref, x_ref, *refs, qtype, n_out, k_in,
             wp = bf16_pieces(w.reshape(BN, KB), w_pieces, rounded=True)
             out = []
             for u in range(SUB):
-                xp = [x_ref[xoff[u][p]] for p in range(x_pieces)]   # bfloat16 [BM, KB]
+                xp = [x_ref[p * (m_x * k_in) + c * KB + xoff[u]] for p in range(x_pieces)]   # bfloat16 [BM, KB]
                 new = piece_products(wp, xp, _dot, accs[u])
                 out.append(jnp.where(live, new, accs[u]) if masked else new)
             return tuple(out)

@@ -54,8 +54,9 @@ class Config:
     num_warps: int = 4
     num_stages: int = 2
     tag: str = ""                # appended to the kernel's name (sweeps tell their variants apart in a trace)
-    prefetch: int = 2            # steps whose weight words are loaded ahead of the step computing (`_Tape`):
-    #                              0 (none), 1, 2; the same bits whatever the depth
+    prefetch: int = 0            # steps whose weight words are loaded ahead of the step computing (`_Tape`):
+    #                              0 (none), 1, 2; the same bits whatever the depth. 0: 2 measured slower (H100,
+    #                              2026-12-07: 1.5B decode 562.5 vs 583.5 tok/s, Q6_K head 154 vs 129 us per call)
 
 
 DEFAULT = Config()
@@ -74,12 +75,12 @@ HEAD_ROWS = 65536   # a weight with this many output rows or more is an output h
 
 
 def prefetch_depth() -> int:
-    """``STRATA_QMATMUL_PREFETCH``: `Config.prefetch` of the chosen configs, 0, 1 or 2 (default 2; 0 is the loop
-    before 2026-12-07, for comparisons). Read when a call is traced.
+    """``STRATA_QMATMUL_PREFETCH``: `Config.prefetch` of the chosen configs, 0, 1 or 2 (default 0, the plain loop:
+    see `Config`; 1 / 2 for sweeps). Read when a call is traced.
 
     Raises:
       UnsupportedError: another value."""
-    return int(dispatch.env_choice("STRATA_QMATMUL_PREFETCH", "2", ("0", "1", "2")))
+    return int(dispatch.env_choice("STRATA_QMATMUL_PREFETCH", "0", ("0", "1", "2")))
 
 
 def choose_config(qtype, n_out: int, k_in: int) -> Config:
@@ -369,7 +370,7 @@ class _TapedRef:
 
 
 def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, masked, BN, x_per_slot,
-            table_names, x_sizes, planes, x_offs=(), prefetch=2):
+            table_names, x_sizes, planes, x_offs=(), prefetch=0):
     w_refs = refs[:n_mats]
     n_x = len(x_sizes)
     x_refs = refs[n_mats:n_mats + n_x]
