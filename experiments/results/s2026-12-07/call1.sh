@@ -1,6 +1,6 @@
 #!/bin/bash
-# The device call of 2026-12-07 (first session): 2026-12-06c/call2.sh (never run: no machine came) plus the K-block
-# GEMM's offsets fix (compiled test_planar kblock cases, bench_kernels' dense prefill GEMMs). Sub-runs a (compiled
+# The device call prepared on 2026-12-06 (third session; never run: no machine came) plus compiled test_planar kblock
+# cases and bench_kernels' dense prefill GEMMs (not run on 2026-12-07 either: its one call measured call2.sh). Sub-runs a (compiled
 # tests, kernel benches), b / c (Flash-Next 16-layer prefill chunk, STRATA_GDN_PREFILL rows / blocked), e (blocked,
 # 2048-row chunk), d (decode steps without command buffers), f (the old package .carry/old = 049af54). Here first:
 #   BASE=049af54 bash experiments/device_session.sh prepare
