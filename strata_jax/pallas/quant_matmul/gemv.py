@@ -333,15 +333,15 @@ def plane_step(qtype, w_ref, rows, k_in, c, G, xq, tables):
 
 
 class _Tape:
-    """The loads of one loop step, recorded then replayed: software pipelining by hand.
+    """The loads of one loop step, recorded then replayed: software pipelining by hand (`Config.prefetch`).
 
     Triton pipelines (``num_stages``) only loads that feed a tensor-core dot, so in this CUDA-core kernel every
-    step waited for its own loads (sass_probe, 2026-12-07: no async copies in the GEMV's loop; ~1 us of memory
-    latency per step, ~5 steps per program). A step's body is traced twice per iteration: once on ``record``
-    refs for step j + 1, whose loaded values are the loop's carry (the arithmetic of that trace is unused and
-    removed as dead code), then on ``replay`` refs for step j, which return the values carried in, in the order
-    the same body asked for them. The loads of step j + 1 are thereby issued before step j's arithmetic and
-    overlap it; every value is the one the direct load gives, so the bits are those of the kernel without it."""
+    step waits for its own loads (sass_probe, 2026-12-07: no async copies in the GEMV's loop). With prefetch,
+    a step's body is traced twice per iteration: once on recording refs for step j + depth, whose loaded values
+    become the loop's carry (the arithmetic of that trace is unused and removed as dead code), then on replaying
+    refs for step j, which return the values carried in, in the order the same body asked for them. Every value
+    is the one the direct load gives, so the bits are those of the plain loop. Measured slower on an H100
+    (2026-12-07), hence off by default (likely: the other resident programs already hide the loads' latency)."""
 
     def __init__(self, vals=None):
         self.replay = vals is not None
@@ -393,20 +393,18 @@ def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, ma
             # the weight's words only: the activations and tables are small and cached, and carrying an 8-row
             # call's activations spilled registers (sass_probe)
             wrap = (lambda r: r) if tape is None else tape.ref
-            xr = x_ref
-            tabs = tables
             grp = c * G + lax.broadcasted_iota(jnp.int32, (G,), 0)
             if planes:   # `plane_inputs` side by side in one flat [U, M, n] array, input i at x_offs[i]
-                xs = [functools.partial(lambda m, i, idx: xr[(xu * M + m) * x_sizes[0] + x_offs[i] + idx], m)
+                xs = [functools.partial(lambda m, i, idx: x_ref[(xu * M + m) * x_sizes[0] + x_offs[i] + idx], m)
                       for m in range(M)]
             else:
-                xs = [xr[xu, m, pl.ds(c * G, G)].astype(jnp.float32) for m in range(M)]  # [G, *vshape] each
+                xs = [x_ref[xu, m, pl.ds(c * G, G)].astype(jnp.float32) for m in range(M)]  # [G, *vshape] each
             out = []
             for w_ref in w_refs:
                 if planes:
-                    out.append(plane_step(qtype, wrap(w_ref), rows, k_in, c, G, xs, tabs))
+                    out.append(plane_step(qtype, wrap(w_ref), rows, k_in, c, G, xs, tables))
                 else:
-                    f, dl, mn = decode_tile(qtype, wrap(w_ref), rows, grp, k_in, tabs)
+                    f, dl, mn = decode_tile(qtype, wrap(w_ref), rows, grp, k_in, tables)
                     out.append([row_update(f, dl, mn, xs[m]) for m in range(M)])
             return out
 
