@@ -102,10 +102,14 @@ def main() -> None:
     else:
         T = 1 if args.kind == "step" else int(args.kind.removeprefix("window"))
         kind = "step" if T == 1 else "window"
-    # every timed call writes cells past the last one: the furthest cell is the prompt, one position per token of
-    # each program (the first, the warm-up and the timed / traced runs), then a window's T rows
+    # the cells the run writes (see `run` below): one-row programs advance one position per token through the
+    # first call, the warm-up and the timed and traced runs; a window / prefill chunk re-reads its T rows from the
+    # start each run() call was given (which advances by 1, warmup and steps)
     per = args.decode_steps if kind == "steps" else 1  # tokens per program
-    furthest = args.prompt_tokens + per * (1 + args.warmup + 2 * args.steps) + T
+    if T == 1:
+        furthest = args.prompt_tokens + per * (1 + args.warmup + 2 * args.steps)
+    else:
+        furthest = args.prompt_tokens + 1 + args.warmup + args.steps + T
     if furthest > args.max_context:
         raise SystemExit(f"profile_step: --max_context {args.max_context} is too short for {args.kind}: the run "
                          f"writes {furthest} cells (prompt {args.prompt_tokens}, {1 + args.warmup + 2 * args.steps} "

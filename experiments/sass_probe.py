@@ -169,7 +169,8 @@ def scan(args) -> int:
         r = subprocess.run([args.triton_python, os.path.abspath(__file__), "--compile",
                             f"{path},{args.scan_warps},2"], capture_output=True, text=True)
         if r.returncode:
-            rows.append((9, 0, fn, "compile failed: " + r.stderr.strip().splitlines()[-1][:120]))
+            err = (r.stderr.strip().splitlines() or [f"rc {r.returncode}, no stderr"])[-1]
+            rows.append((9, 0, fn, "compile failed: " + err[:120]))
             continue
         res = json.loads(r.stdout.strip().splitlines()[-1])
         ttgir = open(path[:-len(".ttir")] + ".opt.ttir.ttgir").read()
@@ -201,14 +202,14 @@ def main(argv=None):
                     "local-memory (spill) instructions in loops, pointer tensors moved between layouts")
     ap.add_argument("--scan_warps", type=int, default=4)
     args = ap.parse_args(argv)
-    if args.scan:
-        return scan(args)
     if args.compile:
         path, nw, ns = args.compile.rsplit(",", 2)
         print(json.dumps(compile_ttir(path, int(nw), int(ns))))
         return 0
     if not args.triton_python:
         ap.error("--triton_python is required (see the module docstring)")
+    if args.scan:
+        return scan(args)
     path, facts = lower(args)
     r = subprocess.run([args.triton_python, os.path.abspath(__file__), "--compile",
                         f"{path},{facts['num_warps']},{facts['num_stages']}"], capture_output=True, text=True)

@@ -74,6 +74,9 @@ HEAD_Q6K = Config(BN=32, G=8, target_programs=528)
 HEAD_ROWS = 65536   # a weight with this many output rows or more is an output head / embedding
 
 
+PREFETCH_DEPTH2_ROWS = 4   # calls of more rows load 1 step ahead at most (8 rows, 2 ahead: the Q6_K head spilled)
+
+
 def prefetch_depth() -> int:
     """``STRATA_QMATMUL_PREFETCH``: `Config.prefetch` of the chosen configs, 0, 1 or 2 (default 0, the plain loop:
     see `Config`; 1 / 2 for sweeps). Read when a call is traced.
@@ -416,7 +419,7 @@ def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, ma
             c, live = split_step(s, j, cps, n_chunks, masked)
             return add(accs, step(c), live)
 
-        depth = min(prefetch, cps - 1, 2 if M <= 4 else 1)   # 8 rows: 2 steps ahead spilled registers (Q6_K)
+        depth = min(prefetch, cps - 1, 2 if M <= PREFETCH_DEPTH2_ROWS else 1)
 
         def loads(j):
             """The weight words of step j of this split (past the split's end: its last step again, unused)."""
