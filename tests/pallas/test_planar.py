@@ -4,8 +4,6 @@ the kernels on one format of each decoder family), row invariance (bitwise), poi
 precisions, grouped experts (windows and the sorted prefill GEMM), and the model's kernel-path program with planar
 weights (structure only: tracing)."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -98,28 +96,6 @@ def test_gemv_accuracy(impl, qtype, rng, monkeypatch):
         y = qmatmul(jnp.asarray(x), w, qtype, n_out, k_in, impl=impl)
     assert y.shape == (3, n_out) and y.dtype == jnp.float32
     f64_check(y, x, w64, 1e-5, f"{impl} {qtype.name}")
-
-
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q2_K, Q.Q6_K, Q.IQ4_XS, Q.BF16], ids=lambda q: q.name)
-def test_gemv_prefetch_same_bits(qtype, rng, monkeypatch):
-    """The GEMV's prefetched loop (`gemv.Config.prefetch`: the weight words of steps j + 1 .. j + depth loaded
-    before step j's arithmetic) gives the bits of the plain loop at depths 1 and 2, on the plane path, the
-    decoder path (with and without tables) and a float weight; with one K split of 7 steps and with a ragged
-    last split (3 splits of 3 steps over 7); within 1e-5 of float64 (interpret mode, where every call runs 8
-    rows: the 8-row cap on the depth is lifted so that depth 2 runs)."""
-    monkeypatch.setattr(gemv, "PREFETCH_DEPTH2_ROWS", gemv.M_MAX)
-    n_out, k_in = 20, 1792   # 56 groups: 7 steps of 8 groups
-    w, w64 = _weight(rng, qtype, n_out, k_in)
-    x = jnp.asarray(rng.standard_normal((3, k_in)).astype(np.float32))
-    for target in (1, 3):
-        base = gemv.Config(G=8, target_programs=target)
-        t = gemv.tiling(qtype, n_out, k_in, base)
-        assert (t["split"], t["cps"], t["masked"]) == ((1, 7, False) if target == 1 else (3, 3, True))
-        ys = [gemv.gemv(x, w, qtype, n_out, k_in, interpret=True, cfg=dataclasses.replace(base, prefetch=p))
-              for p in (0, 1, 2)]
-        for p in (1, 2):
-            assert_bits_equal(np.asarray(ys[p]), np.asarray(ys[0]), f"{qtype.name} target {target}: depth {p} vs 0")
-        f64_check(ys[2], x, w64, 1e-5, f"{qtype.name} prefetch")
 
 
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)

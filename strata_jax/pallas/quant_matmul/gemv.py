@@ -54,9 +54,6 @@ class Config:
     num_warps: int = 4
     num_stages: int = 2
     tag: str = ""                # appended to the kernel's name (sweeps tell their variants apart in a trace)
-    prefetch: int = 0            # steps whose weight words are loaded ahead of the step computing (`_Tape`):
-    #                              0 (none), 1, 2; the same bits whatever the depth. 0: 2 measured slower (H100,
-    #                              2026-12-07: 1.5B decode 562.5 vs 583.5 tok/s, Q6_K head 154 vs 129 us per call)
 
 
 DEFAULT = Config()
@@ -74,28 +71,14 @@ HEAD_Q6K = Config(BN=32, G=8, target_programs=528)
 HEAD_ROWS = 65536   # a weight with this many output rows or more is an output head / embedding
 
 
-PREFETCH_DEPTH2_ROWS = 4   # calls of more rows load 1 step ahead at most (8 rows, 2 ahead: the Q6_K head spilled)
-
-
-def prefetch_depth() -> int:
-    """``STRATA_QMATMUL_PREFETCH``: `Config.prefetch` of the chosen configs, 0, 1 or 2 (default 0, the plain loop:
-    see `Config`; 1 / 2 for sweeps). Read when a call is traced.
-
-    Raises:
-      UnsupportedError: another value."""
-    return int(dispatch.env_choice("STRATA_QMATMUL_PREFETCH", "0", ("0", "1", "2")))
-
-
 def choose_config(qtype, n_out: int, k_in: int) -> Config:
     """Launch parameters for a weight: a function of the format, the shape and the path (`uses_planes`), never of
     the row count, so a row's reduction order is the same in every window."""
     if qtype == Q.Q4_K and uses_planes(qtype):
-        cfg = PLANES_Q4K if k_in >= 2048 else PLANES_Q4K_SMALL_K
-    elif qtype == Q.Q6_K and n_out >= HEAD_ROWS and not uses_planes(qtype):
-        cfg = HEAD_Q6K
-    else:
-        cfg = DEFAULT
-    return dataclasses.replace(cfg, prefetch=prefetch_depth())
+        return PLANES_Q4K if k_in >= 2048 else PLANES_Q4K_SMALL_K
+    if qtype == Q.Q6_K and n_out >= HEAD_ROWS and not uses_planes(qtype):
+        return HEAD_Q6K
+    return DEFAULT
 
 
 def vshape(qtype) -> tuple:
@@ -335,45 +318,8 @@ def plane_step(qtype, w_ref, rows, k_in, c, G, xq, tables):
     return [jnp.broadcast_to(o, (BN, G)) for o in outs]
 
 
-class _Tape:
-    """The loads of one loop step, recorded then replayed: software pipelining by hand (`Config.prefetch`).
-
-    Triton pipelines (``num_stages``) only loads that feed a tensor-core dot, so in this CUDA-core kernel every
-    step waits for its own loads (sass_probe, 2026-12-07: no async copies in the GEMV's loop). With prefetch,
-    a step's body is traced twice per iteration: once on recording refs for step j + depth, whose loaded values
-    become the loop's carry (the arithmetic of that trace is unused and removed as dead code), then on replaying
-    refs for step j, which return the values carried in, in the order the same body asked for them. Every value
-    is the one the direct load gives, so the bits are those of the plain loop. Measured slower on an H100
-    (2026-12-07), hence off by default (likely: the other resident programs already hide the loads' latency)."""
-
-    def __init__(self, vals=None):
-        self.replay = vals is not None
-        self.vals = list(vals) if self.replay else []
-        self.i = 0
-
-    def ref(self, r):
-        return _TapedRef(r, self)
-
-
-class _TapedRef:
-    """A Pallas ref whose reads go through a `_Tape` (``ref[idx]`` only: the kernels' gathers)."""
-
-    def __init__(self, r, tape: _Tape):
-        self.r, self.tape = r, tape
-
-    def __getitem__(self, idx):
-        t = self.tape
-        if t.replay:
-            v = t.vals[t.i]
-            t.i += 1
-            return v
-        v = self.r[idx]
-        t.vals.append(v)
-        return v
-
-
 def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, masked, BN, x_per_slot,
-            table_names, x_sizes, planes, x_offs=(), prefetch=0):
+            table_names, x_sizes, planes, x_offs=()):
     w_refs = refs[:n_mats]
     n_x = len(x_sizes)
     x_refs = refs[n_mats:n_mats + n_x]
@@ -391,11 +337,8 @@ def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, ma
     def _():
         rows = tile_rows(i, e, BN, n_out, nd)
 
-        def step(c, tape=None):
-            """Per matrix, per row: the float32 [BN, G] sums of loop step ``c`` (its loads through ``tape``)."""
-            # the weight's words only: the activations and tables are small and cached, and carrying an 8-row
-            # call's activations spilled registers (sass_probe)
-            wrap = (lambda r: r) if tape is None else tape.ref
+        def body(j, accs):
+            c, live = split_step(s, j, cps, n_chunks, masked)
             grp = c * G + lax.broadcasted_iota(jnp.int32, (G,), 0)
             if planes:   # `plane_inputs` side by side in one flat [U, M, n] array, input i at x_offs[i]
                 xs = [functools.partial(lambda m, i, idx: x_ref[(xu * M + m) * x_sizes[0] + x_offs[i] + idx], m)
@@ -403,43 +346,18 @@ def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, ma
             else:
                 xs = [x_ref[xu, m, pl.ds(c * G, G)].astype(jnp.float32) for m in range(M)]  # [G, *vshape] each
             out = []
-            for w_ref in w_refs:
+            for w_ref, acc in zip(w_refs, accs):
                 if planes:
-                    out.append(plane_step(qtype, wrap(w_ref), rows, k_in, c, G, xs, tables))
+                    ts = plane_step(qtype, w_ref, rows, k_in, c, G, xs, tables)
                 else:
-                    f, dl, mn = decode_tile(qtype, wrap(w_ref), rows, grp, k_in, tables)
-                    out.append([row_update(f, dl, mn, xs[m]) for m in range(M)])
-            return out
-
-        def add(accs, ts, live):
-            return tuple(tuple(acc[m] + (jnp.where(live, t[m], 0.0) if masked else t[m]) for m in range(M))
-                         for acc, t in zip(accs, ts))
-
-        def body(j, accs):
-            c, live = split_step(s, j, cps, n_chunks, masked)
-            return add(accs, step(c), live)
-
-        depth = min(prefetch, cps - 1, 2 if M <= PREFETCH_DEPTH2_ROWS else 1)
-
-        def loads(j):
-            """The weight words of step j of this split (past the split's end: its last step again, unused)."""
-            t = _Tape()
-            step(split_step(s, jnp.minimum(j, cps - 1), cps, n_chunks, True)[0], t)
-            return tuple(t.vals)
-
-        def body_prefetch(j, carry):
-            accs, ahead = carry         # the words of steps j .. j + depth - 1
-            c, live = split_step(s, j, cps, n_chunks, masked)
-            nxt = loads(j + depth)      # issued before this step's arithmetic; used `depth` steps later
-            ts = step(c, _Tape(ahead[0]))
-            return add(accs, ts, live), ahead[1:] + (nxt,)
+                    f, dl, mn = decode_tile(qtype, w_ref, rows, grp, k_in, tables)
+                    ts = [row_update(f, dl, mn, xs[m]) for m in range(M)]
+                for m in range(M):
+                    out.append(acc[m] + (jnp.where(live, ts[m], 0.0) if masked else ts[m]))
+            return tuple(tuple(out[a * M:(a + 1) * M]) for a in range(n_mats))
 
         zero = tuple(jnp.zeros((BN, G), jnp.float32) for _ in range(M))
-        init = tuple(zero for _ in range(n_mats))
-        if depth > 0:
-            accs, _ = lax.fori_loop(0, cps, body_prefetch, (init, tuple(loads(d) for d in range(depth))))
-        else:
-            accs = lax.fori_loop(0, cps, body, init)
+        accs = lax.fori_loop(0, cps, body, tuple(zero for _ in range(n_mats)))
         for o_ref, acc in zip(o_refs, accs):
             for m in range(M):
                 o_ref[u, s, pl.ds(i * BN, BN), m] = jnp.sum(acc[m], axis=1)
@@ -508,7 +426,7 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
         functools.partial(_kernel, n_mats=n_mats, qtype=qtype, M=M, n_out=n_out, k_in=k_in, G=t["G"],
                           cps=t["cps"], n_chunks=t["n_chunks"], masked=t["masked"], BN=cfg.BN,
                           x_per_slot=x_per_slot, table_names=names, x_sizes=x_sizes, planes=planes,
-                          x_offs=x_offs, prefetch=cfg.prefetch),
+                          x_offs=x_offs),
         out_shape=[jax.ShapeDtypeStruct((U, t["split"], n_pad, M), jnp.float32)] * n_mats,
         grid=(t["n_tiles"], t["split"], U), in_specs=[full] * (1 + n_mats + len(xr) + len(tabs)),
         out_specs=[full] * n_mats,
