@@ -92,7 +92,7 @@ def random_weight(rng, qtype, n_out, k_in, lead=()):
 
 
 class Bench:
-    def __init__(self, iters, kernel_impl, budget_s=None, lower=None):
+    def __init__(self, iters, kernel_impl, budget_s=None, lower=None, ttir_dir=None):
         self.iters = iters
         self.kernel_impl = kernel_impl
         self.interpret = kernel_impl != "kernel"
@@ -102,6 +102,7 @@ class Bench:
         self.deadline = None if budget_s is None else time.perf_counter() + budget_s
         self.skipped = []
         self.lower = lower
+        self.ttir_dir = ttir_dir
 
     def out_of_time(self, op, case) -> bool:
         if self.deadline is not None and time.perf_counter() > self.deadline:
@@ -119,7 +120,7 @@ class Bench:
             row[f"{path}_bytes"] = int(nb)
             try:
                 if self.lower:
-                    row[f"{path}_ir"] = lower_ir(fn, args, self.lower)
+                    row[f"{path}_ir"] = lower_ir(fn, args, self.lower, self.ttir_dir)
                     continue
                 t = timeit(fn, args, self.iters)
                 row[f"{path}_us"] = t * 1e6
@@ -148,11 +149,9 @@ class Bench:
         return row
 
 
-TTIR_DIR = None   # --ttir_dir: where `lower_ir` writes each kernel's Triton IR
-
-
-def lower_ir(fn, args, platform):
-    """Lower fn(*args) for ``platform`` (no compile); the Triton IR size of the Pallas kernels it holds."""
+def lower_ir(fn, args, platform, ttir_dir=None):
+    """Lower fn(*args) for ``platform`` (no compile); the Triton IR size of the Pallas kernels it holds. With
+    ``ttir_dir``, each kernel's Triton IR is also written there (`sass_probe.py --scan`)."""
     from jax._src.pallas.triton import lowering as _tl
 
     seen = []
@@ -162,10 +161,10 @@ def lower_ir(fn, args, platform):
         res = orig(jaxpr, *a, **k)
         asm = res.module.operation.get_asm()
         seen.append({"ops": asm.count(" = "), "loads": asm.count("tt.load"), "dots": asm.count("tt.dot")})
-        if TTIR_DIR:   # for `sass_probe.py --scan`: every kernel compiled for sm_90 on this machine
-            os.makedirs(TTIR_DIR, exist_ok=True)
+        if ttir_dir:   # for `sass_probe.py --scan`: every kernel compiled for sm_90 on this machine
+            os.makedirs(ttir_dir, exist_ok=True)
             name = re.search(r"tt\.func (?:public )?@([\w.]+)", asm)
-            with open(os.path.join(TTIR_DIR, f"{name.group(1) if name else 'kernel'}_{len(os.listdir(TTIR_DIR))}.ttir"),
+            with open(os.path.join(ttir_dir, f"{name.group(1) if name else 'kernel'}_{len(os.listdir(ttir_dir))}.ttir"),
                       "w") as f:
                 f.write(asm)
         return res
@@ -759,8 +758,6 @@ def main(argv=None):
     ap.add_argument("--lower", default=None, help="lower every case for this platform (e.g. cuda) instead of "
                     "timing it: Triton IR size per case, works on a CPU")
     args = ap.parse_args(argv)
-    global TTIR_DIR
-    TTIR_DIR = args.ttir_dir
     on_gpu = jax.default_backend() in ("gpu", "cuda", "rocm")
     unknown = [n for n in args.only.split(",") if n not in SECTIONS]
     if unknown:
@@ -774,7 +771,7 @@ def main(argv=None):
         from strata_jax.pallas import dispatch
         dispatch.on_gpu = lambda: True
     impl = "kernel" if on_gpu or args.lower else "interpret"
-    b = Bench(args.iters or (2 if args.small else 20), impl, args.budget_s, args.lower)
+    b = Bench(args.iters or (2 if args.small else 20), impl, args.budget_s, args.lower, args.ttir_dir)
     print(f"device: {jax.devices()[0].device_kind}  jax {jax.__version__}  kernel impl: {b.kernel_impl}"
           f"{'  lowering for ' + args.lower if args.lower else ''}\n")
     rng = np.random.default_rng(0)
