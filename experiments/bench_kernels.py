@@ -259,9 +259,8 @@ def _gdn_inputs(rng, B, T, H, Dk, Dv):
 def bench_gdn_prefill(b: Bench, small: bool, rng):
     """GDN prefill at T = 128 / 512 / 2048 rows of one segment, at the GDN shapes of configs/geometries
     (Qwen3.8-Flash-Next: 48 v-heads, Qwen3.6: 32, Dk = Dv = 128): ``scan`` (the step recurrence `kernel.gdn_scan`,
-    gdn_chunked's kernel before the chunked kernels), ``chunked`` (`chunked.gdn_chunked_kernel` with its defaults:
-    blocked solve, split carry) and its launch variants (``rows_fused``: the one-row-per-step solve and the outputs
-    inside the chunk loop, the kernels before 2026-12-06c), ``jnp`` (the chunked reference). TFLOP/s counts the
+    gdn_chunked's kernel before the chunked kernels), ``chunked`` (`chunked.gdn_chunked_kernel` with its defaults) and
+    its launch settings (at T = 512 only), ``jnp`` (the chunked reference). TFLOP/s counts the
     chunked algorithm's tile products (gram, u, w, w S, q k^T, q S, P delta, k^T delta)."""
     from strata_jax.pallas.gdn import chunked as GC, kernel as GK, reference as GR
     from strata_jax.testing.random_weights import load_geometry
@@ -279,15 +278,13 @@ def bench_gdn_prefill(b: Bench, small: bool, rng):
     n = jnp.full((B,), 0, jnp.int32)  # not read (masked=False): every row runs
     fns = {"scan": jax.jit(lambda S0, q, k, v, g, beta: GK.gdn_scan(n, slot, S0, q, k, v, g, beta, want_o=True,
                                                                    want_S=True, interpret=it, masked=False))}
-    # launch variants (gdn_chunked_kernel's keywords): the default first; rows_fused = the kernels before 2026-12-06c
-    variants = {"chunked": {}, "rows_fused": dict(solve="rows", carry="fused"),
-                "blocked_fused": dict(carry="fused"), "rows_split": dict(solve="rows")}
+    # launch settings (gdn_chunked_kernel's keywords), the default first (H100 2026-12-07 at T = 512: 8 warps in the
+    # output kernel 3% faster, the rest slower; the other solve / carry kernels were removed, RESULTS.md)
+    variants = {"chunked": {}}
     if not small:
         variants.update({
-            "split_bv64": dict(BV=64), "split_bv16": dict(BV=16), "split_out128": dict(BV_out=128, out_warps=8),
-            "split_out32": dict(BV_out=32), "split_ow8": dict(out_warps=8), "split_st2": dict(state_stages=2),
-            "split_w8": dict(num_warps=8),
-            "fused_bv64": dict(carry="fused", BV=64)})
+            "bv64": dict(BV=64), "bv16": dict(BV=16), "out128_w8": dict(BV_out=128, out_warps=8),
+            "out32": dict(BV_out=32), "ow8": dict(out_warps=8), "st2": dict(state_stages=2), "w8": dict(num_warps=8)})
     for vname, kw in variants.items():
         fns[vname] = jax.jit(lambda *a, kw=kw: GC.gdn_chunked_kernel(slot, *a, interpret=it, **kw))
     fns["jnp"] = jax.jit(lambda *a: GR.gdn_chunked(*a))
@@ -300,7 +297,7 @@ def bench_gdn_prefill(b: Bench, small: bool, rng):
             n_chunks = GC.pad_rows(T, C) // C
             flops = 2 * B * H * n_chunks * (3 * C * C * Dk + 2 * C * C * Dv + 3 * C * Dk * Dv)
             # every variant at T = 512 (the GPU's prefill chunk), the main ones at the other lengths
-            some = fns if T == 512 or small else {p: fns[p] for p in ("scan", "chunked", "rows_fused", "jnp")}
+            some = fns if T == 512 or small else {p: fns[p] for p in ("scan", "chunked", "jnp")}
             b.add("gdn_prefill", f"{name} H={H} Dk={Dk} Dv={Dv} T={T}", nbytes, some, args, flops=flops,
                   extra={"T": T, "H": H})
 
@@ -645,7 +642,7 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
              "kb_BN32_KB128": dataclasses.replace(base, BN=32, KB=128),
              "kb_BM32": dataclasses.replace(base, BM=32, KB=128),   # (KB as on 2026-12-06's first run)
              # around the default (KB = 64): pipelining depth, warps, narrower weight tiles, one group per step
-             "kb_st3": dataclasses.replace(base, num_stages=3), "kb_st1": dataclasses.replace(base, num_stages=1),
+             "kb_st3": dataclasses.replace(base, num_stages=3), "kb_st2": dataclasses.replace(base, num_stages=2),
              "kb_w2": dataclasses.replace(base, num_warps=2), "kb_w8": dataclasses.replace(base, num_warps=8),
              "kb_BN32": dataclasses.replace(base, BN=32), "kb_KB32": dataclasses.replace(base, KB=32),
              # row sub-tiles: 2 / 4 tiles of 16 rows per program share each decoded weight block (same bits)

@@ -232,53 +232,34 @@ def test_chunked_kernel_model_shapes(rng):
     assert_bits_equal(S[1], S_all[1], "slot 1 untouched")
 
 
-@pytest.mark.parametrize("solve", ["blocked", "rows"])
-@pytest.mark.parametrize("carry", ["split", "fused"])
-def test_chunked_kernel_variants(solve, carry, rng):
-    """Every launch variant of the chunked kernel (`chunked.SOLVES` x `chunked.CARRIES`): within 1e-5 of a float64
-    recurrence over three chunks (the last one ragged), and the first 37 rows' outputs are the same bits as a
-    37-row call's (a row does not depend on later rows, nor on T)."""
+@pytest.mark.parametrize("launch", [{}, {"BV": 16, "BV_out": 16}, {"num_warps": 8, "out_warps": 8},
+                                    {"state_stages": 2}], ids=["default", "tiles16", "warps8", "stages2"])
+def test_chunked_kernel_launch_settings(launch, rng):
+    """The chunked kernel at several launch settings (value tiles, warps, pipelining stages; bench_kernels'
+    gdn_prefill variants): within 1e-5 of a float64 recurrence over three chunks (the last one ragged), and the
+    first 37 rows' outputs are the same bits as a 37-row call's (a row does not depend on later rows, nor on T)."""
     from strata_jax.pallas.gdn import chunked
 
     interpret = "kernel" not in IMPLS
     T, Dv = 130, 64
     S0, q, k, v, g, beta = make(rng, T, Dv=Dv)
     slot = jnp.arange(B, dtype=jnp.int32)
-    run = jax.jit(lambda *a: chunked.gdn_chunked_kernel(slot, *a, interpret=interpret, solve=solve, carry=carry,
-                                                        BV_out=32))
+    run = jax.jit(lambda *a: chunked.gdn_chunked_kernel(slot, *a, interpret=interpret, **launch))
     o, S = run(S0, q, k, v, g, beta)
     o64, S64 = recurrence64(S0, q, k, v, g, beta)
-    assert_close_rel(o, o64, 1e-5, f"{solve}/{carry} o")
-    assert_close_rel(S, S64[-1], 1e-5, f"{solve}/{carry} S_T")
+    assert_close_rel(o, o64, 1e-5, f"{launch} o")
+    assert_close_rel(S, S64[-1], 1e-5, f"{launch} S_T")
     o37, _ = run(S0, q[:, :37], k[:, :37], v[:, :37], g[:, :37], beta[:, :37])
-    assert_bits_equal(o37, o[:, :37], f"{solve}/{carry} 37 rows vs the first 37 of 130")
+    assert_bits_equal(o37, o[:, :37], f"{launch} 37 rows vs the first 37 of 130")
 
 
-def test_chunked_kernel_bad_variant(rng):
+def test_chunked_kernel_bad_tile(rng):
     from strata_jax.pallas.gdn import chunked
 
     slot, args = jnp.arange(B, dtype=jnp.int32), make(rng, 4)
-    with pytest.raises(ValueError, match="solve='tree'"):
-        chunked.gdn_chunked_kernel(slot, *args, interpret=True, solve="tree")
     with pytest.raises(ValueError, match="BV_out=24"):   # DV = 32: a tile of 24 would leave columns unwritten
         chunked.gdn_chunked_kernel(slot, *args, interpret=True, BV_out=24)
-    with pytest.raises(ValueError, match="C=40"):        # the blocked solve cuts chunks into 16-row blocks
-        chunked.gdn_chunked_kernel(slot, *args, interpret=True, C=40)
-    o, _ = chunked.gdn_chunked_kernel(slot, *args, interpret=True, C=40, solve="rows")   # the row solve takes it
+    with pytest.raises(ValueError, match="BV=8"):
+        chunked.gdn_chunked_kernel(slot, *args, interpret=True, BV=8)
+    o, _ = chunked.gdn_chunked_kernel(slot, *args, interpret=True, C=40)   # any chunk length
     assert o.shape == (B, 4, H, DV)
-
-
-def test_chunked_prefill_env_variant(monkeypatch, rng):
-    """STRATA_GDN_PREFILL picks the launch variant of `gdn_chunked`'s kernel path (both within 1e-5 of a float64
-    recurrence); an unknown value is one clear error."""
-    impl = "kernel" if "kernel" in IMPLS else "interpret"
-    S0, q, k, v, g, beta = make(rng, 70, B=1)
-    o64, S64 = recurrence64(S0, q, k, v, g, beta)
-    for value in ("rows", "blocked"):
-        monkeypatch.setenv("STRATA_GDN_PREFILL", value)
-        o, S = gdn_chunked(S0, q, k, v, g, beta, impl=impl)
-        assert_close_rel(o, o64, 1e-5, f"STRATA_GDN_PREFILL={value} o")
-        assert_close_rel(S, S64[-1], 1e-5, f"STRATA_GDN_PREFILL={value} S_T")
-    monkeypatch.setenv("STRATA_GDN_PREFILL", "tree")
-    with pytest.raises(UnsupportedError, match="STRATA_GDN_PREFILL='tree'"):
-        gdn_chunked(S0, q, k, v, g, beta, impl=impl)

@@ -20,7 +20,7 @@ Conventions for all three ops (one state per (segment b, v-head h)):
 ``impl`` is one of "auto" | "reference" | "kernel" | "interpret" (see `strata_jax.pallas.dispatch`).
 
 Errors: `strata_jax.errors.UnsupportedError` for inconsistent shapes, T > 8 in the window/commit ops, an unknown
-impl or STRATA_GDN_PREFILL value, or impl="kernel"/"interpret" for shapes the kernel cannot serve (Dk, Dv must be
+impl, or impl="kernel"/"interpret" for shapes the kernel cannot serve (Dk, Dv must be
 powers of two >= 16).
 """
 
@@ -135,14 +135,14 @@ def gdn_commit(S0, k, v, g, beta, n_keep, *, slots=None, impl: str = "auto"):
     return _commit(S0, k, v, g, beta, n_keep, slots, path=path, poison=dispatch.poisoning())
 
 
-@functools.partial(jax.jit, static_argnames=("path", "poison", "variant"))
-def _chunked(S0, q, k, v, g, beta, slots, *, path, poison, variant):
+@functools.partial(jax.jit, static_argnames=("path", "poison"))
+def _chunked(S0, q, k, v, g, beta, slots, *, path, poison):
     if path == "reference":
         o, S = _ref.gdn_chunked(S0 if slots is None else S0[slots], q, k, v, g, beta)
         return o, _scatter(S0, S, slots)
     with dispatch.poison_outputs(poison):
         return _c.gdn_chunked_kernel(_slots(slots, q.shape[0]), S0, q, k, v, g, beta,
-                                     interpret=path == "interpret", solve=variant[0], carry=variant[1])
+                                     interpret=path == "interpret")
 
 
 def gdn_chunked(S0, q, k, v, g, beta, *, slots=None, impl: str = "auto"):
@@ -152,12 +152,10 @@ def gdn_chunked(S0, q, k, v, g, beta, *, slots=None, impl: str = "auto"):
     Returns: (o [B,T,H,Dv] float32, S float32 of S0's shape: the segments' states after their T rows).
     Both paths run the chunked WY algorithm (chunk 64, after HF ``torch_chunk_gated_delta_rule``): the reference in
     jnp, the kernel path as Pallas kernels (`chunked`: the chunks' UT transforms in parallel, then the state
-    carried over the chunks, products on tensor cores; ``STRATA_GDN_PREFILL`` picks the launch variant,
-    `chunked.prefill_variant`). Both agree with a float64 recurrence to ~1e-5 relative, not bit for bit with each
+    carried over the chunks, then every chunk's outputs in parallel; products on tensor cores). Both agree with a float64 recurrence to ~1e-5 relative, not bit for bit with each
     other. Kernel path: a row's output depends only on its position and the rows before
     it in its segment (not on B, nor on T beyond it).
     """
     _check(S0, q, k, v, g, beta, op="gdn.gdn_chunked", slots=slots)
     path = dispatch.resolve("gdn.gdn_chunked", impl, _why_not(k, v, q, k, v))
-    return _chunked(S0, q, k, v, g, beta, slots, path=path, poison=dispatch.poisoning(),
-                    variant=_c.prefill_variant() if path != "reference" else None)
+    return _chunked(S0, q, k, v, g, beta, slots, path=path, poison=dispatch.poisoning())
