@@ -117,7 +117,7 @@ case "$MODE" in
       part pallas ${PALLAS_S:-150} env STRATA_TEST_GPU=1 python3 -m pytest -v -rf --tb=short -p no:cacheprovider \
         ${PALLAS_FILES:-tests/pallas} -k "${PALLAS_K:-not hlo_loops and not interpret}"
       # are the layers row-exact on the GPU with XLA's own elementwise code for the narrow rows (no rows_map launches)?
-      part pallas_rowmap_xla ${PALLAS_S:-150} env STRATA_ROW_MAP=xla STRATA_TEST_GPU=1 python3 -m pytest -q -rf --tb=short \
+      part pallas_rowmap_xla ${PALLAS_S:-150} env STRATA_ROW_MAP=xla STRATA_TEST_GPU=1 python3 -m pytest -v -rf --tb=short \
         -p no:cacheprovider tests/pallas/test_layers_kernel_path.py -k "not interpret"
       # the timings below need quiet host cores: wait here for the llama.cpp build (16 cores compiling slowed
       # bench_decode by ~25% on 2026-12-02); the compiled tests above run beside it
