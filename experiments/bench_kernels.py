@@ -92,8 +92,9 @@ def random_weight(rng, qtype, n_out, k_in, lead=()):
 
 
 class Bench:
-    def __init__(self, iters, kernel_impl, budget_s=None, lower=None, ttir_dir=None):
+    def __init__(self, iters, kernel_impl, budget_s=None, lower=None, ttir_dir=None, cases=None):
         self.iters = iters
+        self.cases = cases  # None, or substrings of "op case": only the cases matching one of them run
         self.kernel_impl = kernel_impl
         self.interpret = kernel_impl != "kernel"
         self.rows = []
@@ -112,6 +113,8 @@ class Bench:
 
     def add(self, op, case, nbytes, fns, args, flops=None, extra=None):
         """Time each path's fn(*args); ``nbytes`` int or {path: bytes} (paths that store the weight differently)."""
+        if self.cases and not any(c in f"{op} {case}" for c in self.cases):
+            return None
         if self.out_of_time(op, case):
             return None
         row = {"op": op, "case": case, **(extra or {})}
@@ -750,6 +753,8 @@ def main(argv=None):
     ap.add_argument("--only", default=DEFAULT_SECTIONS, help=f"comma-separated subset of {list(SECTIONS)}")
     ap.add_argument("--budget_s", type=float, default=None,
                     help="start no new case after this many seconds (the rest are listed as skipped)")
+    ap.add_argument("--cases", default=None, help="comma-separated substrings of \"op case\" (as printed, e.g. "
+                    "'M=2048'): only the matching cases of the sections run")
     ap.add_argument("--ttir_dir", default=None, help="with --lower: also write each kernel's Triton IR here (for "
                     "experiments/sass_probe.py --scan)")
     ap.add_argument("--lower", default=None, help="lower every case for this platform (e.g. cuda) instead of "
@@ -768,7 +773,8 @@ def main(argv=None):
         from strata_jax.pallas import dispatch
         dispatch.on_gpu = lambda: True
     impl = "kernel" if on_gpu or args.lower else "interpret"
-    b = Bench(args.iters or (2 if args.small else 20), impl, args.budget_s, args.lower, args.ttir_dir)
+    b = Bench(args.iters or (2 if args.small else 20), impl, args.budget_s, args.lower, args.ttir_dir,
+              args.cases.split(",") if args.cases else None)
     print(f"device: {jax.devices()[0].device_kind}  jax {jax.__version__}  kernel impl: {b.kernel_impl}"
           f"{'  lowering for ' + args.lower if args.lower else ''}\n")
     rng = np.random.default_rng(0)

@@ -14,7 +14,8 @@
 # (wheel, GPU, XLA flags accepted), llama.cpp build (background), random 1.5B GGUF, pallas (STRATA_TEST_GPU=1
 # pytest tests/pallas: the compiled kernels and the references; interpret-mode cases are CI's), kernels
 # (experiments/bench_kernels.py: every quantized-matmul variant of issues 13/14 -- GGUF-bytes kernel, planar GEMV,
-# tensor-core GEMV, prefill GEMM precisions, grouped experts, launch configs -- in 210 s), decode (experiments/bench_decode.py on the
+# tensor-core GEMV, prefill GEMM precisions, grouped experts, launch configs -- in 210 s; KERNELS_ONLY: sections,
+# KERNELS_CASES: substrings of the cases to run, e.g. "M=2048"), decode (experiments/bench_decode.py on the
 # new path with the default kernels and with STRATA_QMATMUL=planar, command buffers on), profile_new
 # (experiments/profile_step.py, command buffers off), profile_prefill (the same for one prefill chunk), profile_cb (the step with
 # command buffers kept in the trace, host events, launches in and out of graphs), anchor (llama-bench tg128 / pp512), profile_old (the old
@@ -135,7 +136,7 @@ case "$MODE" in
           --budget_s $(( ${SWEEP_S:-150} - 50 )) --out "$OUT/sweep_planes$PL.json"
       done
       part kernels ${KERNELS_S:-230} python3 experiments/bench_kernels.py --only ${KERNELS_ONLY:-head,moe_variants,prefill,formats,sweep_planar} \
-        --budget_s $(( ${KERNELS_S:-230} - 20 )) --out "$OUT/kernels.json"
+        --budget_s $(( ${KERNELS_S:-230} - 20 )) ${KERNELS_CASES:+--cases "$KERNELS_CASES"} --out "$OUT/kernels.json"
     else
       MODEL=tests/fixtures/hybrid/qwen4exp_q8_0.gguf; PROF="--steps 2 --warmup 1 --prompt_tokens 8 --max_context 64"
       part env 60 python3 -c "import jax, flax; print(jax.__version__, flax.__version__, jax.devices())"
