@@ -281,8 +281,8 @@ def bench_gdn_prefill(b: Bench, small: bool, rng):
     n = jnp.full((B,), 0, jnp.int32)  # not read (masked=False): every row runs
     fns = {"scan": jax.jit(lambda S0, q, k, v, g, beta: GK.gdn_scan(n, slot, S0, q, k, v, g, beta, want_o=True,
                                                                    want_S=True, interpret=it, masked=False))}
-    # launch settings (gdn_chunked_kernel's keywords), the default first (H100 2026-12-07 at T = 512: 8 warps in the
-    # output kernel 3% faster, the rest slower; the other solve / carry kernels were removed, RESULTS.md)
+    # launch settings (gdn_chunked_kernel's keywords), the default first (H100 2026-12-07 at T = 512, measured with
+    # the blocked solve since removed: 8 warps in the output kernel 3% faster, the rest slower; RESULTS.md)
     variants = {"chunked": {}}
     if not small:
         variants.update({
@@ -413,6 +413,8 @@ def sweep_qmatmul(b: Bench, small: bool, rng):
         w = random_weight(rng, qt, n, k)
         wbytes = w.size * w.dtype.itemsize
         for m in (1, 4, 8):
+            if b.cases and not any(c in f"sweep_qmatmul {qt.name} {n}x{k} M={m}" for c in b.cases):
+                continue
             x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
             res = []
             for g in grid:
@@ -795,11 +797,13 @@ def main(argv=None):
             rest = ", ".join(f"{p} {v:.2f}" for p, v in r.items() if p not in ("op", "case", "best", key))
             unit = " TF/s" if key == "best_TFLOPs" else ""
             print(f"  {r['op']:<12} {r['case']:<40} best {r['best']:<11} {r[key]:.2f}{unit}   ({rest})")
+    if b.cases and not b.rows:
+        print(f"\nno case matched --cases {args.cases}")
     if b.skipped:
         print(f"\nskipped ({len(b.skipped)}, over --budget_s): " + "; ".join(b.skipped[:12])
               + (" ..." if len(b.skipped) > 12 else ""))
     res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "small": args.small,
-           "kernel_impl": b.kernel_impl, "lower": args.lower, "ceiling": b.ceiling, "ceiling_GBps": b.ceiling_GBps,
+           "kernel_impl": b.kernel_impl, "lower": args.lower, "cases": args.cases, "ceiling": b.ceiling, "ceiling_GBps": b.ceiling_GBps,
            "rows": b.rows, "summary": summ, "skipped": b.skipped, "wall_s": round(time.perf_counter() - t0, 1)}
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

@@ -171,7 +171,9 @@ PREFILL_CASES = [(i, v, None) for i in IMPLS if i != "reference" for v in ("kblo
 def test_planar_prefill_precisions(impl, variant, stages, rng, monkeypatch, request):
     """MoE prefill on planar weights (Qwen3.8-Flash-Next's expert formats; rows sorted by expert into 16-row tiles
     of the grouped tensor-core GEMM, STRATA_QMATMUL_GEMM's kernel) at each STRATA_QMATMUL_PRECISION against
-    float64, and each row's bits the same in a 20-row chunk and in a 12-row chunk where it sits elsewhere."""
+    float64, and each row's bits the same in a 20-row chunk and in a 12-row chunk where it sits elsewhere.
+    ``stages``: the K-block kernel's pipelining stages patched into `gemm.MOE_PREFILL` (read when `moe_prefill` is
+    traced, hence the cleared caches); None: the default."""
     import dataclasses
     from strata_jax.pallas.quant_matmul import gemm as G
 

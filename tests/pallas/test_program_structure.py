@@ -77,7 +77,7 @@ def test_kernel_path_programs(monkeypatch):
         what = f"{kind} (T={T})"
         assert rep.kernels, f"{what}: no Pallas kernel on the kernel path"
         names = set(rep.kernels)
-        gdn = ("gdn_chunk_prepare", "gdn_chunk_carry") if kind == "prefill" else ("gdn_scan",)
+        gdn = ("gdn_chunk_prepare", "gdn_chunk_state", "gdn_chunk_output") if kind == "prefill" else ("gdn_scan",)
         # prefill: the rows path of qsa_prefill (STRATA_QSA_PREFILL's default), with its own split layout
         qsa = ("qsa_scores", "qsa_attend_rows_prefill") if kind == "prefill" else ("qsa_attend",)
         for fam in ("qmatmul_", *gdn, *qsa, "rows_rms_norm"):

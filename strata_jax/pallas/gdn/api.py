@@ -152,9 +152,9 @@ def gdn_chunked(S0, q, k, v, g, beta, *, slots=None, impl: str = "auto"):
     Returns: (o [B,T,H,Dv] float32, S float32 of S0's shape: the segments' states after their T rows).
     Both paths run the chunked WY algorithm (chunk 64, after HF ``torch_chunk_gated_delta_rule``): the reference in
     jnp, the kernel path as Pallas kernels (`chunked`: the chunks' UT transforms in parallel, then the state
-    carried over the chunks, then every chunk's outputs in parallel; products on tensor cores). Both agree with a float64 recurrence to ~1e-5 relative, not bit for bit with each
-    other. Kernel path: a row's output depends only on its position and the rows before
-    it in its segment (not on B, nor on T beyond it).
+    carried over the chunks, then every chunk's outputs in parallel; products on tensor cores). Both agree with a
+    float64 recurrence to ~1e-5 relative, not bit for bit with each other. Kernel path: a row's output depends only
+    on its position and the rows before it in its segment (not on B, nor on T beyond it).
     """
     _check(S0, q, k, v, g, beta, op="gdn.gdn_chunked", slots=slots)
     path = dispatch.resolve("gdn.gdn_chunked", impl, _why_not(k, v, q, k, v))

@@ -3,8 +3,8 @@
 The maths of `reference.gdn_chunked` (the WY / UT-transform form, after HF ``torch_chunk_gated_delta_rule``) as
 kernels on [C, D] tiles, C = `CHUNK` rows (a compile-time constant), so the products run on tensor cores:
 
-1. `_prepare_kernel`, one program per (segment b, v-head h, chunk c), all chunks in parallel. With ``G = cumsum(g)`` over the chunk's
-   rows (log decay since the chunk's start) and the strictly lower-triangular
+1. `_prepare_kernel`, one program per (segment b, v-head h, chunk c), all chunks in parallel. With
+   ``G = cumsum(g)`` over the chunk's rows (log decay since the chunk's start) and the strictly lower-triangular
 
        L[i, j] = beta_i exp(G_i - G_j) k_i . k_j        (j < i),
 
@@ -12,17 +12,17 @@ kernels on [C, D] tiles, C = `CHUNK` rows (a compile-time constant), so the prod
    (``A[i] = e_i - sum_{j<i} L[i, j] A[j]``, C - 1 steps on [C, C] tiles on the vector units). The program writes
    ``u = A (beta v)`` [C, Dv], ``w = A (beta exp(G) k)`` [C, Dk] and G [C] (the later kernels read G rather than
    summing again: every kernel uses the same bits).
-2. The state carried over the chunks in order, one program per (segment b, v-head h, tile of BV value columns)
-   with its [Dk, BV] slice of the state S in registers (float32):
+2. `_state_kernel`: the state carried over the chunks in order (the serial part), one program per (segment b,
+   v-head h, tile of BV value columns) with its [Dk, BV] slice of the state S in registers (float32):
 
        delta = u - w S                                  (the chunk's delta-rule corrections)
-       o     = (exp(G) q) S + P delta,   P[i, j] = exp(G_i - G_j) q_i . k_j   (j <= i, else 0)
        S     = exp(G_last) S + (exp(G_last - G) k)^T delta
 
-   `_state_kernel` runs only the serial part (delta and S; it stores each chunk's starting state
-   Sc [B, H, n_chunks, Dk, Dv] and delta), then `_output_kernel` (step 3) forms o for every (chunk, tile of
-   ``BV_out`` columns) in parallel. A column of S only depends on the same column of S, so the Dv tiles are
-   independent.
+   storing each chunk's starting state Sc [B, H, n_chunks, Dk, Dv] and its delta. A column of S only depends on
+   the same column of S, so the Dv tiles are independent.
+3. `_output_kernel`, one program per (segment, head, chunk, tile of ``BV_out`` columns), all in parallel:
+
+       o = (exp(G) q) Sc + P delta,   P[i, j] = exp(G_i - G_j) q_i . k_j   (j <= i, else 0)
 
 Measured on an H100 (2026-12-07, experiments/RESULTS.md; Flash-Next's H = 48, Dk = Dv = 128, T = 512): this pair
 552.7 us; a solve by 16-row blocks with tile products for the blocks below the diagonal 620.2 us; the outputs formed
@@ -41,7 +41,7 @@ masks make later rows of the same chunk contribute exact zeros, and later chunks
 Layouts (full-array refs, indexed explicitly): S0 [N,H,Dk,Dv] f32 (every slot's state; segment b reads and writes
 ``S0[slot[b]]`` in place: the output S is aliased to S0, as in `kernel.gdn_scan`), q/k [B,Tp,H,Dk], v [B,Tp,H,Dv]
 (f32/bf16/f16), g/beta/G [B,Tp,H] f32, w [B,Tp,H,Dk] f32, u [B,Tp,H,Dv] f32, o [B,Tp,H,Dv] f32; Tp a multiple
-of C. The split carry also writes Sc [B,H,Tp/C,Dk,Dv] f32 (each chunk's starting state: 4 Dk Dv / C bytes per
+of C. `_state_kernel` also writes Sc [B,H,Tp/C,Dk,Dv] f32 (each chunk's starting state: 4 Dk Dv / C bytes per
 row and head, 12 MiB per Flash-Next layer at T = 512) and delta [B,Tp,H,Dv] f32.
 """
 
@@ -186,8 +186,8 @@ def gdn_chunked_kernel(slot, S0, q, k, v, g, beta, *, interpret: bool, C: int = 
     Args: slot int32 [B] (distinct); S0 [N,H,Dk,Dv] float32; q, k [B,T,H,Dk], v [B,T,H,Dv] float32/bfloat16/
       float16; g, beta [B,T,H] float32. Dk, Dv powers of two >= 16 (`kernel.why_not`), BV (the state kernel's
       value tile, default `block_v`) and BV_out (the output kernel's, capped at Dv) powers of two >= 16 dividing
-      Dv. Launch settings (same bits for any of them): ``num_warps`` of the prepare and state kernels,
-      ``out_warps`` of the output kernel, ``state_stages`` (Triton's pipelining stages of the chunk loop).
+      Dv. Launch settings: ``num_warps`` of the prepare and state kernels, ``out_warps`` of the output kernel,
+      ``state_stages`` (Triton's pipelining stages of the chunk loop).
     Returns: (o [B,T,H,Dv] float32, S [N,H,Dk,Dv] float32: S0 with the segments' slots replaced by their states
       after the T rows, written in place).
     Raises: ValueError for a value tile that does not divide Dv.
