@@ -803,7 +803,8 @@ def main(argv=None):
         print(f"\nskipped ({len(b.skipped)}, over --budget_s): " + "; ".join(b.skipped[:12])
               + (" ..." if len(b.skipped) > 12 else ""))
     res = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "small": args.small,
-           "kernel_impl": b.kernel_impl, "lower": args.lower, "cases": args.cases, "ceiling": b.ceiling, "ceiling_GBps": b.ceiling_GBps,
+           "kernel_impl": b.kernel_impl, "lower": args.lower, "cases": args.cases, "ceiling": b.ceiling,
+           "ceiling_GBps": b.ceiling_GBps,
            "rows": b.rows, "summary": summ, "skipped": b.skipped, "wall_s": round(time.perf_counter() - t0, 1)}
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
