@@ -6,14 +6,9 @@
 #   BASE=049af54 bash experiments/device_session.sh prepare
 # device run (one nvidia-h100-x1 / nvidia-h200, carry [".carry"]):
 #   TOTAL=560 bash experiments/results/s2026-12-07/call1.sh
-T0=$(date +%s)
 TOTAL=${TOTAL:-570}
-left() { echo $(( TOTAL - ($(date +%s) - T0) )); }
-OUT0=${OUT:-/tmp/out}
 export FULL_LAYERS=16
-run() { local sub=$1 b=$2; shift 2; local l; l=$(left); [ "$b" -gt "$l" ] && b=$l
-  [ "$b" -lt 30 ] && { echo "=== $sub skipped ($l s left)"; return; }
-  echo "##### $sub (budget $b s)"; env OUT=$OUT0/$sub BUDGET=$b "$@" bash experiments/device_session.sh run 2>&1 | grep -v "^\s*$" | tail -n 40; }
+source experiments/subruns.sh
 run a 260 PARTS="env pallas kernels" PALLAS_FILES="tests/pallas/test_gdn.py tests/pallas/test_grouped_experts.py tests/pallas/test_planar.py" \
   PALLAS_K="(chunked or sub_tiles or kblock) and not interpret" PALLAS_S=85 \
   KERNELS_ONLY=gdn_prefill,moe_prefill,prefill KERNELS_S=165

@@ -11,13 +11,8 @@
 #   b  strata-generate with STRATA_QMATMUL_PREFETCH=0 (the GEMV loop before)
 #   c  the 1.5B prefill on the old package (the K-block kernel before)
 #   d / e  Flash-Next 16 layers, bench_fullsize (4 steps per program): prefetch 2 / 0
-T0=$(date +%s)
 TOTAL=${TOTAL:-520}
-left() { echo $(( TOTAL - ($(date +%s) - T0) )); }
-OUT0=${OUT:-/tmp/out}
-run() { local sub=$1 b=$2; shift 2; local l; l=$(left); [ "$b" -gt "$l" ] && b=$l
-  [ "$b" -lt 30 ] && { echo "=== $sub skipped ($l s left)"; return; }
-  echo "##### $sub (budget $b s)"; env OUT=$OUT0/$sub BUDGET=$b "$@" bash experiments/device_session.sh run 2>&1 | grep -v "^\s*$" | tail -n 30; }
+source experiments/subruns.sh
 run a 230 PARTS="env random_gguf pallas prefill generate_1k" PALLAS_FILES="tests/pallas/test_planar.py" \
   PALLAS_K="(kblock or prefetch or gemv_accuracy or gemv_rows) and not interpret" PALLAS_S=75 \
   PREFILL_PROMPTS=512 PREFILL_CHUNKS=512 PREFILL_S=70 GENERATE_S=75

@@ -7,14 +7,9 @@
 # prefill chunk with the new defaults, against b / c of that call).
 #   BASE=049af54 bash experiments/device_session.sh prepare      # here, first
 #   device run (one nvidia-h100-x1 / nvidia-h200, carry [".carry"]): TOTAL=320 bash experiments/results/s2026-12-07b/call1.sh
-T0=$(date +%s)
 TOTAL=${TOTAL:-320}
-left() { echo $(( TOTAL - ($(date +%s) - T0) )); }
-OUT0=${OUT:-/tmp/out}
 export FULL_LAYERS=16
-run() { local sub=$1 b=$2; shift 2; local l; l=$(left); [ "$b" -gt "$l" ] && b=$l
-  [ "$b" -lt 30 ] && { echo "=== $sub skipped ($l s left)"; return; }
-  echo "##### $sub (budget $b s)"; env OUT=$OUT0/$sub BUDGET=$b "$@" bash experiments/device_session.sh run 2>&1 | grep -v "^\s*$" | grep -v "Target directory" | grep -v "no result: see" | tail -n 30; }
+source experiments/subruns.sh
 run a 95 PARTS="env pallas" PALLAS_FILES="tests/pallas/test_grouped_experts.py tests/pallas/test_gdn.py" \
   PALLAS_K="(planar_prefill_precisions or launch_settings) and not interpret" PALLAS_S=88
 tar xzOf $OUT0/a/parts.tgz ./pallas.log 2>/dev/null | grep -E -A25 "^_{5,} |Error|^E " | head -60

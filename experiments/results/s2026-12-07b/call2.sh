@@ -7,13 +7,8 @@
 #   device run (one nvidia-h100-x1 / nvidia-h200, carry [".carry"]): TOTAL=250 bash experiments/results/s2026-12-07b/call2.sh
 # The 48-layer real file with this session's prefill defaults, beside llama.cpp (a separate call, ~560 s):
 #   PARTS="env realfile_write realfile_generate realfile_prefill realfile_anchor" REALFILE_S=210 BUDGET=560 bash experiments/device_session.sh run
-T0=$(date +%s)
 TOTAL=${TOTAL:-250}
-left() { echo $(( TOTAL - ($(date +%s) - T0) )); }
-OUT0=${OUT:-/tmp/out}
-run() { local sub=$1 b=$2; shift 2; local l; l=$(left); [ "$b" -gt "$l" ] && b=$l
-  [ "$b" -lt 30 ] && { echo "=== $sub skipped ($l s left)"; return; }
-  echo "##### $sub (budget $b s)"; env OUT=$OUT0/$sub BUDGET=$b "$@" bash experiments/device_session.sh run 2>&1 | grep -v "^\s*$" | grep -v "Target directory" | grep -v "no result: see" | tail -n 30; }
+source experiments/subruns.sh
 run a 80 PARTS="env pallas" PALLAS_FILES="tests/pallas/test_grouped_experts.py" \
   PALLAS_K="planar_prefill_precisions and not interpret" PALLAS_S=75
 tar xzOf $OUT0/a/parts.tgz ./pallas.log 2>/dev/null | grep -E -A25 "^_{5,} |Error|^E " | head -60
