@@ -12,4 +12,5 @@ for i in 1 2 3; do
   run k$i 57 PARTS="profile_full_steps" FULL_PROFILE_S=55
   run x$i 57 STRATA_ROW_MAP=xla PARTS="profile_full_steps" FULL_PROFILE_S=55
 done
+for d in k1 x1 k2 x2 k3 x3; do echo "$d $(grep -h "Flash-Next, steps, per token" $OUT0/$d/session.log 2>/dev/null | tail -1)"; done
 echo "total $(( $(date +%s) - T0 )) s"
