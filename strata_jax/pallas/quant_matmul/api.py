@@ -33,7 +33,7 @@ tensor-core GEMV `strata_jax.pallas.quant_matmul.tcgemv`, 16-row tiles), for mor
 the tensor-core GEMM (`strata_jax.pallas.quant_matmul.gemm`; ``STRATA_QMATMUL_GEMM``: ``kblock``, the default,
 dequantizes a block of K values per step and multiplies whole blocks; ``unit``, the kernel before, one scale unit
 per step) at ``STRATA_QMATMUL_PRECISION`` (bfloat16 pieces per operand: ``bf16x2`` by default for the GEMM,
-``bf16x3`` for the tensor-core GEMVs, or ``bf16``; `precision`).
+``bf16x3`` for the tensor-core GEMVs, or ``bf16``; ``f16``: one float16 product in the K-block GEMM; `precision`).
 F16 / BF16 / F32 weights take the same planar kernels under the variable. The weight's dtype says which kernel
 family serves it, so a weight loaded under one setting keeps working under another; on the
 reference path a planar weight is decoded by `planar.dequantize` (the same values as the GGUF bytes). Formats:
@@ -105,10 +105,12 @@ def gemm_variant() -> str:
 def precision(gemm: bool = True) -> str:
     """``STRATA_QMATMUL_PRECISION``: the bfloat16 pieces of each inexact operand in the planar tensor-core kernels
     (`gemm.PRECISIONS`: the activations in ``unit`` and tc16, the activations and dequantized weights in
-    ``kblock``). Unset: `gemm.DEFAULT_PRECISION` (``bf16x2``) for the GEMM of prefill chunks and MoE prefill
-    (``gemm``), `gemm.GEMV_PRECISION` (``bf16x3``) for the tensor-core GEMVs of decode rows."""
+    ``kblock``), or ``f16`` (`gemm.F16`: one float16 product in the kblock GEMM; the tensor-core GEMVs keep
+    `gemm.GEMV_PRECISION`). Unset: `gemm.DEFAULT_PRECISION` (``bf16x2``) for the GEMM of prefill chunks and MoE
+    prefill (``gemm``), `gemm.GEMV_PRECISION` (``bf16x3``) for the tensor-core GEMVs of decode rows."""
     default = _gemm.DEFAULT_PRECISION if gemm else _gemm.GEMV_PRECISION
-    return dispatch.env_choice("STRATA_QMATMUL_PRECISION", default, _gemm.PRECISIONS)
+    value = dispatch.env_choice("STRATA_QMATMUL_PRECISION", default, _gemm.GEMM_PRECISIONS)
+    return _gemm.GEMV_PRECISION if value == _gemm.F16 and not gemm else value
 
 
 def prepare_weight(w, qtype, n_cols: int):

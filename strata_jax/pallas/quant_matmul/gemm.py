@@ -60,6 +60,12 @@ PRECISIONS = {"bf16": 1, "bf16x2": 2, "bf16x3": 3}   # bfloat16 pieces of each i
 # Qwen2.5-Coder-0.5B: logits within 1e-3 of HF, 32 greedy tokens), test_relatives / test_hybrid "matches" (f32 within
 # 1e-4 of HF, Q8_0 within 1e-3 of the oracle); bf16 (one product) fails the SmolLM2 bound (2.5e-3).
 DEFAULT_PRECISION = "bf16x2"
+# f16: one float16 x float16 product per step in the K-block GEMM (not a piece scheme: the block formats' weights and
+# each activation row, scaled by a power of two so that its largest value is in [2^14, 2^15), rounded to float16
+# once; the output row scaled back exactly). 8x less error than bf16 at bf16's one product; BF16 / F32 weights,
+# which float16 may not hold, keep DEFAULT_PRECISION's pieces. GEMM only (`tile_gemm`'s kblock kernel).
+F16 = "f16"
+GEMM_PRECISIONS = (*PRECISIONS, F16)
 GEMV_PRECISION = "bf16x3"   # the tensor-core GEMVs of 1..8 decode rows (STRATA_QMATMUL_GEMV=tc / tc16): float32-like
 WEIGHT_PIECES = {Q.F32: 3, Q.F16: 2, Q.BF16: 1}      # bfloat16 pieces of a float weight (block codes: 1, exact)
 VARIANTS = ("kblock", "unit")
@@ -249,11 +255,12 @@ def _kernel_unit(texp_ref, trows_ref, w_ref, x_ref, *refs, qtype, n_out, k_in, B
 
 
 def _kernel_kblock(texp_ref, trows_ref, w_ref, x_ref, *refs, qtype, n_out, k_in, m_x, BN, BM, SUB, G, cps,
-                   n_steps, masked, w_pieces, x_pieces, table_names):
+                   n_steps, masked, w_pieces, x_pieces, table_names, f16=False):
     """One [BN, SUB * BM] tile, K in blocks of G groups (module docstring): each step's decoded weights serve the
     SUB row sub-tiles, each with its own [BN, BM] products and accumulator (a BM-row tile's instructions).
-    ``x_ref``: the activations' bfloat16 pieces, flat [x_pieces, m_x, K]; ``o_ref`` [T, splits, SUB * BM, n_pad]
-    (rows of x minor: no transpose after the call)."""
+    ``x_ref``: the activations' bfloat16 pieces, flat [x_pieces, m_x, K] (``f16``: the scaled float16 rows, one
+    piece, and the weights rounded to float16); ``o_ref`` [T, splits, SUB * BM, n_pad] (rows of x minor: no
+    transpose after the call)."""
     tables = dict(zip(table_names, refs[:len(table_names)]))
     o_ref = refs[len(table_names)]
     i = pl.program_id(0)
@@ -279,10 +286,11 @@ def _kernel_kblock(texp_ref, trows_ref, w_ref, x_ref, *refs, qtype, n_out, k_in,
             w = f if dl is None else dl * f      # `decode.values`: the weights of `planar.dequantize`
             if mn is not None:
                 w = w + mn
-            wp = bf16_pieces(w.reshape(BN, KB), w_pieces, rounded=True)
+            wp = ([w.reshape(BN, KB).astype(jnp.float16)] if f16
+                  else bf16_pieces(w.reshape(BN, KB), w_pieces, rounded=True))
             out = []
             for u in range(SUB):
-                xp = [x_ref[p * (m_x * k_in) + c * KB + xoff[u]] for p in range(x_pieces)]   # bfloat16 [BM, KB]
+                xp = [x_ref[p * (m_x * k_in) + c * KB + xoff[u]] for p in range(x_pieces)]   # [BM, KB]
                 new = piece_products(wp, xp, _dot, accs[u])
                 out.append(jnp.where(live, new, accs[u]) if masked else new)
             return tuple(out)
@@ -290,6 +298,21 @@ def _kernel_kblock(texp_ref, trows_ref, w_ref, x_ref, *refs, qtype, n_out, k_in,
         accs = lax.fori_loop(0, cps, body, tuple(jnp.zeros((BN, BM), jnp.float32) for _ in range(SUB)))
         for u in range(SUB):
             o_ref[t, s, pl.ds(u * BM, BM), pl.ds(i * BN, BN)] = accs[u].T
+
+
+def _pow2(k):
+    """2.0 ** k, float32, exactly (int32 k in [-126, 127]: the exponent field set directly)."""
+    return lax.bitcast_convert_type((k + 127).astype(jnp.uint32) << 23, jnp.float32)
+
+
+def f16_rows(x):
+    """The `F16` precision's activations: x [M, K] -> (float16 x * 2^k_r, float32 [M] 2^-k_r), k_r per row such
+    that the row's largest |value| lands in [2^14, 2^15) (below float16's 65504; all-zero rows and extreme rows
+    clamped to |k| <= 126). Depends on the row alone; the scalings are exact."""
+    x = x.astype(jnp.float32)
+    _, e = jnp.frexp(jnp.max(jnp.abs(x), axis=1))         # max = m 2^e, m in [0.5, 1)
+    k = jnp.clip(15 - e, -126, 126).astype(jnp.int32)
+    return (x * _pow2(k)[:, None]).astype(jnp.float16), _pow2(-k)
 
 
 def operand_pieces(qtype, x_dtype, precision: str) -> tuple[int, int]:
@@ -315,21 +338,26 @@ def tile_gemm(x, w_stacked, tile_expert, tile_rows, qtype, n_out: int, k_in: int
       w_stacked: [E, n_out, row_words] uint32 planar, or [E, n_out, K] F32 / F16 / BF16.
       tile_expert: int32 [T] (-1: idle tile, output not written); tile_rows: int32 [T, cfg.tile_m] valid rows of
         x.
-      precision: one of `PRECISIONS`.
+      precision: one of `GEMM_PRECISIONS` (`F16`: the kblock kernel only).
       cfg: the launch parameters (its `Config.tile_m` is the tiles' row count; the kblock kernel takes BN / KB /
         warps / stages from `kblock_config` unless ``cfg.KB`` is set).
       variant: the kernel, one of `VARIANTS` (None: `gemm_variant`, the environment).
     Returns: float32 [T, cfg.tile_m, n_out]. Not jitted.
 
     Raises:
-      UnsupportedError: unknown precision or variant, tile_rows not [T, cfg.tile_m], SUB > 1 on the unit kernel,
-        or a KB that is not a power-of-two multiple of 32.
+      UnsupportedError: unknown precision or variant, `F16` on the unit kernel, tile_rows not [T, cfg.tile_m],
+        SUB > 1 on the unit kernel, or a KB that is not a power-of-two multiple of 32.
     """
-    if precision not in PRECISIONS:
-        raise UnsupportedError(f"qmatmul precision {precision!r} is not one of {sorted(PRECISIONS)}")
+    if precision not in GEMM_PRECISIONS:
+        raise UnsupportedError(f"qmatmul precision {precision!r} is not one of {list(GEMM_PRECISIONS)}")
     variant = gemm_variant() if variant is None else variant
     if variant not in VARIANTS:
         raise UnsupportedError(f"gemm variant {variant!r} is not one of {VARIANTS}")
+    if precision == F16 and variant != "kblock":
+        raise UnsupportedError(f"qmatmul precision {F16!r} is the kblock kernel's, not {variant!r}'s")
+    f16 = precision == F16 and qtype not in (Q.BF16, Q.F32)
+    if precision == F16 and not f16:
+        precision = DEFAULT_PRECISION
     T_in = tile_expert.shape[0]
     if tile_rows.shape != (T_in, cfg.tile_m):
         raise UnsupportedError(f"tile_rows {tile_rows.shape} must be [{T_in}, {cfg.tile_m}]")
@@ -353,13 +381,17 @@ def tile_gemm(x, w_stacked, tile_expert, tile_rows, qtype, n_out: int, k_in: int
         n_steps = n_groups // G
         n_tiles = -(-n_out // cfg.BN)
         sp = split_k(n_steps, n_tiles, 1, cfg.target_programs)
-        w_pieces, x_pieces = operand_pieces(qtype, x.dtype, precision)
-        # the activations' pieces once per call (elementwise: a row's pieces are its own), not in every program
-        xp = jnp.stack(bf16_pieces(x.astype(jnp.float32), x_pieces, rounded=True))      # bfloat16 [p, Mx, K]
+        if f16:
+            w_pieces = x_pieces = 1
+            xp, x_back = f16_rows(x)                                                   # float16 [Mx, K]
+        else:
+            w_pieces, x_pieces = operand_pieces(qtype, x.dtype, precision)
+            # the activations' pieces once per call (elementwise: a row's pieces are its own), not in every program
+            xp = jnp.stack(bf16_pieces(x.astype(jnp.float32), x_pieces, rounded=True))  # bfloat16 [p, Mx, K]
         kernel = functools.partial(
             _kernel_kblock, qtype=qtype, n_out=n_out, k_in=k_in, m_x=x.shape[0], BN=cfg.BN, BM=cfg.BM, SUB=cfg.SUB,
             G=G, cps=sp["cps"], n_steps=n_steps, masked=sp["masked"], w_pieces=w_pieces, x_pieces=x_pieces,
-            table_names=names)
+            table_names=names, f16=f16)
         out_shape = (T, sp["split"], cfg.tile_m, n_tiles * cfg.BN)
         name = f"qmatmul_tc_{qname}_kblock"
     else:
@@ -381,6 +413,8 @@ def tile_gemm(x, w_stacked, tile_expert, tile_rows, qtype, n_out: int, k_in: int
         out = out + part[:, j]
     if variant == "unit":
         out = jnp.swapaxes(out, 1, 2)
+    elif f16:   # each row back to its scale (a power of two: exact)
+        out = out * x_back[tile_rows][:, :, None]
     return out[:T_in, :, :n_out]
 
 
