@@ -522,12 +522,13 @@ KBLOCK_SWEEP = [(128, 128, 64, 8, 2, 1), (128, 128, 32, 8, 3, 48), (256, 128, 32
 
 
 def _prefill_paths(b: Bench, qt, n, k, small: bool, xla_x3: bool):
-    """{path: fn(x, w_planar, w_dense_bf16)}: both GEMM kernels at each precision, XLA's dense bf16 dot."""
+    """{path: fn(x, w_planar, w_dense_bf16)}: both GEMM kernels at each precision (``kblock_f16``: the K-block
+    kernel's one float16 product), XLA's dense bf16 dot."""
     from strata_jax.pallas.quant_matmul import gemm as G
     it = b.interpret
     fns = {}
     for var in G.VARIANTS:
-        for prec in G.PRECISIONS:
+        for prec in G.GEMM_PRECISIONS if var == "kblock" else G.PRECISIONS:
             fns[f"{var}_{prec}"] = jax.jit(lambda x, wp, wd, var=var, prec=prec: G.gemm(
                 x, wp, qt, n, k, interpret=it, precision=prec, variant=var))
     if not small:   # the tensor cores' reference at this shape: cuBLAS / XLA on a dense bfloat16 weight
@@ -640,6 +641,7 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
         return jax.jit(lambda x, i, tw, *w: GK.moe_prefill(x, i, tw, *w, qts, interpret=it, precision=prec,
                                                             variant=variant, cfg=cfg))
     fns = {f"{v}_{p}": fn(v, p) for v in ("kblock", "unit") for p in ("bf16x2", "bf16x3", "bf16")}
+    fns["kblock_f16"] = fn("kblock", "f16")
     sweep = {"kb_BN128_KB64": dataclasses.replace(base, BN=128, KB=64),
              "kb_KB128": dataclasses.replace(base, KB=128),   # the default before 2026-12-06
              "kb_BN64_KB256": dataclasses.replace(base, BN=64, KB=256),
@@ -659,8 +661,8 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
         fns["unit_bf16x2_BM32"] = fn("unit", "bf16x2", dataclasses.replace(base, BM=32))
     nbytes = sum(_nbytes(w) for w in ws)
     bias = rng.standard_normal(E) * 1.5
-    later = ["kblock_bf16x2", "kblock_bf16x3", "kblock_bf16"] if small else ["kblock_bf16x2", "kblock_bf16",
-                                                                             "kb_SUB2", "kb_SUB4"]
+    later = (["kblock_bf16x2", "kblock_bf16x3", "kblock_bf16", "kblock_f16"] if small
+             else ["kblock_bf16x2", "kblock_bf16", "kblock_f16", "kb_SUB2", "kb_SUB4"])
     cases = [("uniform", M), ("skewed", M)] + ([] if small else [("uniform", 4 * M)])
     for dist, M in cases:   # 4M: a 2048-row chunk, ~40 rows per expert (each decoded weight used 4x as often)
         x = jnp.asarray(rng.standard_normal((M, H)), jnp.float32)
