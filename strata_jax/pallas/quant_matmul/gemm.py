@@ -63,7 +63,8 @@ DEFAULT_PRECISION = "bf16x2"
 # f16: one float16 x float16 product per step in the K-block GEMM (not a piece scheme: the block formats' weights and
 # each activation row, scaled by a power of two so that its largest value is in [2^14, 2^15), rounded to float16
 # once; the output row scaled back exactly). 8x less error than bf16 at bf16's one product; BF16 / F32 weights,
-# which float16 may not hold, keep DEFAULT_PRECISION's pieces. GEMM only (`tile_gemm`'s kblock kernel). Opt-in: the
+# which float16 may not hold, and the unit kernel keep DEFAULT_PRECISION's pieces; the tensor-core GEMVs keep
+# GEMV_PRECISION (`api.precision`, `grouped_experts.kernel.moe_experts_planar`). Opt-in: the
 # dense parity tests pass at f16 (interpret, 2026-12-07; bf16 fails them) but the hybrid Q8_0 oracle tests do not
 # (prefill logits 5.9e-2 / 2.2e-3 of the oracle on the qwen3next / qwen35moe fixtures, bound 1e-3; bf16 0.18 / 8.7e-3).
 F16 = "f16"
@@ -340,25 +341,24 @@ def tile_gemm(x, w_stacked, tile_expert, tile_rows, qtype, n_out: int, k_in: int
       w_stacked: [E, n_out, row_words] uint32 planar, or [E, n_out, K] F32 / F16 / BF16.
       tile_expert: int32 [T] (-1: idle tile, output not written); tile_rows: int32 [T, cfg.tile_m] valid rows of
         x.
-      precision: one of `GEMM_PRECISIONS` (`F16`: the kblock kernel only).
+      precision: one of `GEMM_PRECISIONS` (`F16`: the kblock kernel on block-format / F16 weights; elsewhere
+        `DEFAULT_PRECISION`).
       cfg: the launch parameters (its `Config.tile_m` is the tiles' row count; the kblock kernel takes BN / KB /
         warps / stages from `kblock_config` unless ``cfg.KB`` is set).
       variant: the kernel, one of `VARIANTS` (None: `gemm_variant`, the environment).
     Returns: float32 [T, cfg.tile_m, n_out]. Not jitted.
 
     Raises:
-      UnsupportedError: unknown precision or variant, `F16` on the unit kernel, tile_rows not [T, cfg.tile_m],
-        SUB > 1 on the unit kernel, or a KB that is not a power-of-two multiple of 32.
+      UnsupportedError: unknown precision or variant, tile_rows not [T, cfg.tile_m], SUB > 1 on the unit kernel,
+        or a KB that is not a power-of-two multiple of 32.
     """
     if precision not in GEMM_PRECISIONS:
         raise UnsupportedError(f"qmatmul precision {precision!r} is not one of {list(GEMM_PRECISIONS)}")
     variant = gemm_variant() if variant is None else variant
     if variant not in VARIANTS:
         raise UnsupportedError(f"gemm variant {variant!r} is not one of {VARIANTS}")
-    if precision == F16 and variant != "kblock":
-        raise UnsupportedError(f"qmatmul precision {F16!r} is the kblock kernel's, not {variant!r}'s")
-    f16 = precision == F16 and qtype not in (Q.BF16, Q.F32)
-    if precision == F16 and not f16:
+    f16 = precision == F16 and variant == "kblock" and qtype not in (Q.BF16, Q.F32)
+    if precision == F16 and not f16:   # the unit kernel, and weights float16 may not hold
         precision = DEFAULT_PRECISION
     T_in = tile_expert.shape[0]
     if tile_rows.shape != (T_in, cfg.tile_m):
