@@ -126,10 +126,9 @@ def moe_experts_planar(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret
     if prefill and x.shape[0] > M_MAX:
         return moe_prefill(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=interpret, precision=precision,
                            variant=gemm_kernel)
-    if gemv == "tc":   # the GEMM-only f16 precision leaves the tensor-core GEMV at its own (api.precision)
+    if gemv == "tc":
         from strata_jax.pallas.quant_matmul import gemm as G
-        fn = functools.partial(_grouped_gemv_tc, precision=G.GEMV_PRECISION if precision == G.F16 else precision,
-                               variant=gemm_kernel)
+        fn = functools.partial(_grouped_gemv_tc, precision=G.gemv_precision(precision), variant=gemm_kernel)
     else:
         fn = V.grouped_gemv
     return moe_experts_kernel(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=interpret, grouped=fn,

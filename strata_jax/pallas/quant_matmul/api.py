@@ -110,7 +110,7 @@ def precision(gemm: bool = True) -> str:
     prefill (``gemm``), `gemm.GEMV_PRECISION` (``bf16x3``) for the tensor-core GEMVs of decode rows."""
     default = _gemm.DEFAULT_PRECISION if gemm else _gemm.GEMV_PRECISION
     value = dispatch.env_choice("STRATA_QMATMUL_PRECISION", default, _gemm.GEMM_PRECISIONS)
-    return _gemm.GEMV_PRECISION if value == _gemm.F16 and not gemm else value
+    return value if gemm else _gemm.gemv_precision(value)
 
 
 def prepare_weight(w, qtype, n_cols: int):

@@ -64,9 +64,9 @@ DEFAULT_PRECISION = "bf16x2"
 # each activation row, scaled by a power of two so that its largest value is in [2^14, 2^15), rounded to float16
 # once; the output row scaled back exactly). 8x less error than bf16 at bf16's one product; BF16 / F32 weights,
 # which float16 may not hold, and the unit kernel keep DEFAULT_PRECISION's pieces; the tensor-core GEMVs keep
-# GEMV_PRECISION (`api.precision`, `grouped_experts.kernel.moe_experts_planar`). Opt-in: the
-# dense parity tests pass at f16 (interpret, 2026-12-07; bf16 fails them) but the hybrid Q8_0 oracle tests do not
-# (prefill logits 5.9e-2 / 2.2e-3 of the oracle on the qwen3next / qwen35moe fixtures, bound 1e-3; bf16 0.18 / 8.7e-3).
+# GEMV_PRECISION (`gemv_precision`). Opt-in: the dense parity tests pass at f16 (interpret, 2026-12-07; bf16 fails
+# them) but the hybrid Q8_0 oracle tests do not (prefill logits 5.9e-2 / 2.2e-3 of the oracle on the qwen3next /
+# qwen35moe fixtures, bound 1e-3; bf16 0.18 / 8.7e-3).
 F16 = "f16"
 GEMM_PRECISIONS = (*PRECISIONS, F16)
 GEMV_PRECISION = "bf16x3"   # the tensor-core GEMVs of 1..8 decode rows (STRATA_QMATMUL_GEMV=tc / tc16): float32-like
@@ -75,6 +75,12 @@ VARIANTS = ("kblock", "unit")
 DEFAULT_VARIANT = "kblock"   # 1.2-2.2x the unit kernel at every precision and shape (H100, 2026-12-05)
 # values per scale unit (one dl), where not 32
 SUBBLOCK16 = frozenset({Q.Q2_K, Q.Q3_K, Q.Q6_K, Q.IQ2_XS, Q.IQ2_S, Q.IQ1_M})
+
+
+def gemv_precision(precision: str) -> str:
+    """The tensor-core GEMVs' precision under a `GEMM_PRECISIONS` setting: `GEMV_PRECISION` for the GEMM-only
+    `F16`, else the setting itself."""
+    return GEMV_PRECISION if precision == F16 else precision
 
 
 @dataclasses.dataclass(frozen=True)
