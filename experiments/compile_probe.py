@@ -134,7 +134,7 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, low
         kernels = [(m.group(1), len(line)) for line in text.splitlines() if "custom_call" in line
                    for m in [re.search(r'name = \\?"([^"\\]*)', line)] if m]
         return {"lower_s": round(t_lower, 2), "hlo_chars": hlo_chars, "platform": lower_for, "kernels": kernels,
-                "triton_ir": triton_ir}
+                "triton_ir": triton_ir, "triton_calls": _triton_calls(text)}
     t0 = time.perf_counter()
     if profile_top:  # where XLA's compile spends its time: the host trace events of the compile, by name
         import tempfile
@@ -159,6 +159,15 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, low
     low.compile()
     return {"lower_s": round(t_lower, 2), "compile_s": round(time.perf_counter() - t0, 2), "hlo_chars": hlo_chars,
             "backend": jax.default_backend()}
+
+
+def _triton_calls(text: str) -> dict:
+    """The Triton custom calls of a lowered module's text: how many, and how many distinct backend configs (XLA's
+    GPU emitter compiles one kernel per distinct config: its kernel reuse cache is keyed by the config string,
+    the Triton IR with its debug locations included) and distinct IRs with the locations stripped."""
+    calls = re.findall(r'custom_call @__gpu\$xla\.gpu\.triton\(.*?mhlo\.backend_config = \{(.*)\}', text)
+    irs = [m.group(1) for c in calls for m in [re.search(r'ir = "((?:[^"\\]|\\.)*)"', c)] if m]
+    return {"calls": len(calls), "distinct_configs": len(set(calls)), "distinct_irs": len(set(irs))}
 
 
 def _lower(fn, platform, *args):
