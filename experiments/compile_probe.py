@@ -129,6 +129,8 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, low
     low = _lower(fn, lower_for, *args)
     t_lower = time.perf_counter() - t0
     text = low.as_text()
+    if os.environ.get("STRATA_PROBE_DUMP"):  # the lowered module's text, for reading the glue between kernels
+        open(os.environ["STRATA_PROBE_DUMP"], "w").write(text)
     hlo_chars = len(text)
     if lower_for:
         kernels = [(m.group(1), len(line)) for line in text.splitlines() if "custom_call" in line
