@@ -288,6 +288,13 @@ for r in range(4): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500 
         --geometry qwen3.8-flash-next ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --kind steps --decode_steps ${FULL_PROFILE_STEPS:-4} --steps 6 --warmup 1 \
         --prompt_tokens 16 --command_buffers ${FULL_STEPS_CB:-1} --graphs_in_trace 1 --hlo_launches 0 --top 80 --ple_table device \
         --hlo_out "$OUT/full_steps_hlo.txt" --out "$OUT/profile_full_steps.json"
+      # A/B of trace-time switches on one Flash-Next engine (AB_VARIANTS, profile_step.py --ab): decode steps with
+      # command buffers on, each variant recompiled, rounds alternating; ms per token and the ratio to the default
+      part ab_full_steps ${AB_S:-240} $NEW python3 experiments/profile_step.py --geometry qwen3.8-flash-next \
+        ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --kind steps --decode_steps 4 --steps ${AB_STEPS:-40} --warmup 3 \
+        --prompt_tokens 16 --max_context 4096 --command_buffers 1 --ple_table device --ab_rounds ${AB_ROUNDS:-2} \
+        --ab "${AB_VARIANTS:-k:STRATA_QMATMUL_XPLANES=kernel;x:STRATA_ROW_MAP=xla;kx:STRATA_QMATMUL_XPLANES=kernel,STRATA_ROW_MAP=xla}" \
+        --out "$OUT/ab_full_steps.json"
       # one Flash-Next prefill chunk (the engine's 512 rows at the start of a 1,024-cell context), the new tree and
       # the old package (.carry/old, BASE) in one call: kernel times per chunk (command buffers kept in the trace)
       for V in new old; do

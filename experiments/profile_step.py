@@ -29,6 +29,55 @@ sys.path.insert(0, HERE)
 sys.path.append(os.path.dirname(HERE))  # after PYTHONPATH: a strata_jax given there (another version) wins
 
 
+def _ab(args, eng, run, pos: int, per: int) -> None:
+    """``--ab``: every variant's program compiled afresh (its variables set, the engine's compile cache and JAX's
+    caches cleared), ``--warmup`` programs, then ``--steps`` timed; rounds alternate the variants. Prints one line
+    per variant (ms per token of each round, the mean, the ratio to base); JSON in ``--out``."""
+    import jax
+
+    variants = [("base", {})]
+    for part in filter(None, (p.strip() for p in args.ab.split(";"))):
+        name, _, sets = part.partition(":")
+        variants.append((name.strip(), dict(kv.split("=", 1) for kv in sets.split(",") if kv)))
+    base_env = {k: os.environ.get(k) for _, v in variants for k in v}
+    ms = {name: [] for name, _ in variants}
+    compile_s = {name: [] for name, _ in variants}
+    at = pos
+    for r in range(args.ab_rounds):
+        for name, sets in variants:
+            for k, v in base_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            os.environ.update(sets)
+            eng.cache.clear()
+            jax.clear_caches()
+            t0 = time.perf_counter()
+            run(1, at)
+            compile_s[name].append(time.perf_counter() - t0)
+            at += per
+            run(args.warmup, at)
+            at += args.warmup * per
+            t0 = time.perf_counter()
+            run(args.steps, at)
+            ms[name].append((time.perf_counter() - t0) / args.steps / per * 1e3)
+            at += args.steps * per
+            print(f"round {r} {name:12s} {ms[name][-1]:7.3f} ms/token (first call {compile_s[name][-1]:.1f} s)",
+                  flush=True)
+    mean = {n: sum(v) / len(v) for n, v in ms.items()}
+    print(f"{'variant':12s} {'ms/token by round':>30s} {'mean':>8s} {'vs base':>8s}  settings")
+    for name, sets in variants:
+        print(f"{name:12s} {' '.join(f'{x:.3f}' for x in ms[name]):>30s} {mean[name]:8.3f} "
+              f"{mean[name] / mean['base']:8.3f}  {sets or '(as started)'}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"model": args.random_from or args.geometry or args.model, "kind": args.kind,
+                       "device": str(jax.devices()[0]), "jax": jax.__version__, "decode_steps": per,
+                       "variants": {n: {"settings": s, "ms_per_token": ms[n], "first_call_s": compile_s[n]}
+                                    for n, s in variants}}, f, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
@@ -59,6 +108,11 @@ def main() -> None:
     ap.add_argument("--hlo_launches", type=int, choices=(0, 1), default=1, help="report where the compiled "
                     "program's launches sit: in command buffers or alone (strata_jax.pallas.structure.hlo_launches)")
     ap.add_argument("--autotune", default="off", help="off | cache:DIR | default (strata_jax.pallas.gpu_flags)")
+    ap.add_argument("--ab", default=None, help="instead of the trace: A/B variants of STRATA_* variables read at "
+                    "trace time, on this one engine: 'NAME:VAR=V,VAR=V;NAME2:...' (the base, as started, is 'base'); "
+                    "--ab_rounds rounds alternate the variants, each recompiled, then --warmup and --steps programs "
+                    "timed (wall per token, command buffers as --command_buffers)")
+    ap.add_argument("--ab_rounds", type=int, default=2)
     ap.add_argument("--trace_dir", default=None, help="keep the trace here (default: a temporary directory)")
     ap.add_argument("--out", default=None, help="JSON file for the results")
     args = ap.parse_args()
@@ -106,7 +160,12 @@ def main() -> None:
     # first call, the warm-up and the timed and traced runs; a window / prefill chunk re-reads its T rows from the
     # start each run() call was given (which advances by 1, warmup and steps)
     per = args.decode_steps if kind == "steps" else 1  # tokens per program
-    if T == 1:
+    if args.ab:
+        if T != 1:
+            raise SystemExit("profile_step: --ab times one-row programs (--kind step or steps)")
+        n_var = 1 + len([p for p in args.ab.split(";") if p.strip()])
+        furthest = args.prompt_tokens + per * args.ab_rounds * n_var * (1 + args.warmup + args.steps)
+    elif T == 1:
         furthest = args.prompt_tokens + per * (1 + args.warmup + 2 * args.steps)
     else:
         furthest = args.prompt_tokens + 1 + args.warmup + args.steps + T
@@ -144,6 +203,9 @@ def main() -> None:
         dispatched.append((time.perf_counter() - t) / max(n, 1))
         jax.block_until_ready((out, eng.states))
 
+    if args.ab:
+        _ab(args, eng, run, pos, per)
+        return
     t0 = time.perf_counter()
     run(1, pos)
     first_s = time.perf_counter() - t0

@@ -92,6 +92,11 @@ class CompileCache:
             self.evictions += 1
         return first_call
 
+    def clear(self) -> None:
+        """Drop every function (the next `get` of a key builds and traces it again: e.g. after an environment
+        variable read at trace time changed)."""
+        self._fns.clear()
+
     def __len__(self) -> int:
         return len(self._fns)
 
