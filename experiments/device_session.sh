@@ -295,6 +295,13 @@ for r in range(4): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500 
         --prompt_tokens 16 --max_context 4096 --command_buffers 1 --ple_table device --ab_rounds ${AB_ROUNDS:-2} \
         --ab "${AB_VARIANTS:-k:STRATA_QMATMUL_XPLANES=kernel;x:STRATA_ROW_MAP=xla;kx:STRATA_QMATMUL_XPLANES=kernel,STRATA_ROW_MAP=xla}" \
         --out "$OUT/ab_full_steps.json"
+      # cold compile of full-size Flash-Next functions (abstract weights, the engine's XLA flags, no persistent
+      # cache) without and with XLA's parallel LLVM compilation (the module split, compiled on the host's cores)
+      part compile_par ${COMPILE_S:-300} env -u JAX_COMPILATION_CACHE_DIR XLA_FLAGS="$FLAGS" python3 \
+        experiments/compile_probe.py --geometry qwen3.8-flash-next --n_layer ${COMPILE_LAYERS:-48} \
+        --kinds ${COMPILE_KINDS:-step} --ops all --timeout ${COMPILE_TIMEOUT:-150} \
+        --xla_variants "base=|par=--xla_gpu_enable_llvm_module_compilation_parallelism=true --xla_gpu_force_compilation_parallelism=16" \
+        --out "$OUT/compile_par.json"
       # one Flash-Next prefill chunk (the engine's 512 rows at the start of a 1,024-cell context), the new tree and
       # the old package (.carry/old, BASE) in one call: kernel times per chunk (command buffers kept in the trace)
       for V in new old; do
