@@ -32,6 +32,8 @@
 # program's HLO; FULL_STEPS_CB=0: the Flash-Next steps without command buffers, every kernel traced on its own),
 # profile_full_prefill_new / _old (one Flash-Next prefill chunk, the new tree and .carry/old; FULL_PREFILL_ARGS
 # e.g. "--prefill_chunk 2048 --max_context 4096"),
+# ab_full_steps (profile_step.py --ab on the Flash-Next steps: AB_VARIANTS, e.g. "x:STRATA_ROW_MAP=xla", each
+# variant recompiled on one engine, rounds alternating; AB_S, AB_STEPS, AB_ROUNDS),
 # batch_gen (strata-generate --batch N, aggregate tok/s; BATCH_NS) and anchor_batched
 # (llama-batched-bench on the same file). The real file path at full size (after fullsize; issue 12 item 8):
 # realfile_write (../shared/tools/make_qwen4exp_gguf.py, carried in .carry/tools, writes /tmp/flash.gguf: the
@@ -290,18 +292,11 @@ for r in range(4): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500 
         --hlo_out "$OUT/full_steps_hlo.txt" --out "$OUT/profile_full_steps.json"
       # A/B of trace-time switches on one Flash-Next engine (AB_VARIANTS, profile_step.py --ab): decode steps with
       # command buffers on, each variant recompiled, rounds alternating; ms per token and the ratio to the default
+      if want ab_full_steps && [ -z "${AB_VARIANTS:-}" ]; then echo "=== ab_full_steps skipped: AB_VARIANTS not set"; else
       part ab_full_steps ${AB_S:-240} $NEW python3 experiments/profile_step.py --geometry qwen3.8-flash-next \
         ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --kind steps --decode_steps 4 --steps ${AB_STEPS:-40} --warmup 3 \
         --prompt_tokens 16 --max_context 4096 --command_buffers 1 --ple_table device --ab_rounds ${AB_ROUNDS:-2} \
-        --ab "${AB_VARIANTS:-k:STRATA_QMATMUL_XPLANES=kernel;x:STRATA_ROW_MAP=xla;kx:STRATA_QMATMUL_XPLANES=kernel,STRATA_ROW_MAP=xla}" \
-        --out "$OUT/ab_full_steps.json"
-      # cold compile of full-size Flash-Next functions (abstract weights, the engine's XLA flags, no persistent
-      # cache) without and with XLA's parallel LLVM compilation (the module split, compiled on the host's cores)
-      part compile_par ${COMPILE_S:-300} env -u JAX_COMPILATION_CACHE_DIR XLA_FLAGS="$FLAGS" python3 \
-        experiments/compile_probe.py --geometry qwen3.8-flash-next --n_layer ${COMPILE_LAYERS:-48} \
-        --kinds ${COMPILE_KINDS:-step} --ops all --timeout ${COMPILE_TIMEOUT:-150} \
-        --xla_variants "base=|par=--xla_gpu_enable_llvm_module_compilation_parallelism=true --xla_gpu_force_compilation_parallelism=16" \
-        --out "$OUT/compile_par.json"
+        --ab "$AB_VARIANTS" --out "$OUT/ab_full_steps.json"; fi
       # one Flash-Next prefill chunk (the engine's 512 rows at the start of a 1,024-cell context), the new tree and
       # the old package (.carry/old, BASE) in one call: kernel times per chunk (command buffers kept in the trace)
       for V in new old; do

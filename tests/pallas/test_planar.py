@@ -99,48 +99,6 @@ def test_gemv_accuracy(impl, qtype, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
-@pytest.mark.parametrize("qtype", sorted(gemv.PLANES, key=lambda q: q.value), ids=lambda q: q.name)
-def test_gemv_planes_formed_in_kernel(impl, qtype, rng, monkeypatch):
-    """``STRATA_QMATMUL_XPLANES=kernel`` (the plane path's activations formed in the GEMV from the float32 rows):
-    within 1e-5 of float64 on every plane-path format, outputs poisoned first; row 0 of a 3-row call == the row
-    alone, bit for bit, with other neighbours too; the traced call holds no XLA op on the activations before the
-    Pallas call (the launch it saves)."""
-    monkeypatch.setenv("STRATA_QMATMUL", "planar")
-    monkeypatch.setenv("STRATA_QMATMUL_GEMV", "fma")
-    monkeypatch.setenv("STRATA_QMATMUL_PLANES", "all")
-    monkeypatch.setenv("STRATA_QMATMUL_XPLANES", "kernel")
-    n_out, k_in = 20, 512
-    w, w64 = _weight(rng, qtype, n_out, k_in)
-    x = jnp.asarray((rng.standard_normal((3, k_in)) * rng.uniform(0.1, 10, (3, 1))).astype(np.float32))
-    with dispatch.poison_outputs():
-        y = qmatmul(x, w, qtype, n_out, k_in, impl=impl)
-    f64_check(y, x, w64, 1e-5, f"{impl} {qtype.name} planes in the kernel")
-    alone = qmatmul(x[:1], w, qtype, n_out, k_in, impl=impl)
-    assert_bits_equal(np.asarray(y)[:1], np.asarray(alone), f"{qtype.name}: row 0 of 3 vs alone")
-    x2 = x.at[1:].set(x[1:] * -7.0 + 3.0)
-    assert_bits_equal(np.asarray(qmatmul(x2, w, qtype, n_out, k_in, impl=impl))[:1], np.asarray(alone),
-                      f"{qtype.name}: row 0, other neighbours")
-    # the kernel path's program (traced as on a GPU): no op on the activations before the Pallas call
-    monkeypatch.setattr(dispatch, "on_gpu", lambda: True)
-
-    def before_call(mode):
-        monkeypatch.setenv("STRATA_QMATMUL_XPLANES", mode)
-        jax.clear_caches()  # the variable is read when a call is traced
-        def names_of(jaxpr):  # in program order, nested jaxprs (pjit, custom_jvp) inlined
-            for e in jaxpr.eqns:
-                subs = [v for v in e.params.values() if hasattr(v, "jaxpr") or hasattr(v, "eqns")]
-                if subs and e.primitive.name != "pallas_call":
-                    for sj in subs:
-                        yield from names_of(getattr(sj, "jaxpr", sj))
-                else:
-                    yield e.primitive.name
-        names = list(names_of(jax.make_jaxpr(lambda x: qmatmul(x, w, qtype, n_out, k_in, impl="kernel"))(x[:1]).jaxpr))
-        return set(names[:names.index("pallas_call")]) & {"mul", "add", "concatenate", "transpose"}
-    assert before_call("kernel") == set()
-    assert before_call("xla")   # the check sees the XLA-formed planes
-
-
-@pytest.mark.parametrize("impl", KERNEL_IMPLS)
 @pytest.mark.parametrize("gemv", ["fma", "tc"])
 def test_gemv_rows_independent(impl, gemv, rng, monkeypatch):
     """Row m of an M-row call == the row alone, bit for bit, whatever the other rows hold (M = 3, 8, and 12 with
@@ -377,8 +335,13 @@ def test_kblock_f16(impl, rng, monkeypatch):
     unit = lambda prec: gemm.gemm(X[:9], w, Q.Q4_K, n_out, k_in, interpret=interpret, precision=prec,  # noqa: E731
                                   variant="unit")
     assert_bits_equal(unit("f16"), unit("bf16x2"), "unit kernel: f16 is bf16x2")
+    monkeypatch.delenv("STRATA_QMATMUL_PRECISION", raising=False)
+    assert (qapi.precision(True), qapi.precision(True, experts=True), qapi.precision(False)) == (
+        "bf16x2", "f16", gemm.GEMV_PRECISION)   # the defaults: dense GEMM, expert GEMM, tensor-core GEMV
     monkeypatch.setenv("STRATA_QMATMUL_PRECISION", "f16")
     assert (qapi.precision(True), qapi.precision(False)) == ("f16", gemm.GEMV_PRECISION)
+    monkeypatch.setenv("STRATA_QMATMUL_PRECISION", "bf16x2")
+    assert qapi.precision(True, experts=True) == "bf16x2"   # set, the variable applies to the experts too
 
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES + [Q.F16, Q.BF16, Q.F32], ids=lambda q: q.name)

@@ -102,13 +102,18 @@ def gemm_variant() -> str:
     return _gemm.gemm_variant()
 
 
-def precision(gemm: bool = True) -> str:
+def precision(gemm: bool = True, experts: bool = False) -> str:
     """``STRATA_QMATMUL_PRECISION``: the bfloat16 pieces of each inexact operand in the planar tensor-core kernels
     (`gemm.PRECISIONS`: the activations in ``unit`` and tc16, the activations and dequantized weights in
     ``kblock``), or ``f16`` (`gemm.F16`: one float16 product in the kblock GEMM; the tensor-core GEMVs keep
-    `gemm.GEMV_PRECISION`). Unset: `gemm.DEFAULT_PRECISION` (``bf16x2``) for the GEMM of prefill chunks and MoE
-    prefill (``gemm``), `gemm.GEMV_PRECISION` (``bf16x3``) for the tensor-core GEMVs of decode rows."""
-    default = _gemm.DEFAULT_PRECISION if gemm else _gemm.GEMV_PRECISION
+    `gemm.GEMV_PRECISION`); set, it applies to every call. Unset: `gemm.DEFAULT_PRECISION` (``bf16x2``) for the
+    GEMM of prefill chunks (``gemm``), `gemm.EXPERTS_PRECISION` (``f16``) for the grouped-expert GEMM of MoE
+    prefill (``gemm`` and ``experts``), `gemm.GEMV_PRECISION` (``bf16x3``) for the tensor-core GEMVs of decode
+    rows.
+
+    Raises:
+      UnsupportedError: ``STRATA_QMATMUL_PRECISION`` is not one of `gemm.GEMM_PRECISIONS`."""
+    default = (_gemm.EXPERTS_PRECISION if experts else _gemm.DEFAULT_PRECISION) if gemm else _gemm.GEMV_PRECISION
     value = dispatch.env_choice("STRATA_QMATMUL_PRECISION", default, _gemm.GEMM_PRECISIONS)
     return value if gemm else _gemm.gemv_precision(value)
 

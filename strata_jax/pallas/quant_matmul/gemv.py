@@ -272,63 +272,16 @@ def _unit_scales(qtype, w_ref, rows, lay, grp, v0, tables):
     return c.dl, mn
 
 
-class PreparedPlanes:
-    """Row m's plane-path activations read from `plane_inputs`' arrays, side by side in one flat ref (input i at
-    ``offs[i]`` of the row's ``size`` values): the XLA-formed path (``STRATA_QMATMUL_XPLANES=xla``)."""
-
-    def __init__(self, x_ref, base, offs, widths, k_in):
-        self.x_ref, self.base, self.offs, self.widths, self.k_in = x_ref, base, offs, widths, k_in
-
-    def plane(self, bits, n, gi, ai):
-        """float32 [G, bits]: plane value ``n`` of words ``ai`` of groups ``gi`` (scaled as `plane_inputs`)."""
-        i = self.widths.index(bits)
-        return self.x_ref[self.base + self.offs[i] + (n * (self.k_in // 32) + gi) * bits + ai]
-
-    def sums(self, gi):
-        """float32 [G, 2]: the sums of the two halves (16 values each) of groups ``gi``."""
-        return self.x_ref[self.base + self.offs[-1] + gi * 2 + lax.broadcasted_iota(jnp.int32, (1, 2), 1)]
-
-
-class RawPlanes:
-    """Row m's plane-path activations formed in the kernel from the float32 row itself (flat ref, the row at
-    ``base``): the same scaled values as `plane_inputs` (a product by a power of two: exact) and the sums of 16
-    values by a reduction whose order is fixed by the tile shape [G, 2, 16] (a compile-time constant), so the row
-    is computed alike in every call. Saves the XLA launch that forms the planes before each GEMV
-    (``STRATA_QMATMUL_XPLANES=kernel``)."""
-
-    def __init__(self, x_ref, base):
-        self.x_ref, self.base = x_ref, base
-
-    def plane(self, bits, n, gi, ai):
-        per_word, per_half = 32 // bits, 16 // bits
-        v = self.x_ref[self.base + gi * 32 + ai * per_word + n]
-        return v * jnp.float32(2.0 ** (23 - bits * (n % per_half)))
-
-    def sums(self, gi):
-        G = gi.shape[0]
-        h = lax.broadcasted_iota(jnp.int32, (1, 2, 1), 1)
-        k = lax.broadcasted_iota(jnp.int32, (1, 1, 16), 2)
-        return jnp.sum(self.x_ref[self.base + gi.reshape(G, 1, 1) * 32 + h * 16 + k], axis=2)
-
-
-def xplanes_in_kernel() -> bool:
-    """Whether the plane path forms its activations in the GEMV (``STRATA_QMATMUL_XPLANES=kernel``: `RawPlanes`)
-    or in an XLA fusion before it (``xla``, the default: `plane_inputs`, `PreparedPlanes`).
-
-    Raises:
-      UnsupportedError: another value of ``STRATA_QMATMUL_XPLANES``."""
-    return dispatch.env_choice("STRATA_QMATMUL_XPLANES", "xla", ("xla", "kernel")) == "kernel"
-
-
 def plane_step(qtype, w_ref, rows, k_in, c, G, xq, tables):
     """One loop step of the plane path: per activation row m, float32 [BN, G] = the sum over each of the
-    step's G groups of ``w * x_m``. ``rows``: int32 [BN, 1, 1] (`tile_rows`); ``xq[m]``: row m's activations, a
-    `PreparedPlanes` or `RawPlanes`."""
+    step's G groups of ``w * x_m``. ``rows``: int32 [BN, 1, 1] (`tile_rows`); ``xq[m]``: a function
+    (input i of `plane_inputs`, int32 flat indices within row m's array i) -> float32 values."""
     lay = P.layout(qtype, k_in)
     BN = rows.shape[0]
     g0 = c * G
     grp3 = g0 + lax.broadcasted_iota(jnp.int32, (1, G, 1), 1)
     gi = g0 + lax.broadcasted_iota(jnp.int32, (G, 1), 0)
+    widths = plane_bits(qtype)
     outs = [None] * len(xq)
 
     def add(m, u):
@@ -336,6 +289,7 @@ def plane_step(qtype, w_ref, rows, k_in, c, G, xq, tables):
 
     for region, bits, weight in PLANES[qtype]:
         per_word, per_half = 32 // bits, 16 // bits
+        xi = widths.index(bits)
         a = lax.broadcasted_iota(jnp.int32, (1, 1, bits), 2)    # word of the group (a group = ``bits`` words)
         ai = lax.broadcasted_iota(jnp.int32, (1, bits), 1)
         wd = w_ref[rows * lay.row_words + lay.offsets[region] + grp3 * bits + a]     # uint32 [BN, G, bits]
@@ -351,7 +305,7 @@ def plane_step(qtype, w_ref, rows, k_in, c, G, xq, tables):
                 t = None
                 for n in range(per_half):
                     nn = h * per_half + n
-                    xv = xm.plane(bits, nn, gi, ai)                                   # [G, bits]
+                    xv = xm(xi, (nn * (k_in // 32) + gi) * bits + ai)                 # [G, bits]
                     p = fs[n] * xv[None]
                     t = p if t is None else t + p
                 add(m, jnp.sum(dl * t, axis=2))
@@ -359,13 +313,13 @@ def plane_step(qtype, w_ref, rows, k_in, c, G, xq, tables):
     _, mn = _unit_scales(qtype, w_ref, rows, lay, grp3, u16 * 16, tables)
     if mn is not None:
         for m, xm in enumerate(xq):
-            xs = xm.sums(gi)                                                        # [G, 2]
+            xs = xm(len(widths), gi * 2 + lax.broadcasted_iota(jnp.int32, (1, 2), 1))   # [G, 2]
             add(m, jnp.sum(mn * xs[None], axis=2))
     return [jnp.broadcast_to(o, (BN, G)) for o in outs]
 
 
 def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, masked, BN, x_per_slot,
-            table_names, x_sizes, planes, x_offs=(), raw_planes=False):
+            table_names, x_sizes, planes, x_offs=()):
     w_refs = refs[:n_mats]
     n_x = len(x_sizes)
     x_refs = refs[n_mats:n_mats + n_x]
@@ -386,10 +340,8 @@ def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, ma
         def body(j, accs):
             c, live = split_step(s, j, cps, n_chunks, masked)
             grp = c * G + lax.broadcasted_iota(jnp.int32, (G,), 0)
-            if planes and raw_planes:   # the float32 rows, flat [U, M, K]
-                xs = [RawPlanes(x_ref, (xu * M + m) * k_in) for m in range(M)]
-            elif planes:   # `plane_inputs` side by side in one flat [U, M, n] array, input i at x_offs[i]
-                xs = [PreparedPlanes(x_ref, (xu * M + m) * x_sizes[0], x_offs, plane_bits(qtype), k_in)
+            if planes:   # `plane_inputs` side by side in one flat [U, M, n] array, input i at x_offs[i]
+                xs = [functools.partial(lambda m, i, idx: x_ref[(xu * M + m) * x_sizes[0] + x_offs[i] + idx], m)
                       for m in range(M)]
             else:
                 xs = [x_ref[xu, m, pl.ds(c * G, G)].astype(jnp.float32) for m in range(M)]  # [G, *vshape] each
@@ -455,12 +407,8 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
     tabs = [jnp.asarray(D.table(n)) for n in names]
     U_x = x.shape[0] if x_per_slot else 1
     planes = uses_planes(qtype)
-    raw_planes = planes and xplanes_in_kernel()
     x_offs = ()
-    if raw_planes:
-        xr = (x.astype(jnp.float32).reshape(-1),)
-        x_sizes = (k_in,)
-    elif planes:
+    if planes:
         # one array (a concatenate XLA fuses with the ops that compute its pieces): one launch before the GEMV
         # instead of a transpose and a reduce (2026-12-04b, 1.5B steps HLO: 7 of a layer's ~20 launches)
         xp = [a.reshape(U_x * M, -1) for a in plane_inputs(x, qtype)]
@@ -478,7 +426,7 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
         functools.partial(_kernel, n_mats=n_mats, qtype=qtype, M=M, n_out=n_out, k_in=k_in, G=t["G"],
                           cps=t["cps"], n_chunks=t["n_chunks"], masked=t["masked"], BN=cfg.BN,
                           x_per_slot=x_per_slot, table_names=names, x_sizes=x_sizes, planes=planes,
-                          x_offs=x_offs, raw_planes=raw_planes),
+                          x_offs=x_offs),
         out_shape=[jax.ShapeDtypeStruct((U, t["split"], n_pad, M), jnp.float32)] * n_mats,
         grid=(t["n_tiles"], t["split"], U), in_specs=[full] * (1 + n_mats + len(xr) + len(tabs)),
         out_specs=[full] * n_mats,
