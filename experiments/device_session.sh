@@ -296,7 +296,7 @@ for r in range(4): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500 
       part ab_full_steps ${AB_S:-240} $NEW python3 experiments/profile_step.py --geometry qwen3.8-flash-next \
         ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --kind steps --decode_steps 4 --steps ${AB_STEPS:-40} --warmup 3 \
         --prompt_tokens 16 --max_context 4096 --command_buffers 1 --ple_table device --ab_rounds ${AB_ROUNDS:-2} \
-        --ab "$AB_VARIANTS" --out "$OUT/ab_full_steps.json"; fi
+        --ab "${AB_VARIANTS:-}" --out "$OUT/ab_full_steps.json"; fi
       # one Flash-Next prefill chunk (the engine's 512 rows at the start of a 1,024-cell context), the new tree and
       # the old package (.carry/old, BASE) in one call: kernel times per chunk (command buffers kept in the trace)
       for V in new old; do

@@ -198,8 +198,9 @@ def test_planar_prefill_precisions(impl, variant, stages, rng, monkeypatch, requ
             want[m] += float(w[m, j]) * (deq(raws[2][e], QWEN38[2], F2) @ (g / (1 + np.exp(-g)) * u))
     # bounds on max |y - y64| / max |y64| (two products and a SwiGLU; measured 2026-12-05, 3 seeds: kblock bf16
     # 3.2e-3 .. 4.4e-3, bf16x2 4.0e-6 .. 1.1e-5, bf16x3 1.2e-7 .. 1.6e-7; unit 1.9e-3 .. 2.6e-3, 4.5e-6 .. 6.9e-6,
-    # 1.1e-7 .. 2.0e-7; kblock f16 3.6e-4, one seed, 2026-12-07: the unit kernel runs f16 as bf16x2)
-    for prec, tol in (("bf16", 2e-2), ("f16", 2e-3), ("bf16x2", 5e-5), ("bf16x3", 2e-6)):
+    # 1.1e-7 .. 2.0e-7; kblock f16 3.6e-4, one seed, 2026-12-07: the unit kernel runs f16 as bf16x2; compiled on an
+    # H100, 2026-12-07c: kblock bf16x3 up to 3.3e-6, hence its bound of 1e-5)
+    for prec, tol in (("bf16", 2e-2), ("f16", 2e-3), ("bf16x2", 5e-5), ("bf16x3", 1e-5)):
         monkeypatch.setenv("STRATA_QMATMUL_PRECISION", prec)
         with dispatch.poison_outputs():
             y = moe_experts(x, ids, w, gate, up, down, QWEN38, impl=impl, prefill=True)

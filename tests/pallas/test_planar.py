@@ -416,8 +416,8 @@ def test_kblock_rows_independent(impl, rng):
 def test_grouped_experts_planar(impl, variant, rng, monkeypatch):
     """Routed experts on planar Q2_K / IQ4_NL stacks: the window path (union slots, 8-row groups) and the prefill
     path (pairs sorted by expert, grouped tensor-core GEMM, each STRATA_QMATMUL_GEMM kernel) against float64
-    (1e-5 of the largest output; 5e-5 for the prefill path's bf16x2 products); rows bitwise independent of the
-    call's other rows in both (a 9-row prefill chunk == those rows of the 12-row chunk)."""
+    (1e-5 of the largest output; the prefill path 2e-3 at its default f16 products, 5e-5 at bf16x2); rows bitwise
+    independent of the call's other rows in both (a 9-row prefill chunk == those rows of the 12-row chunk)."""
     monkeypatch.setenv("STRATA_QMATMUL", "planar")
     monkeypatch.setenv("STRATA_QMATMUL_GEMM", variant)
     E, H, F, k, M = 6, 256, 64, 2, 12
@@ -434,14 +434,18 @@ def test_grouped_experts_planar(impl, variant, rng, monkeypatch):
             a, b = g64[e] @ x[m], u64[e] @ x[m]
             want[m] += tw[m, j] * (d64[e] @ (a / (1 + np.exp(-a)) * b))
     args = (jnp.asarray(ids), jnp.asarray(tw), g, u, d, qts)
-    for prefill in (False, True):
+    # the window path (1e-5); the prefill path's grouped GEMM at its default, f16 (`gemm.EXPERTS_PRECISION`; the
+    # unit kernel runs it as bf16x2), and at bf16x2 (test_grouped_experts: f16 3.6e-4, bf16x2 4e-6 .. 1.1e-5)
+    for prefill, prec, tol in ((False, None, 1e-5), (True, None, 2e-3), (True, "bf16x2", 5e-5)):
+        if prec is None:
+            monkeypatch.delenv("STRATA_QMATMUL_PRECISION", raising=False)
+        else:
+            monkeypatch.setenv("STRATA_QMATMUL_PRECISION", prec)
         with dispatch.poison_outputs():
             y = np.asarray(moe_experts(jnp.asarray(x), *args[:2], *args[2:], impl=impl, prefill=prefill))
-        # prefill runs the grouped GEMM at the default bf16x2 products (test_grouped_experts: 4e-6 .. 1.1e-5).
-        tol = 5e-5 if prefill else 1e-5
-        assert np.max(np.abs(y - want)) <= tol * np.max(np.abs(want)), f"prefill={prefill}"
+        assert np.max(np.abs(y - want)) <= tol * np.max(np.abs(want)), f"prefill={prefill} {prec or 'default'}"
         y9 = moe_experts(jnp.asarray(x[2:11]), args[0][2:11], args[1][2:11], *args[2:], impl=impl, prefill=prefill)
-        assert_bits_equal(y9, y[2:11], f"prefill={prefill}: 9 rows vs 12")
+        assert_bits_equal(y9, y[2:11], f"prefill={prefill} {prec or 'default'}: 9 rows vs 12")
 
 
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
