@@ -608,7 +608,8 @@ def bench_moe_variants(b: Bench, small: bool, rng):
                                                                           precision="bf16x3"))}
     pre = {"bytes": fns["bytes"],
            **{f"tc_{p}": jax.jit(lambda x, i, tw, *w, p=p: GK.moe_prefill(x, i, tw, *w[3:], qts, interpret=it,
-                                                                          precision=p)) for p in ("bf16", "bf16x3")}}
+                                                                          precision=p))
+              for p in ("bf16", "f16", "bf16x3")}}
     per_expert = [sum(_nbytes(a[0]) for a in arrs) for arrs in (raw, pl_)]
     for m in ((1, 4, 8, 128) if not small else (1, 8, 16)):
         ids = np.stack([rng.choice(E, k, replace=False) for _ in range(m)]).astype(np.int32)
@@ -654,10 +655,11 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
              "kb_BN32": dataclasses.replace(base, BN=32), "kb_KB32": dataclasses.replace(base, KB=32),
              # row sub-tiles: 2 / 4 tiles of 16 rows per program share each decoded weight block (same bits)
              "kb_SUB2": dataclasses.replace(base, SUB=2), "kb_SUB4": dataclasses.replace(base, SUB=4)}
+    # the launch configs at the experts' default precision (f16 since 2026-12-07c; MOE_PREFILL was tuned at bf16x2)
     if small:   # the sub-tiles only (the CPU smoke run exercises them)
-        fns.update({name: fn("kblock", "bf16x2", sweep[name]) for name in ("kb_SUB2", "kb_SUB4")})
+        fns.update({name: fn("kblock", G.EXPERTS_PRECISION, sweep[name]) for name in ("kb_SUB2", "kb_SUB4")})
     else:
-        fns.update({name: fn("kblock", "bf16x2", cfg) for name, cfg in sweep.items()})
+        fns.update({name: fn("kblock", G.EXPERTS_PRECISION, cfg) for name, cfg in sweep.items()})
         fns["unit_bf16x2_BM32"] = fn("unit", "bf16x2", dataclasses.replace(base, BM=32))
     nbytes = sum(_nbytes(w) for w in ws)
     bias = rng.standard_normal(E) * 1.5

@@ -130,7 +130,8 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, low
     t_lower = time.perf_counter() - t0
     text = low.as_text()
     if os.environ.get("STRATA_PROBE_DUMP"):  # the lowered module's text, for reading the glue between kernels
-        open(os.environ["STRATA_PROBE_DUMP"], "w").write(text)
+        with open(f"{os.environ['STRATA_PROBE_DUMP']}.{kind}.mlir", "w") as f:  # one file per kind (child)
+            f.write(text)
     hlo_chars = len(text)
     if lower_for:
         kernels = [(m.group(1), len(line)) for line in text.splitlines() if "custom_call" in line
@@ -163,13 +164,35 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, low
             "backend": jax.default_backend()}
 
 
+def _braced(s: str, i: int) -> str:
+    """The text of the ``{...}`` group opening at ``s[i]``, braces inside quoted strings (with backslash escapes)
+    not counted."""
+    depth, quoted, esc = 0, False, False
+    for j in range(i, len(s)):
+        c = s[j]
+        if quoted:
+            esc, quoted = (False, quoted) if esc else (c == "\\", c != '"')
+        elif c == '"':
+            quoted = True
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return s[i:j + 1]
+    raise ValueError("unbalanced braces in a custom call's backend config")
+
+
 def _triton_calls(text: str) -> dict:
-    """The Triton custom calls of a lowered module's text: how many, and how many distinct backend configs (XLA's
-    GPU emitter compiles one kernel per distinct config: its kernel reuse cache is keyed by the config string,
-    the Triton IR with its debug locations included) and distinct IRs with the locations stripped."""
-    calls = re.findall(r'custom_call @__gpu\$xla\.gpu\.triton\(.*?mhlo\.backend_config = \{(.*)\}', text)
-    irs = [m.group(1) for c in calls for m in [re.search(r'ir = "((?:[^"\\]|\\.)*)"', c)] if m]
-    return {"calls": len(calls), "distinct_configs": len(set(calls)), "distinct_irs": len(set(irs))}
+    """The Triton custom calls of a lowered module's text: how many, how many distinct backend configs (XLA's GPU
+    emitter compiles one kernel per distinct config: its kernel reuse cache is keyed by the config string, the
+    Triton IR with its debug locations included) and how many distinct IR strings among them."""
+    configs = []
+    for m in re.finditer(r'custom_call @__gpu\$xla\.gpu\.triton\(', text):
+        k = text.find("mhlo.backend_config = {", m.end())
+        configs.append(_braced(text, text.index("{", k)))
+    irs = [m.group(1) for c in configs for m in [re.search(r'ir = "((?:[^"\\]|\\.)*)"', c)] if m]
+    return {"calls": len(configs), "distinct_configs": len(set(configs)), "distinct_irs": len(set(irs))}
 
 
 def _lower(fn, platform, *args):

@@ -93,7 +93,7 @@ case "$MODE" in
     if [ "$MODE" = run ]; then
       MODEL=/tmp/q15.gguf; PROF="--steps 20 --warmup 3 --prompt_tokens 64"
       FLAGS=$(python3 -c "from strata_jax.pallas import gpu_flags as g; print(' '.join(g.xla_flags(True)))")
-      part env 30 python3 -c "import jax, flax; print(jax.__version__, flax.__version__, jax.devices())"
+      part env 30 python3 -c "import jax, flax; print(jax.__version__, flax.__version__, jax.devices(), jax.devices()[0].device_kind)"
       part flags 30 env XLA_FLAGS="$FLAGS" python3 -c "import jax; print('XLA flags accepted:', jax.devices())"
       { want anchor || want realfile_anchor; } && bash .carry/anchor/anchor.sh build > "$OUT/anchor_build.log" 2>&1
       part random_gguf 60 python3 -m strata_jax.testing.random_gguf fill experiments/data/qwen2.5-coder-1.5b.header.xz $MODEL

@@ -29,22 +29,46 @@ sys.path.insert(0, HERE)
 sys.path.append(os.path.dirname(HERE))  # after PYTHONPATH: a strata_jax given there (another version) wins
 
 
+def parse_ab(spec: str) -> list[tuple[str, dict]]:
+    """``--ab``'s 'NAME:VAR=V,VAR=V;NAME2:...' -> [("base", {}), (NAME, {VAR: V}), ...].
+
+    Raises:
+      SystemExit: a part without ``NAME:``, a setting without ``=``, a variable not named ``STRATA_*``, a name used
+        twice (``base`` included)."""
+    variants = [("base", {})]
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        name, colon, sets = part.partition(":")
+        name = name.strip()
+        if not colon or not name:
+            raise SystemExit(f"profile_step: --ab part {part!r} is not NAME:VAR=V[,VAR=V]")
+        if name in dict(variants):
+            raise SystemExit(f"profile_step: --ab variant name {name!r} is used twice (or is 'base')")
+        env = {}
+        for kv in filter(None, (s.strip() for s in sets.split(","))):
+            k, eq, v = kv.partition("=")
+            if not eq or not k.strip().startswith("STRATA_"):
+                raise SystemExit(f"profile_step: --ab setting {kv!r} of {name!r} is not STRATA_VAR=VALUE")
+            env[k.strip()] = v.strip()
+        variants.append((name, env))
+    return variants
+
+
 def _ab(args, eng, run, pos: int, per: int) -> None:
-    """``--ab``: every variant's program compiled afresh (its variables set, the engine's compile cache and JAX's
-    caches cleared), ``--warmup`` programs, then ``--steps`` timed; rounds alternate the variants. Prints one line
-    per variant (ms per token of each round, the mean, the ratio to base); JSON in ``--out``."""
+    """``--ab``: every variant's program traced and compiled again (its variables set, the engine's compile cache
+    and JAX's in-memory caches cleared; a persistent compilation cache, e.g. ``JAX_COMPILATION_CACHE_DIR``, still
+    serves a program it holds, so "first call" is a compile only when it missed), ``--warmup`` programs, then
+    ``--steps`` timed, every variant from the same position; rounds alternate the variants, the order reversed on
+    odd rounds. Prints one line per variant (ms per token of each round, the mean, the ratio to base); JSON in
+    ``--out``."""
     import jax
 
-    variants = [("base", {})]
-    for part in filter(None, (p.strip() for p in args.ab.split(";"))):
-        name, _, sets = part.partition(":")
-        variants.append((name.strip(), dict(kv.split("=", 1) for kv in sets.split(",") if kv)))
+    variants = parse_ab(args.ab)
     base_env = {k: os.environ.get(k) for _, v in variants for k in v}
     ms = {name: [] for name, _ in variants}
     compile_s = {name: [] for name, _ in variants}
-    at = pos
     for r in range(args.ab_rounds):
-        for name, sets in variants:
+        for name, sets in (variants if r % 2 == 0 else variants[::-1]):
+            at = pos
             for k, v in base_env.items():
                 if v is None:
                     os.environ.pop(k, None)
@@ -73,7 +97,10 @@ def _ab(args, eng, run, pos: int, per: int) -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"model": args.random_from or args.geometry or args.model, "kind": args.kind,
-                       "device": str(jax.devices()[0]), "jax": jax.__version__, "decode_steps": per,
+                       "device": str(jax.devices()[0]), "device_kind": jax.devices()[0].device_kind,
+                       "jax": jax.__version__, "decode_steps": per, "steps": args.steps, "warmup": args.warmup,
+                       "max_context": args.max_context, "prompt_tokens": args.prompt_tokens,
+                       "xla_flags": os.environ.get("XLA_FLAGS", ""),
                        "variants": {n: {"settings": s, "ms_per_token": ms[n], "first_call_s": compile_s[n]}
                                     for n, s in variants}}, f, indent=1)
 
@@ -116,6 +143,8 @@ def main() -> None:
     ap.add_argument("--trace_dir", default=None, help="keep the trace here (default: a temporary directory)")
     ap.add_argument("--out", default=None, help="JSON file for the results")
     args = ap.parse_args()
+    if args.ab:
+        parse_ab(args.ab)  # a bad spec fails before anything loads
 
     from strata_jax.pallas import gpu_flags
 
@@ -163,16 +192,17 @@ def main() -> None:
     if args.ab:
         if T != 1:
             raise SystemExit("profile_step: --ab times one-row programs (--kind step or steps)")
-        n_var = 1 + len([p for p in args.ab.split(";") if p.strip()])
-        furthest = args.prompt_tokens + per * args.ab_rounds * n_var * (1 + args.warmup + args.steps)
+        if args.ab_rounds < 1 or args.steps < 1:
+            raise SystemExit("profile_step: --ab needs --ab_rounds and --steps of at least 1")
+        furthest = args.prompt_tokens + per * (1 + args.warmup + args.steps)  # each variant from the same position
     elif T == 1:
         furthest = args.prompt_tokens + per * (1 + args.warmup + 2 * args.steps)
     else:
         furthest = args.prompt_tokens + 1 + args.warmup + args.steps + T
     if furthest > args.max_context:
         raise SystemExit(f"profile_step: --max_context {args.max_context} is too short for {args.kind}: the run "
-                         f"writes {furthest} cells (prompt {args.prompt_tokens}, {1 + args.warmup + 2 * args.steps} "
-                         f"calls, {T} rows per call); raise --max_context or lower --steps / --prefill_chunk")
+                         f"writes {furthest} cells (prompt {args.prompt_tokens}, then {T} rows per call); raise "
+                         "--max_context or lower --steps / --prefill_chunk")
     rng = np.random.default_rng(0)
     prompt = rng.integers(100, min(eng.cfg.vocab_size, 30000), args.prompt_tokens).tolist()
     sp = SamplingParams(0.0)

@@ -134,6 +134,26 @@ def test_compile_cache_announces_slow_first_calls():
     assert cache.compiles == 2
 
 
+def test_compile_cache_clear_rebuilds():
+    """`CompileCache.clear`: the next get of a key builds again; a first call fetched before the clear and run after
+    it does not put its stale function back."""
+    from strata_jax.pipeline.windows import CompileCache
+
+    builds = []
+
+    def build(tag):
+        builds.append(tag)
+        return lambda x: (tag, x)
+
+    cache = CompileCache(4)
+    assert cache.get("k", lambda: build("a"))(1) == ("a", 1)
+    stale = cache.get("j", lambda: build("b"))        # fetched, not yet called
+    cache.clear()
+    assert len(cache) == 0 and stale(2) == ("b", 2) and len(cache) == 0
+    assert cache.get("k", lambda: build("c"))(3) == ("c", 3) and builds == ["a", "b", "c"]
+    assert cache.get("k", lambda: build("d"))(4) == ("c", 4)   # stored after its first call
+
+
 def test_load_progress_counts_every_trunk_tensor():
     """While loading, the stages report the bytes of every tensor once (the load bar's total: all tensors but an
     MTP layer's, which this file has not)."""

@@ -46,6 +46,7 @@ class CompileCache:
         self.evictions = 0
         self.notify = notify
         self.notice_after = float(notice_after)
+        self._generation = 0  # bumped by `clear`: a first call begun before it does not store its function
 
     def get(self, key: Hashable, build: Callable[[], Callable]) -> Callable:
         """The function for ``key``, built with ``build()`` (a jitted function) on first use. The first call of a new
@@ -56,6 +57,7 @@ class CompileCache:
             return fn
         jitted = build()
         cache = self
+        generation = self._generation
 
         def first_call(*args, **kwargs):
             t0 = time.perf_counter()
@@ -82,7 +84,8 @@ class CompileCache:
                 notify(key, dt)
             cache.compile_seconds += dt
             log.info("compiled %s in %.2f s", key, dt)
-            cache._fns[key] = jitted
+            if cache._generation == generation:
+                cache._fns[key] = jitted
             return out
 
         self.compiles += 1
@@ -94,8 +97,9 @@ class CompileCache:
 
     def clear(self) -> None:
         """Drop every function (the next `get` of a key builds and traces it again: e.g. after an environment
-        variable read at trace time changed)."""
+        variable read at trace time changed). A function fetched before and first called after is not stored."""
         self._fns.clear()
+        self._generation += 1
 
     def __len__(self) -> int:
         return len(self._fns)

@@ -436,16 +436,22 @@ def test_grouped_experts_planar(impl, variant, rng, monkeypatch):
     args = (jnp.asarray(ids), jnp.asarray(tw), g, u, d, qts)
     # the window path (1e-5); the prefill path's grouped GEMM at its default, f16 (`gemm.EXPERTS_PRECISION`; the
     # unit kernel runs it as bf16x2), and at bf16x2 (test_grouped_experts: f16 3.6e-4, bf16x2 4e-6 .. 1.1e-5)
-    for prefill, prec, tol in ((False, None, 1e-5), (True, None, 2e-3), (True, "bf16x2", 5e-5)):
+    ys = {}
+    for prefill, prec, tol in ((False, None, 1e-5), (True, None, 2e-3), (True, "f16", 2e-3), (True, "bf16x2", 5e-5)):
         if prec is None:
             monkeypatch.delenv("STRATA_QMATMUL_PRECISION", raising=False)
         else:
             monkeypatch.setenv("STRATA_QMATMUL_PRECISION", prec)
         with dispatch.poison_outputs():
-            y = np.asarray(moe_experts(jnp.asarray(x), *args[:2], *args[2:], impl=impl, prefill=prefill))
+            y = ys[prefill, prec] = np.asarray(moe_experts(jnp.asarray(x), *args[:2], *args[2:], impl=impl,
+                                                           prefill=prefill))
         assert np.max(np.abs(y - want)) <= tol * np.max(np.abs(want)), f"prefill={prefill} {prec or 'default'}"
         y9 = moe_experts(jnp.asarray(x[2:11]), args[0][2:11], args[1][2:11], *args[2:], impl=impl, prefill=prefill)
         assert_bits_equal(y9, y[2:11], f"prefill={prefill} {prec or 'default'}: 9 rows vs 12")
+    # the default prefill GEMM is gemm.EXPERTS_PRECISION (f16; the unit kernel runs f16 as bf16x2)
+    assert_bits_equal(ys[True, None], ys[True, "f16"], "prefill default vs STRATA_QMATMUL_PRECISION=f16")
+    if variant == "kblock":
+        assert np.any(ys[True, None] != ys[True, "bf16x2"]), "prefill default ran bf16x2"
 
 
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)

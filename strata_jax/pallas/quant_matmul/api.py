@@ -33,7 +33,8 @@ tensor-core GEMV `strata_jax.pallas.quant_matmul.tcgemv`, 16-row tiles), for mor
 the tensor-core GEMM (`strata_jax.pallas.quant_matmul.gemm`; ``STRATA_QMATMUL_GEMM``: ``kblock``, the default,
 dequantizes a block of K values per step and multiplies whole blocks; ``unit``, the kernel before, one scale unit
 per step) at ``STRATA_QMATMUL_PRECISION`` (bfloat16 pieces per operand: ``bf16x2`` by default for the GEMM,
-``bf16x3`` for the tensor-core GEMVs, or ``bf16``; ``f16``: one float16 product in the K-block GEMM; `precision`).
+``bf16x3`` for the tensor-core GEMVs, or ``bf16``; ``f16``: one float16 product in the K-block GEMM, the default
+of MoE prefill's grouped-expert GEMM, `gemm.EXPERTS_PRECISION`; `precision`).
 F16 / BF16 / F32 weights take the same planar kernels under the variable. The weight's dtype says which kernel
 family serves it, so a weight loaded under one setting keeps working under another; on the
 reference path a planar weight is decoded by `planar.dequantize` (the same values as the GGUF bytes). Formats:
@@ -106,7 +107,8 @@ def precision(gemm: bool = True, experts: bool = False) -> str:
     """``STRATA_QMATMUL_PRECISION``: the bfloat16 pieces of each inexact operand in the planar tensor-core kernels
     (`gemm.PRECISIONS`: the activations in ``unit`` and tc16, the activations and dequantized weights in
     ``kblock``), or ``f16`` (`gemm.F16`: one float16 product in the kblock GEMM; the tensor-core GEMVs keep
-    `gemm.GEMV_PRECISION`); set, it applies to every call. Unset: `gemm.DEFAULT_PRECISION` (``bf16x2``) for the
+    `gemm.GEMV_PRECISION`); set (non-empty), it applies to every call. Unset: `gemm.DEFAULT_PRECISION`
+    (``bf16x2``) for the
     GEMM of prefill chunks (``gemm``), `gemm.EXPERTS_PRECISION` (``f16``) for the grouped-expert GEMM of MoE
     prefill (``gemm`` and ``experts``), `gemm.GEMV_PRECISION` (``bf16x3``) for the tensor-core GEMVs of decode
     rows.

@@ -121,7 +121,8 @@ GEMV_TC = Config(BN=32, BM=16, target_programs=2112)   # the tensor-core GEMV: 1
 # --only moe_prefill, Flash-Next experts, 512 rows, bf16x2): 3.03 ms per MoE block against 3.48 at the KB = 128 of
 # KBLOCK_SMALL_BM, 3.27 with BN = 128, 3.74 with 32-row tiles (KB = 128); the unit kernel 5.13. One pipelining
 # stage (H100, 2026-12-07, the same bench): 2.50 ms against 2.96 at 2 stages, 2.93 at 3; 2 warps 2.86, 8 warps 5.15;
-# 2 / 4 row sub-tiles (SUB) 3.55 / 5.34 (~10 rows per expert at 512 rows: the second sub-tile is mostly padding)
+# 2 / 4 row sub-tiles (SUB) 3.55 / 5.34 (~10 rows per expert at 512 rows: the second sub-tile is mostly padding).
+# Tuned at bf16x2; not yet re-swept at EXPERTS_PRECISION (f16), the default since 2026-12-07 (third session).
 MOE_PREFILL = Config(BN=64, BM=16, KB=64, target_programs=1, num_stages=1)
 # The K-block kernel's prefill tiles, picked by measurement (H100, 2026-12-05, experiments/bench_kernels.py --only
 # prefill, `KBLOCK_SWEEP` there; experiments/RESULTS.md): BN = 64 weight rows x BM = 128 activation rows, KB = 64,
