@@ -5,7 +5,9 @@ gate / up pairs the step runs as one launch, the routed experts' stacks with the
 planar GEMV (`strata_jax.pallas.quant_matmul.gemv`) runs under each candidate `gemv.Config`; the attention kernel
 (`strata_jax.pallas.qsa.kernel.attend_kernel`) under each `AttendConfig` at the model's head shape and cell-list
 length. Times are the kernels' own device time from one `jax.profiler` trace (each variant's kernel is named
-apart by its config's ``tag``), so launch overhead and the host's dispatch do not enter; the split-K sum XLA adds
+apart by its config's ``tag``), so launch overhead and the host's dispatch do not enter; each call reads a
+different copy of the weights (``--cold_mb``), so they come from HBM as in a decode step, not from the L2 cache;
+the split-K sum XLA adds
 after a split GEMV is left out (it fuses into the consumer). What the step spends is ``us x count`` (calls per
 token). Prints the best config per shape next to the default and writes every figure to ``--out``:
 
@@ -101,19 +103,35 @@ def _compile_all(jobs, workers=8):
         return list(ex.map(one, jobs))
 
 
+def cold_copies(args: tuple, weights: tuple, min_bytes: float) -> list:
+    """Argument tuples for timing a kernel with its weights out of the L2 cache: ``args`` itself, then copies in
+    which every array of ``weights`` (the positions of ``args`` holding the weights; an arg may be a tuple of
+    arrays) is its own device buffer, until the copies hold ``min_bytes`` together. Cycling through them, a call
+    never finds its weights cached by the previous calls (the H100 / H200 L2: 50 MB), as in a decode step, where
+    every weight is read once per token. ``min_bytes`` 0: ``[args]``."""
+    leaves = [a for i in weights for a in jax.tree.leaves(args[i])]
+    per = sum(a.size * a.dtype.itemsize for a in leaves)
+    n = max(1, -(-int(min_bytes) // max(1, per))) if min_bytes else 1
+    sets = [args]
+    for _ in range(n - 1):
+        sets.append(tuple(jax.tree.map(lambda a: a + jnp.zeros((), a.dtype), x) if i in weights else x
+                          for i, x in enumerate(args)))
+    return sets
+
+
 def _device_us(runs, reps: int) -> dict:
     """{tag id: device microseconds per call} of the tagged kernels, from one profiler trace of ``reps`` calls
-    of each compiled fn (warmed first)."""
+    of each compiled fn (warmed first); a run's arguments are a list of tuples (`cold_copies`) used in turn."""
     from strata_jax.pallas import trace
 
-    for _, f, a in runs:
-        jax.block_until_ready(f(*a))
+    for _, f, sets in runs:
+        jax.block_until_ready(f(*sets[0]))
     d = tempfile.mkdtemp(prefix="strata_sweep_")
     with jax.profiler.trace(d, create_perfetto_trace=True):
-        for _, f, a in runs:
+        for _, f, sets in runs:
             out = None
-            for _ in range(reps):
-                out = f(*a)
+            for r in range(reps):
+                out = f(*sets[r % len(sets)])
             jax.block_until_ready(out)
     s = trace.summarize(trace.load_events(d), 1, top=100000)
     tot = collections.defaultdict(float)
@@ -124,7 +142,7 @@ def _device_us(runs, reps: int) -> dict:
     return {k: v / reps for k, v in tot.items()}
 
 
-def sweep_gemv(shapes, rows_list, reps, interpret, rng, ceiling, ids, deadline=None):
+def sweep_gemv(shapes, rows_list, reps, interpret, rng, ceiling, ids, deadline=None, cold_bytes=0.0):
     from bench_kernels import _weights  # (GGUF blocks, the planar / float array the kernels read)
 
     from strata_jax.pallas.quant_matmul import gemv as V
@@ -152,10 +170,13 @@ def sweep_gemv(shapes, rows_list, reps, interpret, rng, ceiling, ids, deadline=N
                 t = V.tiling(qt, n, k, cfg, per_unit=max(U, 1))
                 meta[i] = {"cfg": list(c), "split": t["split"], "cps": t["cps"]}
             comp = _compile_all(jobs)
-            runs = [(i, f, a) for (i, f, err), (_, _, a) in zip(comp, jobs) if f is not None]
+            sets = cold_copies((x, ws, slots), (1,), cold_bytes) if not interpret else [(x, ws, slots)]
+            runs = [(i, f, sets) for (i, f, err) in comp if f is not None]
             us = _device_us(runs, reps) if not interpret else {}
+            n_sets = len(sets)
+            del sets, runs
             for (i, f, err) in comp:
-                r = {**sh, "M": M, **meta[i], "bytes": int(nbytes)}
+                r = {**sh, "M": M, **meta[i], "bytes": int(nbytes), "weight_copies": n_sets}
                 if err:
                     r["error"] = err
                 elif i in us:
@@ -194,7 +215,7 @@ def sweep_attend(attn, cells_list, valid_list, reps, interpret, rng, ids):
                                                                                interpret=interpret, cfg=cfg))
                 jobs.append((i, fn, (q, kc, vc, cells), list(c)))
             comp = _compile_all([j[:3] for j in jobs])
-            runs = [(i, f, j[2]) for (i, f, err), j in zip(comp, jobs) if f is not None]
+            runs = [(i, f, [j[2]]) for (i, f, err), j in zip(comp, jobs) if f is not None]
             us = _device_us(runs, reps) if not interpret else {}
             rows = []
             for (i, f, err), j in zip(comp, jobs):
@@ -239,6 +260,9 @@ def main(argv=None):
                     "BN,G,warps,programs,stages;... (the first is reported as the default)")
     ap.add_argument("--qtypes", default="", help="GEMV shapes of these block formats only (comma-separated, "
                     "e.g. Q4_K,Q2_K; default: all)")
+    ap.add_argument("--cold_mb", type=float, default=200.0, help="GEMV weights out of the L2 cache: copies of each "
+                    "shape's weights, used in turn, until they hold this many MB (0: one copy, the weights stay "
+                    "in L2 when they fit, as in the sweeps before 2026-12-07c, whose small shapes read too fast)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
@@ -269,12 +293,13 @@ def main(argv=None):
         if args.small:
             shapes = shapes[:3]
         if "gemv" in args.only:
+            cold = args.cold_mb * 1e6
             res["gemv"] += [dict(r, model=label) for r in sweep_gemv(shapes, rows_list[:1], args.reps, interpret,
-                                                                    rng, args.ceiling_GBps, ids, deadline)]
+                                                                    rng, args.ceiling_GBps, ids, deadline, cold)]
             if len(rows_list) > 1:
                 res["gemv"] += [dict(r, model=label) for r in sweep_gemv(shapes[:args.rows_top], rows_list[1:],
                                                                         args.reps, interpret, rng,
-                                                                        args.ceiling_GBps, ids, deadline)]
+                                                                        args.ceiling_GBps, ids, deadline, cold)]
         if "attend" in args.only:
             cells = [attn["cells"]] if attn["qsa"] else [1025, 4097]
             res["attend"] += [dict(r, model=label) for r in sweep_attend(attn, cells if not args.small else [64],
