@@ -22,7 +22,9 @@ default: the engine's choice).
 
 Kinds: ``prefill`` (one chunk of ``--prefill_chunk`` rows, default `PREFILL_CHUNK`, last-row logits), ``step``
 (T = 1), ``windowT`` (a T-row verify window, all logits), ``mtp_prefill`` / ``mtp_windowT`` (the MTP layer's
-catch-up + draft chain of ``--mtp`` drafts).
+catch-up + draft chain of ``--mtp`` drafts), ``stepsN`` / ``stepsNxB`` (`build_steps_fn`: N decode steps per
+program over B slots, default 1, the whole model as one stage, the n-gram table on the device: the GPU's decode
+loop, e.g. ``steps4x4`` for 4 slots).
 Prints one line per pair: lower seconds, compile seconds (or ``timeout``), and the HLO size.
 """
 
@@ -88,10 +90,29 @@ def _one(geometry: str, n_layer: int, kind: str, max_context: int, mtp: int, low
     samp = RowSampling.make([SamplingParams(0.0)])
     mode = "prefill" if kind.endswith("prefill") else "window"
     chunk = check_prefill_chunk(PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, max_context)
-    T = chunk if mode == "prefill" else (1 if kind == "step" else int(kind.rsplit("window", 1)[1]))
+    steps = re.fullmatch(r"steps(\d+)(?:x(\d+))?", kind)
+    T = chunk if mode == "prefill" else (1 if kind == "step" or steps else int(kind.rsplit("window", 1)[1]))
     rows = Rows.make([0], [0], [T])
     t0 = time.perf_counter()
-    if kind.startswith("mtp"):
+    if steps:  # the GPU's decode loop: n one-row steps per program over B slots (the whole model in one stage)
+        from strata_jax.pipeline.stages import build_steps_fn
+
+        n_steps, B = int(steps.group(1)), int(steps.group(2) or 1)
+        mod = nnx.eval_shape(lambda: build_stage(v, cfg, 0, n_layer, None))
+        st = make_stage(mod, 0, None)
+        state = jax.eval_shape(lambda: mod.init_state(B, max_context))
+        ids = ple = None
+        if getattr(mod, "has_ple", False):  # the n-gram table on the device, as `Engine.run_steps` needs it
+            from strata_jax.layers.ple import DeviceRowIds
+
+            table = type(mod).ple_table(v, cfg)
+            ids = DeviceRowIds(table, cfg.vocab_size)
+            ple = {**ids.arrays, "raw": jax.ShapeDtypeStruct(table.raw.shape, jnp.uint8),
+                   "prev": jax.ShapeDtypeStruct((B, table.context), jnp.int32)}
+        fn = build_steps_fn(st, n_steps, max_context, ids)
+        args = (st.leaves, state, jax.ShapeDtypeStruct((B, 1), jnp.int32), Rows.make(list(range(B)), [0] * B,
+                [1] * B), RowSampling.make([SamplingParams(0.0)] * B), ple)
+    elif kind.startswith("mtp"):
         head = nnx.eval_shape(lambda: mtp_head(v, cfg, None))
         gd, params = nnx.split(head)
         state = jax.eval_shape(lambda: head.init_state(1, max_context, jnp.float32, None))
