@@ -7,9 +7,8 @@ planar GEMV (`strata_jax.pallas.quant_matmul.gemv`) runs under each candidate `g
 length. Times are the kernels' own device time from one `jax.profiler` trace (each variant's kernel is named
 apart by its config's ``tag``), so launch overhead and the host's dispatch do not enter; each call reads a
 different copy of the weights (``--cold_mb``), so they come from HBM as in a decode step, not from the L2 cache;
-the split-K sum XLA adds
-after a split GEMV is left out (it fuses into the consumer). What the step spends is ``us x count`` (calls per
-token). Prints the best config per shape next to the default and writes every figure to ``--out``:
+the split-K sum XLA adds after a split GEMV is left out (it fuses into the consumer). What the step spends is
+``us x count`` (calls per token). Prints the best config per shape next to the default and writes every figure to ``--out``:
 
   python experiments/sweep_kernels.py --model /tmp/q15.gguf --geometry qwen3.8-flash-next --out sweep.json
   python experiments/sweep_kernels.py --small          # CPU plumbing: interpret mode, tiny shapes, no timings
@@ -103,20 +102,14 @@ def _compile_all(jobs, workers=8):
         return list(ex.map(one, jobs))
 
 
-def cold_copies(args: tuple, weights: tuple, min_bytes: float) -> list:
-    """Argument tuples for timing a kernel with its weights out of the L2 cache: ``args`` itself, then copies in
-    which every array of ``weights`` (the positions of ``args`` holding the weights; an arg may be a tuple of
-    arrays) is its own device buffer, until the copies hold ``min_bytes`` together. Cycling through them, a call
+def cold_copies(ws, min_bytes: float) -> list:
+    """Copies of the weights ``ws`` (an array or a tuple of arrays) for timing a kernel out of the L2 cache: ``ws``
+    itself, then copies, each its own device buffer, until they hold ``min_bytes`` together. Used in turn, a call
     never finds its weights cached by the previous calls (the H100 / H200 L2: 50 MB), as in a decode step, where
-    every weight is read once per token. ``min_bytes`` 0: ``[args]``."""
-    leaves = [a for i in weights for a in jax.tree.leaves(args[i])]
-    per = sum(a.size * a.dtype.itemsize for a in leaves)
+    every weight is read once per token. ``min_bytes`` 0: ``[ws]``."""
+    per = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(ws))
     n = max(1, -(-int(min_bytes) // max(1, per))) if min_bytes else 1
-    sets = [args]
-    for _ in range(n - 1):
-        sets.append(tuple(jax.tree.map(lambda a: a + jnp.zeros((), a.dtype), x) if i in weights else x
-                          for i, x in enumerate(args)))
-    return sets
+    return [ws] + [jax.tree.map(lambda a: a + jnp.zeros((), a.dtype), ws) for _ in range(n - 1)]
 
 
 def _device_us(runs, reps: int) -> dict:
@@ -157,6 +150,7 @@ def sweep_gemv(shapes, rows_list, reps, interpret, rng, ceiling, ids, deadline=N
         ws = tuple(_weights(rng, qt, n, k, (E,) if E else (1,))[1] for _ in range(nm))
         nbytes = sum(w.size * w.dtype.itemsize for w in ws) * (max(U, 1) / max(E, 1))
         slots = jnp.asarray(rng.choice(E, U, replace=False) if U else [0], jnp.int32)
+        wsets = cold_copies(ws, 0.0 if interpret else cold_bytes)   # once per shape, for every row count
         for M in rows_list:
             x = jnp.asarray(rng.standard_normal((M, k)), jnp.float32)
             jobs, meta = [], {}
@@ -170,13 +164,10 @@ def sweep_gemv(shapes, rows_list, reps, interpret, rng, ceiling, ids, deadline=N
                 t = V.tiling(qt, n, k, cfg, per_unit=max(U, 1))
                 meta[i] = {"cfg": list(c), "split": t["split"], "cps": t["cps"]}
             comp = _compile_all(jobs)
-            sets = cold_copies((x, ws, slots), (1,), cold_bytes) if not interpret else [(x, ws, slots)]
-            runs = [(i, f, sets) for (i, f, err) in comp if f is not None]
+            runs = [(i, f, [(x, w, slots) for w in wsets]) for (i, f, err) in comp if f is not None]
             us = _device_us(runs, reps) if not interpret else {}
-            n_sets = len(sets)
-            del sets, runs
             for (i, f, err) in comp:
-                r = {**sh, "M": M, **meta[i], "bytes": int(nbytes), "weight_copies": n_sets}
+                r = {**sh, "M": M, **meta[i], "bytes": int(nbytes), "weight_copies": len(wsets)}
                 if err:
                     r["error"] = err
                 elif i in us:
@@ -186,7 +177,7 @@ def sweep_gemv(shapes, rows_list, reps, interpret, rng, ceiling, ids, deadline=N
                 out.append(r)
             _print_best("gemv", f"{sh['name']} {sh['qtype']} {n}x{k}" + (f" x{nm}" if nm > 1 else "")
                         + (f" slots={U}" if U else "") + f" M={M} (x{sh['count']}/token)", out[-len(comp):])
-        del ws
+        ws = wsets = runs = None  # the weights and their copies freed before the next shape's
     return out
 
 

@@ -221,8 +221,7 @@ def test_planar_prefill_precisions(impl, variant, stages, rng, monkeypatch, requ
 def test_prefill_row_sub_tiles(impl, rng):
     """MoE prefill tiles of SUB x 16 rows (`gemm.Config.SUB`: one decode of each weight block for SUB 16-row
     sub-tiles) give every row the bits of 16-row tiles (SUB = 1), at bf16x2 and at the default f16, with up to 20
-    rows per expert here; the unit
-    kernel refuses SUB > 1, a Config SUB < 1."""
+    rows per expert here; the unit kernel refuses SUB > 1, a Config SUB < 1."""
     import dataclasses
     from strata_jax.pallas.grouped_experts.kernel import moe_prefill
     from strata_jax.pallas.quant_matmul import gemm as G

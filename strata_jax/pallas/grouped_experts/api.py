@@ -121,5 +121,5 @@ def moe_experts(x, topk_ids, topk_w, gate, up, down, qtypes, *, impl: str = "aut
                             lambda: _why_not(x, topk_ids, gate, up, down, qtypes, planar))
     return _moe(x, topk_ids, topk_w, gate, up, down, qtypes=qtypes, path=path, poison=dispatch.poisoning(),
                 planar=planar, prefill=bool(prefill), gemv=_qapi.gemv_variant() if planar else "",
-                prec=_qapi.precision(bool(prefill) and x.shape[0] > _gemv.M_MAX, experts=True) if planar else "",
+                prec=_qapi.precision(bool(prefill), experts=True) if planar else "",
                 gemm_kernel=_qapi.gemm_variant() if planar else "")

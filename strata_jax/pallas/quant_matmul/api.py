@@ -108,10 +108,9 @@ def precision(gemm: bool = True, experts: bool = False) -> str:
     (`gemm.PRECISIONS`: the activations in ``unit`` and tc16, the activations and dequantized weights in
     ``kblock``), or ``f16`` (`gemm.F16`: one float16 product in the kblock GEMM; the tensor-core GEMVs keep
     `gemm.GEMV_PRECISION`); set (non-empty), it applies to every call. Unset: `gemm.DEFAULT_PRECISION`
-    (``bf16x2``) for the
-    GEMM of prefill chunks (``gemm``), `gemm.EXPERTS_PRECISION` (``f16``) for the grouped-expert GEMM of MoE
-    prefill (``gemm`` and ``experts``), `gemm.GEMV_PRECISION` (``bf16x3``) for the tensor-core GEMVs of decode
-    rows.
+    (``bf16x2``) for the GEMM of prefill chunks (``gemm``), `gemm.EXPERTS_PRECISION` (``f16``) for the
+    grouped-expert GEMM of MoE prefill (``gemm`` and ``experts``), `gemm.GEMV_PRECISION` (``bf16x3``) for the
+    tensor-core GEMVs of decode rows.
 
     Raises:
       UnsupportedError: ``STRATA_QMATMUL_PRECISION`` is not one of `gemm.GEMM_PRECISIONS`."""
