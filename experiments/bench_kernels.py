@@ -657,9 +657,9 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
              "kb_SUB2": dataclasses.replace(base, SUB=2), "kb_SUB4": dataclasses.replace(base, SUB=4)}
     # the launch configs at the experts' default precision (f16 since 2026-12-07c; MOE_PREFILL was tuned at bf16x2)
     if small:   # the sub-tiles only (the CPU smoke run exercises them)
-        fns.update({name: fn("kblock", G.EXPERTS_PRECISION, sweep[name]) for name in ("kb_SUB2", "kb_SUB4")})
+        fns.update({name: fn("kblock", G.DEFAULT_PRECISION, sweep[name]) for name in ("kb_SUB2", "kb_SUB4")})
     else:
-        fns.update({name: fn("kblock", G.EXPERTS_PRECISION, cfg) for name, cfg in sweep.items()})
+        fns.update({name: fn("kblock", G.DEFAULT_PRECISION, cfg) for name, cfg in sweep.items()})
         fns["unit_bf16x2_BM32"] = fn("unit", "bf16x2", dataclasses.replace(base, BM=32))
     nbytes = sum(_nbytes(w) for w in ws)
     bias = rng.standard_normal(E) * 1.5

@@ -217,22 +217,27 @@ class QLinear(nnx.Module):
       qtype: its ggml block format.
       n_out, n_in: the logical shape of W.
       b: optional float32 bias [n_out].
+      precise: the prefill GEMM keeps the float32-like precision (`strata_jax.pallas.quant_matmul.precision`'s
+        ``precise``: for a projection whose error a recurrence amplifies, GDN's q/k/v).
     """
 
-    def __init__(self, w, qtype, n_out: int, n_in: int, b=None):
+    def __init__(self, w, qtype, n_out: int, n_in: int, b=None, precise: bool = False):
         self.w = w if isinstance(w, nnx.Param) else nnx.Param(w)  # a Param may be shared (tied head)
         self.qtype = qtype
         self.n_out = int(n_out)
         self.n_in = int(n_in)
         self.b = nnx.Param(b) if b is not None else None
+        self.precise = bool(precise)
 
     @classmethod
-    def from_gguf(cls, g, name: str, device=None, bias: str | None = None, *, shape) -> "QLinear":
+    def from_gguf(cls, g, name: str, device=None, bias: str | None = None, *, shape,
+                  precise: bool = False) -> "QLinear":
         """W from tensor ``name``, expected ``shape`` = ``(n_out, n_in)`` (`load_raw`), and the bias [n_out] from
-        tensor ``bias`` when the file has it. W is put in its device form (`prepare_weight`)."""
+        tensor ``bias`` when the file has it. W is put in its device form (`prepare_weight`); ``precise`` as the
+        attribute."""
         w, qtype, shape = load_raw(g, name, device, shape=shape)
         b = load_f32(g, bias, device, shape=(shape[0],)) if bias and g.has(bias) else None
-        return cls(prepare_weight(w, qtype, shape[1]), qtype, shape[0], shape[1], b)
+        return cls(prepare_weight(w, qtype, shape[1]), qtype, shape[0], shape[1], b, precise)
 
     @classmethod
     def stacked(cls, linears, n_out: int | None = None) -> "QLinear | None":
@@ -260,7 +265,8 @@ class QLinear(nnx.Module):
         if any(lin.b is not None for lin in linears):
             b = jnp.concatenate([lin.b[...] if lin.b is not None else jnp.zeros((lin.n_out,), jnp.float32)
                                  for lin in linears] + [jnp.zeros((n_out - rows,), jnp.float32)])
-        return cls(jnp.concatenate(ws, axis=0), first.qtype, n_out, first.n_in, b)
+        return cls(jnp.concatenate(ws, axis=0), first.qtype, n_out, first.n_in, b,
+                   any(lin.precise for lin in linears))
 
     def padded_k(self, n_in: int) -> "QLinear | None":
         """The same map on inputs widened to ``n_in`` (zero columns after W's: inputs there add exact zeros for
@@ -272,7 +278,7 @@ class QLinear(nnx.Module):
         if self.qtype not in FLOAT_FORMATS or w.dtype == jnp.uint8 or w.ndim != 2:
             return None
         w = jnp.concatenate([w, jnp.zeros((w.shape[0], n_in - self.n_in), w.dtype)], axis=1)
-        return QLinear(w, self.qtype, self.n_out, n_in, self.b[...] if self.b is not None else None)
+        return QLinear(w, self.qtype, self.n_out, n_in, self.b[...] if self.b is not None else None, self.precise)
 
     def __call__(self, x: jax.Array, exact_rows: bool = True) -> jax.Array:
         """x float [..., n_in] -> float32 [..., n_out].
@@ -280,9 +286,11 @@ class QLinear(nnx.Module):
         Each row's arithmetic is independent of the other rows and of the row count (`qmatmul`'s contract), which
         makes verify windows and batch rows exact. ``exact_rows`` (verify windows; the default): on the Pallas
         kernel path, more than 8 rows (windows of several segments) run as 8-row groups of the kernel, so every row
-        gets the bits of the row alone; ``False`` (prefill chunks): more than 8 rows take the reference GEMM."""
+        gets the bits of the row alone; ``False`` (prefill chunks): more than 8 rows take the GEMM (at the
+        precision ``precise`` picks)."""
         lead = x.shape[:-1]
-        y = qmatmul(x.reshape(-1, self.n_in), self.w[...], self.qtype, self.n_out, self.n_in, row_groups=exact_rows)
+        y = qmatmul(x.reshape(-1, self.n_in), self.w[...], self.qtype, self.n_out, self.n_in, row_groups=exact_rows,
+                    precise=self.precise)
         y = y.reshape(*lead, self.n_out)
         if self.b is not None:
             y = y + self.b[...]
@@ -303,11 +311,11 @@ def project_shared(x: jax.Array, linears, exact_rows: bool = True) -> tuple:
     groups: dict = {}
     for i, lin in enumerate(linears):
         w = lin.w[...]
-        groups.setdefault((int(lin.qtype), lin.n_out, lin.n_in, w.dtype, w.shape), []).append(i)
-    for (_, n_out, n_in, _, _), idx in groups.items():
+        groups.setdefault((int(lin.qtype), lin.n_out, lin.n_in, w.dtype, w.shape, lin.precise), []).append(i)
+    for (_, n_out, n_in, _, _, precise), idx in groups.items():
         x2 = x.reshape(-1, n_in)
         ys = qmatmul_shared(x2, [linears[i].w[...] for i in idx], linears[idx[0]].qtype, n_out, n_in,
-                            row_groups=exact_rows)
+                            row_groups=exact_rows, precise=precise)
         for i, y in zip(idx, ys):
             y = y.reshape(*lead, n_out)
             out[i] = y + linears[i].b[...] if linears[i].b is not None else y

@@ -235,7 +235,7 @@ def test_prefill_row_sub_tiles(impl, rng):
     run = lambda cfg, variant="kblock", prec="bf16x2": moe_prefill(x, ids, w, gate, up, down, QWEN38,  # noqa: E731
                                                                    interpret=it, precision=prec, variant=variant,
                                                                    cfg=cfg)
-    for prec in ("bf16x2", G.EXPERTS_PRECISION):
+    for prec in ("bf16x2", G.DEFAULT_PRECISION):
         one = run(G.MOE_PREFILL, prec=prec)
         for sub in (2, 3, 4):
             with dispatch.poison_outputs():

@@ -336,12 +336,13 @@ def test_kblock_f16(impl, rng, monkeypatch):
                                   variant="unit")
     assert_bits_equal(unit("f16"), unit("bf16x2"), "unit kernel: f16 is bf16x2")
     monkeypatch.delenv("STRATA_QMATMUL_PRECISION", raising=False)
-    assert (qapi.precision(True), qapi.precision(True, experts=True), qapi.precision(False)) == (
-        "bf16x2", "f16", gemm.GEMV_PRECISION)   # the defaults: dense GEMM, expert GEMM, tensor-core GEMV
+    assert (qapi.precision(True), qapi.precision(True, precise=True), qapi.precision(False)) == (
+        "f16", "bf16x2", gemm.GEMV_PRECISION)   # the defaults: GEMM, precise GEMM (GDN's q/k/v), tensor-core GEMV
     monkeypatch.setenv("STRATA_QMATMUL_PRECISION", "f16")
-    assert (qapi.precision(True), qapi.precision(False)) == ("f16", gemm.GEMV_PRECISION)
-    monkeypatch.setenv("STRATA_QMATMUL_PRECISION", "bf16x2")
-    assert qapi.precision(True, experts=True) == "bf16x2"   # set, the variable applies to the experts too
+    assert (qapi.precision(True), qapi.precision(True, precise=True), qapi.precision(False)) == (
+        "f16", "f16", gemm.GEMV_PRECISION)      # set, the variable applies to every GEMM
+    monkeypatch.setenv("STRATA_QMATMUL_PRECISION", "bf16x3")
+    assert (qapi.precision(True), qapi.precision(True, precise=True), qapi.precision(False)) == ("bf16x3",) * 3
 
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES + [Q.F16, Q.BF16, Q.F32], ids=lambda q: q.name)
@@ -434,7 +435,7 @@ def test_grouped_experts_planar(impl, variant, rng, monkeypatch):
             a, b = g64[e] @ x[m], u64[e] @ x[m]
             want[m] += tw[m, j] * (d64[e] @ (a / (1 + np.exp(-a)) * b))
     args = (jnp.asarray(ids), jnp.asarray(tw), g, u, d, qts)
-    # the window path (1e-5); the prefill path's grouped GEMM at its default, f16 (`gemm.EXPERTS_PRECISION`; the
+    # the window path (1e-5); the prefill path's grouped GEMM at its default, f16 (`gemm.DEFAULT_PRECISION`; the
     # unit kernel runs it as bf16x2), and at bf16x2 (test_grouped_experts: f16 3.6e-4, bf16x2 4e-6 .. 1.1e-5)
     ys = {}
     for prefill, prec, tol in ((False, None, 1e-5), (True, None, 2e-3), (True, "f16", 2e-3), (True, "bf16x2", 5e-5)):
@@ -448,7 +449,7 @@ def test_grouped_experts_planar(impl, variant, rng, monkeypatch):
         assert np.max(np.abs(y - want)) <= tol * np.max(np.abs(want)), f"prefill={prefill} {prec or 'default'}"
         y9 = moe_experts(jnp.asarray(x[2:11]), args[0][2:11], args[1][2:11], *args[2:], impl=impl, prefill=prefill)
         assert_bits_equal(y9, y[2:11], f"prefill={prefill} {prec or 'default'}: 9 rows vs 12")
-    # the default prefill GEMM is gemm.EXPERTS_PRECISION (f16; the unit kernel runs f16 as bf16x2)
+    # the default prefill GEMM is gemm.DEFAULT_PRECISION (f16; the unit kernel runs f16 as bf16x2)
     assert_bits_equal(ys[True, None], ys[True, "f16"], "prefill default vs STRATA_QMATMUL_PRECISION=f16")
     if variant == "kblock":
         assert np.any(ys[True, None] != ys[True, "bf16x2"]), "prefill default ran bf16x2"
@@ -473,7 +474,8 @@ def test_ragged_k_splits(impl, rng):
             assert gemm.split_k(7, 1, 1, 3)["masked"]
         with dispatch.poison_outputs():
             y_v = gemv.gemv(jnp.asarray(x), w, qtype, 16, k_in, interpret=interpret, cfg=cfg_v)
-            y_t = gemm.gemm(jnp.asarray(x), w, qtype, 16, k_in, interpret=interpret, cfg=cfg_t)
+            y_t = gemm.gemm(jnp.asarray(x), w, qtype, 16, k_in, interpret=interpret, cfg=cfg_t,
+                            precision=gemm.PRECISE_PRECISION)
             y_16 = tcgemv.gemv(jnp.asarray(x), w, qtype, 16, k_in, interpret=interpret, cfg=cfg_16)
         assert tcgemv.tiling(qtype, 16, k_in, cfg_16)["masked"]
         f64_check(y_v, x, w64, 1e-5, f"GEMV {qtype.name} K={k_in}")

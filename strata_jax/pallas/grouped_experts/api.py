@@ -18,8 +18,8 @@ HF transformers Qwen3-Next / Qwen3.5-MoE sparse MoE block; GGUF tensors ``ffn_{g
   then take the grouped tensor-core GEMM (rows sorted by expert), whose bits differ from the GEMV's.
 * Planar weights (uint32, `strata_jax.pallas.quant_matmul.planar`; ``STRATA_QMATMUL=planar`` at load): the planar
   kernels, ``STRATA_QMATMUL_GEMV`` / ``STRATA_QMATMUL_PRECISION`` / ``STRATA_QMATMUL_GEMM`` as for
-  `strata_jax.pallas.quant_matmul.qmatmul`, except the grouped GEMM's default precision: ``f16``
-  (`gemm.EXPERTS_PRECISION`, one float16 product; the dense GEMM's is ``bf16x2``).
+  `strata_jax.pallas.quant_matmul.qmatmul` (the grouped GEMM at `gemm.DEFAULT_PRECISION`, ``f16``: one float16
+  product).
 
 Paths: the reference computes each (row, expert) pair with the row-chunked qmatmul reference; the kernel
 (formats with a quant_matmul kernel: Q2_K and Q4_0 of the Qwen3.8-Flash-Next experts included) reads each expert of
@@ -121,5 +121,5 @@ def moe_experts(x, topk_ids, topk_w, gate, up, down, qtypes, *, impl: str = "aut
                             lambda: _why_not(x, topk_ids, gate, up, down, qtypes, planar))
     return _moe(x, topk_ids, topk_w, gate, up, down, qtypes=qtypes, path=path, poison=dispatch.poisoning(),
                 planar=planar, prefill=bool(prefill), gemv=_qapi.gemv_variant() if planar else "",
-                prec=_qapi.precision(bool(prefill), experts=True) if planar else "",
+                prec=_qapi.precision(bool(prefill)) if planar else "",
                 gemm_kernel=_qapi.gemm_variant() if planar else "")

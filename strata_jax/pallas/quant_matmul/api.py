@@ -32,9 +32,9 @@ Planar weights (``STRATA_QMATMUL=planar``, the default; ``bytes`` selects the ke
 tensor-core GEMV `strata_jax.pallas.quant_matmul.tcgemv`, 16-row tiles), for more rows
 the tensor-core GEMM (`strata_jax.pallas.quant_matmul.gemm`; ``STRATA_QMATMUL_GEMM``: ``kblock``, the default,
 dequantizes a block of K values per step and multiplies whole blocks; ``unit``, the kernel before, one scale unit
-per step) at ``STRATA_QMATMUL_PRECISION`` (bfloat16 pieces per operand: ``bf16x2`` by default for the GEMM,
-``bf16x3`` for the tensor-core GEMVs, or ``bf16``; ``f16``: one float16 product in the K-block GEMM, the default
-of MoE prefill's grouped-expert GEMM, `gemm.EXPERTS_PRECISION`; `precision`).
+per step) at ``STRATA_QMATMUL_PRECISION`` (``f16``, the GEMM's default: one float16 product in the K-block GEMM;
+or bfloat16 pieces per operand: ``bf16x2``, the default of ``precise=True`` calls, ``bf16x3``, the tensor-core
+GEMVs', or ``bf16``; `precision`).
 F16 / BF16 / F32 weights take the same planar kernels under the variable. The weight's dtype says which kernel
 family serves it, so a weight loaded under one setting keeps working under another; on the
 reference path a planar weight is decoded by `planar.dequantize` (the same values as the GGUF bytes). Formats:
@@ -103,18 +103,18 @@ def gemm_variant() -> str:
     return _gemm.gemm_variant()
 
 
-def precision(gemm: bool = True, experts: bool = False) -> str:
+def precision(gemm: bool = True, precise: bool = False) -> str:
     """``STRATA_QMATMUL_PRECISION``: the bfloat16 pieces of each inexact operand in the planar tensor-core kernels
     (`gemm.PRECISIONS`: the activations in ``unit`` and tc16, the activations and dequantized weights in
     ``kblock``), or ``f16`` (`gemm.F16`: one float16 product in the kblock GEMM; the tensor-core GEMVs keep
-    `gemm.GEMV_PRECISION`); set (non-empty), it applies to every call. Unset: `gemm.DEFAULT_PRECISION`
-    (``bf16x2``) for the GEMM of prefill chunks (``gemm``), `gemm.EXPERTS_PRECISION` (``f16``) for the
-    grouped-expert GEMM of MoE prefill (``gemm`` and ``experts``), `gemm.GEMV_PRECISION` (``bf16x3``) for the
-    tensor-core GEMVs of decode rows.
+    `gemm.GEMV_PRECISION`); set (non-empty), it applies to every call. Unset: `gemm.DEFAULT_PRECISION` (``f16``)
+    for the GEMM of prefill chunks and MoE prefill's grouped experts (``gemm``), `gemm.PRECISE_PRECISION`
+    (``bf16x2``) for a GEMM whose error a recurrence amplifies (``gemm`` and ``precise``: `QLinear.precise`,
+    GDN's q/k/v projection), `gemm.GEMV_PRECISION` (``bf16x3``) for the tensor-core GEMVs of decode rows.
 
     Raises:
       UnsupportedError: ``STRATA_QMATMUL_PRECISION`` is not one of `gemm.GEMM_PRECISIONS`."""
-    default = (_gemm.EXPERTS_PRECISION if experts else _gemm.DEFAULT_PRECISION) if gemm else _gemm.GEMV_PRECISION
+    default = (_gemm.PRECISE_PRECISION if precise else _gemm.DEFAULT_PRECISION) if gemm else _gemm.GEMV_PRECISION
     value = dispatch.env_choice("STRATA_QMATMUL_PRECISION", default, _gemm.GEMM_PRECISIONS)
     return value if gemm else _gemm.gemv_precision(value)
 
@@ -215,7 +215,8 @@ def _gemv_shared(x, ws, *, qtype, n_out, k_in, interpret, poison):
         return _gemv.gemv(x, ws, qtype, n_out, k_in, interpret=interpret)
 
 
-def qmatmul_shared(x, ws, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_groups: bool = False) -> tuple:
+def qmatmul_shared(x, ws, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_groups: bool = False,
+                   precise: bool = False) -> tuple:
     """``tuple(qmatmul(x, w, qtype, n_out, k_in, ...) for w in ws)``, bit for bit, for several weights of one format
     and shape that read the same activations (a gated MLP's gate and up): on the planar float32 GEMV (1..8 rows,
     or row groups) the matrices share one launch and one read of ``x`` (`gemv.grouped_gemv` with a tuple of
@@ -237,10 +238,11 @@ def qmatmul_shared(x, ws, qtype, n_out: int, k_in: int, *, impl: str = "auto", r
         if path != "reference":
             return tuple(_gemv_shared(x, ws, qtype=qtype, n_out=n_out, k_in=k_in, interpret=path == "interpret",
                                       poison=dispatch.poisoning()))
-    return tuple(qmatmul(x, w, qtype, n_out, k_in, impl=impl, row_groups=row_groups) for w in ws)
+    return tuple(qmatmul(x, w, qtype, n_out, k_in, impl=impl, row_groups=row_groups, precise=precise) for w in ws)
 
 
-def qmatmul(x, w_raw, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_groups: bool = False):
+def qmatmul(x, w_raw, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_groups: bool = False,
+            precise: bool = False):
     """float32 [M, n_out] = x [M, k_in] @ dequantize(w_raw).T. See the module docstring for the full contract."""
     qtype = check_args(x, w_raw, qtype, n_out, k_in)
     if uses_planar_kernels(w_raw, qtype, k_in):
@@ -248,7 +250,7 @@ def qmatmul(x, w_raw, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_g
                                 lambda: _gemv.why_not(qtype, n_out, k_in, w_raw.dtype))
         gemm = x.shape[0] > _gemv.M_MAX and not row_groups
         return _qmatmul_planar(x, w_raw, qtype=qtype, n_out=n_out, k_in=k_in, path=path, gemm=gemm,
-                               poison=dispatch.poisoning(), gemv=gemv_variant(), prec=precision(gemm),
+                               poison=dispatch.poisoning(), gemv=gemv_variant(), prec=precision(gemm, precise),
                                gemm_kernel=gemm_variant())
     path = dispatch.resolve(
         "quant_matmul.qmatmul", impl,

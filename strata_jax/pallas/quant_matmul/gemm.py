@@ -55,25 +55,26 @@ from strata_jax.pallas.quant_matmul import planar as P
 from strata_jax.pallas.quant_matmul.gemv import decode_tile, split_k, split_step, tile_rows, vshape
 
 PRECISIONS = {"bf16": 1, "bf16x2": 2, "bf16x3": 3}   # bfloat16 pieces of each inexact operand
-# bf16x2 by measurement (2026-12-05): 1.4-1.8x bf16x3's TFLOP/s in the K-block kernel (H100, 512 rows), and every
-# real-model parity test passes with the kernel GEMM (interpret) at bf16x2: test_dense_parity (SmolLM2-135M,
-# Qwen2.5-Coder-0.5B: logits within 1e-3 of HF, 32 greedy tokens), test_relatives / test_hybrid "matches" (f32 within
-# 1e-4 of HF, Q8_0 within 1e-3 of the oracle); bf16 (one product) fails the SmolLM2 bound (2.5e-3).
-DEFAULT_PRECISION = "bf16x2"
+# bf16x2 (2026-12-05): 1.4-1.8x bf16x3's TFLOP/s in the K-block kernel (H100, 512 rows), and every real-model
+# parity test passes with the kernel GEMM (interpret) at bf16x2: test_dense_parity (SmolLM2-135M, Qwen2.5-Coder-0.5B:
+# logits within 1e-3 of HF, 32 greedy tokens), test_relatives / test_hybrid "matches" (f32 within 1e-4 of HF, Q8_0
+# within 1e-3 of the oracle); bf16 (one product) fails the SmolLM2 bound (2.5e-3). Now the precision of the GEMMs
+# whose error a recurrence amplifies (`QLinear.precise`: GDN's q/k/v projection), of BF16 / F32 weights under F16,
+# and of the unit kernel under F16.
+PRECISE_PRECISION = "bf16x2"
 # f16: one float16 x float16 product per step in the K-block GEMM (not a piece scheme: the block formats' weights and
 # each activation row, scaled by a power of two so that its largest value is in [2^14, 2^15), rounded to float16
 # once; the output row scaled back exactly). 8x less error than bf16 at bf16's one product; BF16 / F32 weights,
-# which float16 may not hold, and the unit kernel keep DEFAULT_PRECISION's pieces; the tensor-core GEMVs keep
-# GEMV_PRECISION (`gemv_precision`). Not the dense default: the dense parity tests pass at f16 (interpret, 2026-12-07;
-# bf16 fails them) but the hybrid Q8_0 oracle tests do not when every GEMM takes it (prefill logits 5.9e-2 /
-# 2.2e-3 of the oracle on the qwen3next / qwen35moe fixtures, bound 1e-3; bf16 0.18 / 8.7e-3).
+# which float16 may not hold, and the unit kernel keep PRECISE_PRECISION's pieces; the tensor-core GEMVs keep
+# GEMV_PRECISION (`gemv_precision`).
 F16 = "f16"
 GEMM_PRECISIONS = (*PRECISIONS, F16)
-# The grouped-expert GEMM of MoE prefill defaults to f16 (2026-12-07, third session): with f16 for the experts only
-# and bf16x2 for every other GEMM, test_hybrid::test_q8_0_matches_oracle passes on all three hybrid fixtures
-# (interpret), where f16 everywhere fails two of them; an expert's output enters the residual weighted by its
-# router weight and never picks a route itself. Speed: see experiments/RESULTS.md (2026-12-07, third session).
-EXPERTS_PRECISION = F16
+# The prefill GEMM's default, dense and grouped experts (2026-12-07, fourth session). Parity (interpret,
+# experiments/RESULTS.md): test_dense_parity passes at f16 on every GEMM; test_hybrid::test_q8_0_matches_oracle
+# fails on qwen3next (5.9e-2 of the oracle, bound 1e-3) and qwen35moe (2.2e-3) with f16 on every GEMM, and the
+# one GEMM that does it is GDN's q/k/v projection (f16 on it alone: 5.9e-2; on every other GEMM: 5.5e-4 / 6.2e-4 /
+# 5.1e-4 on qwen3next / qwen35moe / qwen4exp), so that projection keeps PRECISE_PRECISION.
+DEFAULT_PRECISION = F16
 GEMV_PRECISION = "bf16x3"   # the tensor-core GEMVs of 1..8 decode rows (STRATA_QMATMUL_GEMV=tc / tc16): float32-like
 WEIGHT_PIECES = {Q.F32: 3, Q.F16: 2, Q.BF16: 1}      # bfloat16 pieces of a float weight (block codes: 1, exact)
 VARIANTS = ("kblock", "unit")
@@ -122,7 +123,7 @@ GEMV_TC = Config(BN=32, BM=16, target_programs=2112)   # the tensor-core GEMV: 1
 # KBLOCK_SMALL_BM, 3.27 with BN = 128, 3.74 with 32-row tiles (KB = 128); the unit kernel 5.13. One pipelining
 # stage (H100, 2026-12-07, the same bench): 2.50 ms against 2.96 at 2 stages, 2.93 at 3; 2 warps 2.86, 8 warps 5.15;
 # 2 / 4 row sub-tiles (SUB) 3.55 / 5.34 (~10 rows per expert at 512 rows: the second sub-tile is mostly padding).
-# Tuned at bf16x2; not yet re-swept at EXPERTS_PRECISION (f16), the default since 2026-12-07 (third session).
+# Tuned at bf16x2; not yet re-swept at f16 (the grouped experts' default since 2026-12-07, third session).
 MOE_PREFILL = Config(BN=64, BM=16, KB=64, target_programs=1, num_stages=1)
 # The K-block kernel's prefill tiles, picked by measurement (H100, 2026-12-05, experiments/bench_kernels.py --only
 # prefill, `KBLOCK_SWEEP` there; experiments/RESULTS.md): BN = 64 weight rows x BM = 128 activation rows, KB = 64,
@@ -354,7 +355,7 @@ def tile_gemm(x, w_stacked, tile_expert, tile_rows, qtype, n_out: int, k_in: int
       tile_expert: int32 [T] (-1: idle tile, output not written); tile_rows: int32 [T, cfg.tile_m] valid rows of
         x.
       precision: one of `GEMM_PRECISIONS` (`F16`: the kblock kernel on block-format / F16 weights; elsewhere
-        `DEFAULT_PRECISION`).
+        `PRECISE_PRECISION`).
       cfg: the launch parameters (its `Config.tile_m` is the tiles' row count; the kblock kernel takes BN / KB /
         warps / stages from `kblock_config` unless ``cfg.KB`` is set).
       variant: the kernel, one of `VARIANTS` (None: `gemm_variant`, the environment).
@@ -371,7 +372,7 @@ def tile_gemm(x, w_stacked, tile_expert, tile_rows, qtype, n_out: int, k_in: int
         raise UnsupportedError(f"gemm variant {variant!r} is not one of {VARIANTS}")
     f16 = precision == F16 and variant == "kblock" and qtype not in (Q.BF16, Q.F32)
     if precision == F16 and not f16:   # the unit kernel, and weights float16 may not hold
-        precision = DEFAULT_PRECISION
+        precision = PRECISE_PRECISION
     T_in = tile_expert.shape[0]
     if tile_rows.shape != (T_in, cfg.tile_m):
         raise UnsupportedError(f"tile_rows {tile_rows.shape} must be [{T_in}, {cfg.tile_m}]")
