@@ -152,6 +152,18 @@ def test_q8_0_matches_oracle(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_precise_projections(family):
+    """The prefill GEMMs that keep bf16x2 (`QLinear.precise`) are exactly the GDN layers' q/k/v projections."""
+    from strata_jax.layers.gdn import GatedDeltaNet
+    from strata_jax.layers.linear import QLinear
+    stage = _driver(family, "q8_0").stage
+    nodes = [n for _, n in nnx.iter_graph(stage)]
+    qkv = {id(n.wqkv) for n in nodes if isinstance(n, GatedDeltaNet)}
+    precise = {id(n) for n in nodes if isinstance(n, QLinear) and n.precise}
+    assert qkv and precise == qkv
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_window_exact_and_commit(family):
     """A T=4 window holding the greedy ids gives the bits of four T=1 steps; commit(keep=2) then decoding
     continues with the bits of the T=1 path."""

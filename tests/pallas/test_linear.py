@@ -90,3 +90,34 @@ def test_stacked_zero_rows_and_padded_k(qtype, path, rng):
     yz = np.asarray(wide(jnp.asarray(z)))
     want = x[:, :12] @ up64.T
     assert np.max(np.abs(yz - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+def test_precise_keeps_bf16x2_in_prefill(rng, monkeypatch):
+    """A prefill chunk (16 rows, ``exact_rows=False``) through the planar GEMM: a `QLinear` with ``precise`` gets
+    the bits of the call at bf16x2 (`gemm.PRECISE_PRECISION`), one without them the bits at f16 (the default), and
+    the two differ; ``precise`` survives `QLinear.stacked` / `padded_k` and `project_shared` calls each group at its
+    own precision (GDN's q/k/v projection is loaded with it: tests/test_hybrid.py)."""
+    from strata_jax.layers.linear import project_shared
+    from strata_jax.pallas.quant_matmul import gemm as G
+    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    monkeypatch.setenv("STRATA_PALLAS_IMPL", "interpret")
+    monkeypatch.delenv("STRATA_QMATMUL_PRECISION", raising=False)
+    k = 256
+    lin, w64, _ = _linear(rng, Q.Q8_0, 40, k)
+    exact = QLinear(lin.w, lin.qtype, lin.n_out, lin.n_in, precise=True)
+    x = jnp.asarray(rng.standard_normal((16, k)).astype(np.float32))
+    bits = lambda y: np.asarray(y).view(np.uint32)  # noqa: E731
+    y_f16, y_exact = bits(lin(x, exact_rows=False)), bits(exact(x, exact_rows=False))
+    assert np.any(y_f16 != y_exact), "precise made no difference"
+    for prec, want in ((G.PRECISE_PRECISION, y_exact), (G.DEFAULT_PRECISION, y_f16)):
+        monkeypatch.setenv("STRATA_QMATMUL_PRECISION", prec)
+        np.testing.assert_array_equal(bits(lin(x, exact_rows=False)), want, f"{prec}")
+    monkeypatch.delenv("STRATA_QMATMUL_PRECISION")
+    y64 = np.asarray(x, np.float64) @ w64.T
+    assert np.max(np.abs(np.asarray(y_exact.view(np.float32)) - y64)) <= 1e-5 * np.max(np.abs(y64))
+    assert QLinear.stacked([exact, lin]).precise and not QLinear.stacked([lin, lin]).precise
+    ya, yb = project_shared(x, (exact, lin), exact_rows=False)
+    np.testing.assert_array_equal(bits(ya), y_exact)
+    np.testing.assert_array_equal(bits(yb), y_f16)
+    f = QLinear(jnp.asarray(rng.standard_normal((8, 40)).astype(np.float16)), Q.F16, 8, 40, precise=True)
+    assert f.padded_k(64).precise
