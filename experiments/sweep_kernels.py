@@ -41,7 +41,10 @@ from gguf.constants import GGMLQuantizationType as Q  # noqa: E402
 GEMV_CONFIGS = [(32, 4, 4, 1056, 2), (16, 8, 4, 2112, 2), (16, 8, 4, 528, 2), (16, 8, 4, 132, 2), (32, 8, 4, 528, 2),
                 (32, 8, 8, 528, 2), (16, 16, 4, 528, 2), (16, 16, 8, 1056, 2), (8, 8, 2, 1056, 2),
                 (8, 16, 4, 1056, 2), (64, 8, 8, 264, 2), (32, 16, 8, 264, 3), (16, 8, 4, 1056, 3),
-                (4, 8, 1, 2112, 2), (16, 8, 2, 2112, 2), (16, 32, 8, 528, 2)]
+                (4, 8, 1, 2112, 2), (16, 8, 2, 2112, 2), (16, 32, 8, 528, 2),
+                # 2026-12-07d: one loop step per program (K split until >= 4 programs per SM-slot: loads of different
+                # programs overlap instead of a program's steps waiting in turn), and 8 warps at the default tile
+                (32, 4, 4, 4224, 2), (16, 4, 4, 4224, 2), (32, 8, 4, 4224, 2), (32, 4, 8, 1056, 2)]
 # (NC, max_split, num_warps, num_stages, DC: the head-dim slice, 0 = all of D); the first is the 2026-12-03 default
 # of D = 256 and of lists over 2,048 cells, the second that of D <= 128 up to 2,048 cells
 ATTEND_CONFIGS = [(32, 128, 8, 2, 0), (16, 128, 4, 2, 0), (16, 32, 4, 2, 0), (16, 64, 4, 2, 0), (32, 32, 8, 2, 0),
