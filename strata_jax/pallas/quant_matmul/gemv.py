@@ -69,15 +69,51 @@ PLANES_Q4K_SMALL_K = Config(BN=16, G=8, target_programs=2112)
 PLANES_Q4K = Config(BN=32, G=8, target_programs=528)
 HEAD_Q6K = Config(BN=32, G=8, target_programs=528)
 HEAD_ROWS = 65536   # a weight with this many output rows or more is an output head / embedding
+# From experiments/sweep_kernels.py on an H100 with each call's weights out of L2 (2026-12-07, fourth session,
+# experiments/results/h100_2026-12-07d/call1; 20 configs at every GEMV shape of the 1.5B file and of Flash-Next,
+# 1 row, and 8 rows at the three largest): per format the config with the least device time per token at one row
+# that is not slower at 8 rows where 8 rows were timed. Flash-Next, one row: 4,823 -> 4,306 us of GEMVs per token
+# (the 2026-12-04 choices above); 8 rows (3 largest shapes) 6,066 -> 5,842; the 1.5B file 1,026 -> ~1,010 / 2,348 ->
+# ~1,950. Q4_K / Q4_0 at K >= 2048 and the Q6_K head: (16, 8, 2 warps, 2112) (attn_gate 6144x2560 9.26 -> 7.86 us,
+# ssm_out 2560x6144 8.99 -> 7.53); Q2_K: (16, 8, 4, 2112) (the experts' gate+up 15.38 -> 12.70 us, 8 rows 68.2 ->
+# 64.8); other Q6_K: (32, 4, 4, 4224) (one loop step per program: 1536x8960 12.93 -> 10.99); Q8_0: (32, 8, 4, 528);
+# float weights: (32, 4, 4, 4224) (the hyper-connection projections 4.3 -> 3.9 us, the small ones 1.7 -> 1.4).
+TWO_WARPS = Config(BN=16, G=8, num_warps=2, target_programs=2112)
+NARROW = Config(BN=16, G=8, target_programs=2112)
+ONE_STEP = Config(BN=32, G=4, target_programs=4224)
+WIDE_Q8 = Config(BN=32, G=8, target_programs=528)
+CONFIG_TABLES = ("2026-12-07", "2026-12-04")
+
+
+def config_table() -> str:
+    """``STRATA_QMATMUL_GEMV_CONFIGS``: which measured table `choose_config` uses, ``2026-12-07`` (the default) or
+    ``2026-12-04`` (the one before, for A/B runs). Read when a call is traced.
+
+    Raises:
+      UnsupportedError: another value."""
+    return dispatch.env_choice("STRATA_QMATMUL_GEMV_CONFIGS", CONFIG_TABLES[0], CONFIG_TABLES)
 
 
 def choose_config(qtype, n_out: int, k_in: int) -> Config:
     """Launch parameters for a weight: a function of the format, the shape and the path (`uses_planes`), never of
     the row count, so a row's reduction order is the same in every window."""
-    if qtype == Q.Q4_K and uses_planes(qtype):
-        return PLANES_Q4K if k_in >= 2048 else PLANES_Q4K_SMALL_K
-    if qtype == Q.Q6_K and n_out >= HEAD_ROWS and not uses_planes(qtype):
-        return HEAD_Q6K
+    planes = uses_planes(qtype)
+    if config_table() == "2026-12-04":
+        if qtype == Q.Q4_K and planes:
+            return PLANES_Q4K if k_in >= 2048 else PLANES_Q4K_SMALL_K
+        if qtype == Q.Q6_K and n_out >= HEAD_ROWS and not planes:
+            return HEAD_Q6K
+        return DEFAULT
+    if qtype == Q.Q4_K and planes and k_in < 2048:
+        return PLANES_Q4K_SMALL_K
+    if qtype in (Q.Q4_K, Q.Q4_0) or (qtype == Q.Q6_K and n_out >= HEAD_ROWS):
+        return TWO_WARPS
+    if qtype == Q.Q2_K:
+        return NARROW
+    if qtype == Q.Q6_K or qtype in FLOAT_TYPES:
+        return ONE_STEP
+    if qtype == Q.Q8_0:
+        return WIDE_Q8
     return DEFAULT
 
 
