@@ -98,6 +98,34 @@ def test_gemv_accuracy(impl, qtype, rng, monkeypatch):
     f64_check(y, x, w64, 1e-5, f"{impl} {qtype.name}")
 
 
+def test_gemv_config_tables(monkeypatch):
+    """`gemv.choose_config` per format from the 2026-12-07 sweep (the default) and the 2026-12-04 table under
+    ``STRATA_QMATMUL_GEMV_CONFIGS``; the Flash-Next shapes' K splits stay in range (one loop step per program for
+    the float weights, G cut to divide K: 352 = 11 groups); another value raises."""
+    monkeypatch.delenv("STRATA_QMATMUL_GEMV_CONFIGS", raising=False)
+    monkeypatch.delenv("STRATA_QMATMUL_PLANES", raising=False)
+    cases = {(Q.Q4_K, 6144, 2560): (gemv.TWO_WARPS, gemv.PLANES_Q4K),
+             (Q.Q4_K, 8960, 1536): (gemv.PLANES_Q4K_SMALL_K, gemv.PLANES_Q4K_SMALL_K),
+             (Q.Q4_0, 2560, 640): (gemv.TWO_WARPS, gemv.DEFAULT), (Q.Q2_K, 640, 2560): (gemv.NARROW, gemv.DEFAULT),
+             (Q.Q6_K, 248320, 2560): (gemv.TWO_WARPS, gemv.HEAD_Q6K),
+             (Q.Q6_K, 1536, 8960): (gemv.ONE_STEP, gemv.DEFAULT),
+             (Q.BF16, 10240, 352): (gemv.ONE_STEP, gemv.DEFAULT), (Q.Q8_0, 2560, 640): (gemv.WIDE_Q8, gemv.DEFAULT),
+             (Q.IQ4_XS, 2560, 2560): (gemv.DEFAULT, gemv.DEFAULT)}
+    for table, i in (("2026-12-07", 0), ("2026-12-04", 1)):
+        monkeypatch.setenv("STRATA_QMATMUL_GEMV_CONFIGS", table)
+        for (qt, n, k), want in cases.items():
+            assert gemv.choose_config(qt, n, k) == want[i], (table, qt.name, n, k)
+    monkeypatch.delenv("STRATA_QMATMUL_GEMV_CONFIGS")
+    assert gemv.choose_config(Q.Q2_K, 640, 2560) == gemv.NARROW
+    t = gemv.tiling(Q.BF16, 10240, 352, gemv.ONE_STEP)
+    assert (t["G"], t["n_chunks"], t["cps"], t["split"]) == (1, 11, 1, 11)
+    t = gemv.tiling(Q.BF16, 352, 10240, gemv.ONE_STEP)
+    assert (t["G"], t["cps"], t["split"], t["n_tiles"]) == (4, 1, 80, 11)
+    monkeypatch.setenv("STRATA_QMATMUL_GEMV_CONFIGS", "fastest")
+    with pytest.raises(UnsupportedError, match="STRATA_QMATMUL_GEMV_CONFIGS"):
+        gemv.choose_config(Q.Q4_K, 6144, 2560)
+
+
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 @pytest.mark.parametrize("gemv", ["fma", "tc"])
 def test_gemv_rows_independent(impl, gemv, rng, monkeypatch):
