@@ -149,22 +149,25 @@ def sweep_gemv(shapes, rows_list, reps, interpret, rng, ceiling, ids, deadline=N
             print(f"gemv    {sh['name']} {sh['qtype']} {sh['n_out']}x{sh['k_in']}: skipped (--budget_s)")
             continue
         qt, n, k, nm, U = Q[sh["qtype"]], sh["n_out"], sh["k_in"], sh["n_mats"], sh["slots"]
-        E = 16 if U else 0
+        # routed experts: M rows read a union of up to M x U experts (the engine's union slots); distinct here
+        E = U * max(rows_list) if U else 0
         ws = tuple(_weights(rng, qt, n, k, (E,) if E else (1,))[1] for _ in range(nm))
-        nbytes = sum(w.size * w.dtype.itemsize for w in ws) * (max(U, 1) / max(E, 1))
-        slots = jnp.asarray(rng.choice(E, U, replace=False) if U else [0], jnp.int32)
+        order = rng.permutation(E) if U else None
         wsets = cold_copies(ws, 0.0 if interpret else cold_bytes)   # once per shape, for every row count
         for M in rows_list:
             x = jnp.asarray(rng.standard_normal((M, k)), jnp.float32)
+            slots = jnp.asarray(order[:M * U] if U else [0], jnp.int32)
+            nbytes = sum(w.size * w.dtype.itemsize for w in ws) * (M * U / E if U else 1)
             jobs, meta = [], {}
             for c in GEMV_CONFIGS:
                 i = next(ids)
                 cfg = V.Config(BN=c[0], G=c[1], num_warps=c[2], target_programs=c[3], num_stages=c[4],
                                tag=f"_c{i}x")
                 fn = jax.jit(lambda x, ws, s, cfg=cfg: V.grouped_gemv(x, ws if nm > 1 else ws[0], s, qt, n, k,
-                                                                      interpret=interpret, cfg=cfg))
+                                                                      interpret=interpret, cfg=cfg,
+                                                                      split_units=max(U, 1)))
                 jobs.append((i, fn, (x, ws, slots)))
-                t = V.tiling(qt, n, k, cfg, per_unit=max(U, 1))
+                t = V.tiling(qt, n, k, cfg, per_unit=max(U, 1))   # as the engine's grouped experts size it
                 meta[i] = {"cfg": list(c), "split": t["split"], "cps": t["cps"]}
             comp = _compile_all(jobs)
             runs = [(i, f, [(x, w, slots) for w in wsets]) for (i, f, err) in comp if f is not None]

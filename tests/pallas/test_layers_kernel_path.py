@@ -46,6 +46,10 @@ SLOTS = 3
 POS0 = [29, 37, 42]         # > 16 cells: the QSA budget (4 blocks of 4) selects
 REL_TOL = 1e-5          # kernel vs reference, windows and logits (module docstring)
 PREFILL_TOL = 1e-4
+# planar weights (the GPU; STRATA_PALLAS_IMPL=interpret at load) take the prefill GEMM at its default f16 products
+# (gemm.DEFAULT_PRECISION, ~1e-4 of |x| @ |w| per GEMM): the block's chain of them measured 1.2e-4 .. 3.2e-4
+# (interpret, 2026-12-07, fourth session); the GGUF-bytes kernel (CI) has no precision setting
+PREFILL_TOL_F16 = 1e-3
 KERNEL = "auto" if jax.default_backend() in ("gpu", "cuda", "rocm") else "interpret"
 
 
@@ -151,8 +155,12 @@ def test_block_window_exact_and_close(layer, rng):
 @pytest.mark.parametrize("layer", [0, 3], ids=["gdn_block", "qsa_block"])
 def test_block_prefill_close(layer, rng):
     """A 12-row prefill chunk of one slot: kernel path (GDN chunked kernel / QSA kernel over prefill rows, experts in
-    8-row groups; the projections take the reference GEMM for > 8 rows) vs the reference path."""
+    8-row groups; the projections take the kernel GEMM for > 8 rows, planar weights at `PREFILL_TOL_F16`) vs the
+    reference path."""
+    from strata_jax.pallas.quant_matmul.api import precision
     cfg, stage = _stage()
+    planar = any(getattr(a, "dtype", None) == jnp.uint32 for a in jax.tree.leaves(nnx.state(stage)))
+    tol = PREFILL_TOL_F16 if planar and precision(True) == "f16" else PREFILL_TOL
     blk = stage.blocks[layer]
     st0 = _state(stage, layer, rng)
     n = 12
@@ -163,11 +171,11 @@ def test_block_prefill_close(layer, rng):
         params, _, prefill, _ = _block_fns(blk, impl)
         outs[impl] = prefill(params, R, st0, rows)
     (o_k, st_k), (o_r, st_r) = outs[KERNEL], outs["reference"]
-    assert _rel(o_k[:, :n - 2], o_r[:, :n - 2]) <= PREFILL_TOL
+    assert _rel(o_k[:, :n - 2], o_r[:, :n - 2]) <= tol
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(st_k), jax.tree.leaves(st_r)):
         if a.ndim >= 2 and a.shape[1] == MC + 1:  # per-slot cells: the last is where padding rows' writes land,
             a, b = a[:, :MC], b[:, :MC]           # never read (each path leaves its own values there)
-        assert _rel(a, b) <= PREFILL_TOL, _where(jax.tree_util.keystr(path), a, b)
+        assert _rel(a, b) <= tol, _where(jax.tree_util.keystr(path), a, b, tol)
 
 
 def _where(name, a, b, tol=PREFILL_TOL, show=6):

@@ -484,6 +484,38 @@ def test_grouped_experts_planar(impl, variant, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_k_split_independent_of_rows(impl, rng, monkeypatch, request):
+    """The GEMV's K split is sized per weight and call site, never for the launch's slot count, which grows with
+    the rows (8-row groups; an expert union over M rows): under a config whose split would follow it (16 target
+    programs), a dense row has the bits of the row alone in 3 and in 12 rows (two groups), and a routed row the
+    bits of the row alone beside 1 and 11 other rows (unions of 4 and 6 experts, k = 2)."""
+    from strata_jax.pallas.grouped_experts import moe_experts
+    cfg = gemv.Config(BN=16, G=1, target_programs=16)
+    jax.clear_caches()   # the config is read when a call is traced
+    request.addfinalizer(jax.clear_caches)
+    monkeypatch.setattr(gemv, "choose_config", lambda *a: cfg)
+    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    qtype, n_out, k_in = Q.Q8_0, 32, 256   # 2 tiles x 8 loop steps: 8 splits for 1 slot, 4 for 2, 2 for 4
+    assert [gemv.tiling(qtype, n_out, k_in, cfg, per_unit=u)["split"] for u in (1, 2, 4)] == [8, 4, 2]
+    w, w64 = _weight(rng, qtype, n_out, k_in)
+    X = jnp.asarray(rng.standard_normal((12, k_in)).astype(np.float32))
+    alone = np.asarray(qmatmul(X[:1], w, qtype, n_out, k_in, impl=impl))
+    assert_bits_equal(np.asarray(qmatmul(X[:3], w, qtype, n_out, k_in, impl=impl))[:1], alone, "3 rows")
+    assert_bits_equal(np.asarray(qmatmul(X, w, qtype, n_out, k_in, impl=impl, row_groups=True))[:1], alone,
+                      "12 rows in 2 groups")
+    f64_check(alone, np.asarray(X[:1]), w64, 1e-5, "dense")
+    E, k = 6, 2
+    (g, _), (u, _), (d, _) = (_weight(rng, qtype, n, kk, (E,)) for n, kk in ((n_out, k_in), (n_out, k_in),
+                                                                            (k_in, n_out)))
+    ids = np.asarray([[0, 1], [2, 3], [4, 5], [0, 2]] * 3, np.int32)
+    tw = jnp.asarray(rng.uniform(0.1, 1, (12, k)).astype(np.float32))
+    one = np.asarray(moe_experts(X[:1], jnp.asarray(ids[:1]), tw[:1], g, u, d, (qtype,) * 3, impl=impl))
+    for M in (2, 3, 12):
+        got = np.asarray(moe_experts(X[:M], jnp.asarray(ids[:M]), tw[:M], g, u, d, (qtype,) * 3, impl=impl))
+        assert_bits_equal(got[:1], one, f"routed row beside {M - 1} rows")
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_ragged_k_splits(impl, rng):
     """K split into parts that do not divide the loop steps (the last split reads clamped steps and adds nothing):
     the planar GEMV (7 chunks in 3 splits), the tensor-core kernel (7 groups in 3 splits) and the tensor-core GEMV

@@ -129,8 +129,8 @@ def moe_experts_planar(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret
     if gemv == "tc":
         from strata_jax.pallas.quant_matmul import gemm as G
         fn = functools.partial(_grouped_gemv_tc, precision=G.gemv_precision(precision), variant=gemm_kernel)
-    else:
-        fn = V.grouped_gemv
+    else:  # the K split sized for one row's k experts at every row count (`gemv.grouped_gemv`'s split_units)
+        fn = functools.partial(V.grouped_gemv, split_units=topk_ids.shape[1])
     return moe_experts_kernel(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=interpret, grouped=fn,
                               fused_gate_up=gemv != "tc")
 

@@ -3,7 +3,7 @@
 Source: GGUF block layouts from ggml (``ggml/src/ggml-common.h`` structs, ``dequantize_row_*`` in
 ``ggml/src/ggml-quants.c``); the formats the shipped GGUF models use.
 
-``qmatmul(x, w_raw, qtype, n_out, k_in, *, impl="auto", row_groups=False) -> float32 [M, n_out]``
+``qmatmul(x, w_raw, qtype, n_out, k_in, *, impl="auto", row_groups=False, precise=False) -> float32 [M, n_out]``
 
 * ``x``: [M, k_in] float32 / bfloat16 / float16 activations (M = verify-window rows, or prefill tokens).
 * ``w_raw``: the GGUF matrix of logical shape [n_out, k_in] (numpy order; ggml ``ne`` = [k_in, n_out]) as stored:
@@ -15,6 +15,8 @@ Source: GGUF block layouts from ggml (``ggml/src/ggml-common.h`` structs, ``dequ
   once per group): every row then gets the GEMV's bits whatever M is. For verify windows of several segments
   (B * T > 8 rows), which must give each row the bits of the row alone. Without it (prefill chunks), M > 8 rows
   take the kernel's 16-row GEMM (the same bits for a row whatever M is, but not the GEMV's).
+* ``precise``: the planar GEMM of such chunks keeps `gemm.PRECISE_PRECISION` (bf16x2) instead of the default f16
+  products (`precision`); for a projection whose error a recurrence amplifies (`QLinear.precise`).
 
 Paths (``impl``, see `strata_jax.pallas.dispatch`): the reference dequantizes with `strata_jax.gguf.blocks` and
 multiplies in fixed 8-row chunks at HIGHEST precision; the kernel (formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,
@@ -44,6 +46,11 @@ IQ4_NL, IQ4_XS).
 ``qmatmul_shared(x, ws, qtype, n_out, k_in, ...)``: the same products for several weights of one format and
 shape that read the same ``x`` (a gated MLP's gate and up, K and V of one format); on the planar float32 GEMV they
 share one launch (``STRATA_QMATMUL_SHARED=0``: one call each), each output the bits of its own `qmatmul` call.
+
+Accuracy of the planar paths: the GEMV (1..8 rows, row groups) ~1e-6 relative (float32 products); the prefill GEMM
+at its default f16 products ~1e-4 of ``|x| @ |W|`` per output, at bf16x2 ~1e-6. The GEMV's launch configs come from
+a measured table per format and shape (`gemv.choose_config`; ``STRATA_QMATMUL_GEMV_CONFIGS`` picks the table, read
+when a call is traced, like the other switches here: within one process a change needs ``jax.clear_caches()``).
 
 Errors: `strata_jax.errors.UnsupportedError` for shape mismatches, formats `strata_jax.gguf.blocks` cannot decode,
 or impl="kernel"/"interpret" where the kernel cannot serve (format without a kernel, K not a multiple of the

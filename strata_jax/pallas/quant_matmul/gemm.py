@@ -23,6 +23,12 @@ Two kernels compute the same ``[BN weight rows, BM activation rows]`` tiles (``S
 
 Neither materialises the weight in memory: codes go from registers to the tensor cores.
 
+Precision (`GEMM_PRECISIONS`): the prefill default is `F16` (`DEFAULT_PRECISION`; kblock only): the weights and
+each activation row, scaled by a power of two per row, rounded to float16 once, one float16 product per step,
+float32 accumulation (~1e-4 of ``|x| @ |W|``); `PRECISE_PRECISION` (bf16x2) for the GEMMs whose error a recurrence
+amplifies (`strata_jax.layers.linear.QLinear.precise`), for BF16 / F32 weights and for the unit kernel. The tiles
+(`KBLOCK_PREFILL`, `MOE_PREFILL`) were tuned at bf16x2 and not yet re-swept at f16.
+
 Row tiles: ``tile_rows`` [T, BM] lists which activation rows each tile reads (padding repeats a valid row; its
 output is ignored) and ``tile_expert`` [T] which stacked matrix (-1: an idle tile). A dense GEMM tiles the rows in
 order; MoE prefill sorts its (row, expert) pairs by expert (`strata_jax.pallas.grouped_experts`).

@@ -14,7 +14,9 @@ a fixed order afterwards. The loop's trip count is a compile-time constant.
 Row invariance: every tensor a row's arithmetic touches has a shape that does not depend on the number of rows,
 and the rows run one after another in the unrolled program, so row m's instructions are the same whatever M is
 (compiled: M is rounded up to 1, 2, 4 or 8 to bound the compiled variants; interpret mode: always 8, because XLA
-fuses the interpreted body differently for different M). Launch parameters depend only on (format, n_out, K).
+fuses the interpreted body differently for different M). Launch parameters depend only on the weight (format,
+n_out, K, the plane path) and the table (``STRATA_QMATMUL_GEMV_CONFIGS``), and the K split on the call site's
+``split_units``, never on M or on the number of slots a launch serves (`grouped_gemv`).
 """
 
 from __future__ import annotations
@@ -73,11 +75,15 @@ HEAD_ROWS = 65536   # a weight with this many output rows or more is an output h
 # experiments/results/h100_2026-12-07d/call1; 20 configs at every GEMV shape of the 1.5B file and of Flash-Next,
 # 1 row, and 8 rows at the three largest): per format the config with the least device time per token at one row
 # that is not slower at 8 rows where 8 rows were timed. Flash-Next, one row: 4,823 -> 4,306 us of GEMVs per token
-# (the 2026-12-04 choices above); 8 rows (3 largest shapes) 6,066 -> 5,842; the 1.5B file 1,026 -> ~1,010 / 2,348 ->
-# ~1,950. Q4_K / Q4_0 at K >= 2048 and the Q6_K head: (16, 8, 2 warps, 2112) (attn_gate 6144x2560 9.26 -> 7.86 us,
+# (the 2026-12-04 choices above); 8 rows (3 largest shapes) 6,066 -> 5,842; the 1.5B file 1,026 -> 964 / 2,348 ->
+# 2,301 (the routed experts' 8-row figures with 10 slots, not the engine's union of up to 80: see RESULTS).
+# Q4_K (plane path) at K >= 2048 and the Q6_K head: (16, 8, 2 warps, 2112) (attn_gate 6144x2560 9.26 -> 7.86 us,
 # ssm_out 2560x6144 8.99 -> 7.53); Q2_K: (16, 8, 4, 2112) (the experts' gate+up 15.38 -> 12.70 us, 8 rows 68.2 ->
 # 64.8); other Q6_K: (32, 4, 4, 4224) (one loop step per program: 1536x8960 12.93 -> 10.99); Q8_0: (32, 8, 4, 528);
 # float weights: (32, 4, 4, 4224) (the hyper-connection projections 4.3 -> 3.9 us, the small ones 1.7 -> 1.4).
+# Q4_0 takes TWO_WARPS at every K (its one measured shape: the experts' down, K = 640); the decoder path's Q4_K
+# (STRATA_QMATMUL_PLANES=0, for comparisons) keeps DEFAULT. Decode A/B on the 16-layer Flash-Next steps (H100,
+# call 3): 2.714 ms per token against 2.833 with the 2026-12-04 table (0.958).
 TWO_WARPS = Config(BN=16, G=8, num_warps=2, target_programs=2112)
 NARROW = Config(BN=16, G=8, target_programs=2112)
 ONE_STEP = Config(BN=32, G=4, target_programs=4224)
@@ -104,7 +110,9 @@ def choose_config(qtype, n_out: int, k_in: int) -> Config:
         if qtype == Q.Q6_K and n_out >= HEAD_ROWS and not planes:
             return HEAD_Q6K
         return DEFAULT
-    if qtype == Q.Q4_K and planes and k_in < 2048:
+    if qtype == Q.Q4_K and not planes:
+        return DEFAULT
+    if qtype == Q.Q4_K and k_in < 2048:
         return PLANES_Q4K_SMALL_K
     if qtype in (Q.Q4_K, Q.Q4_0) or (qtype == Q.Q6_K and n_out >= HEAD_ROWS):
         return TWO_WARPS
@@ -406,7 +414,7 @@ def _m_run(M: int, interpret: bool) -> int:
 
 
 def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, interpret: bool,
-                 cfg: Config | None = None):
+                 cfg: Config | None = None, split_units: int = 1):
     """For each slot u: x (or x[u]) [M, K] times the matrix ``w_stacked[slot_expert[u]]`` [n_out, K]^T.
 
     Args:
@@ -415,6 +423,10 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
         such stacks of one format and shape (e.g. the experts' gate and up), read by the same programs, which
         share the activation loads and one launch.
       slot_expert: int32 [U]: the matrix each slot reads, or -1 for an unused slot (its output is not written).
+      split_units: the slot count the K split is sized for (`tiling`'s ``per_unit``), a constant of the call site,
+        never U: U grows with the rows (8-row groups, an expert union over M rows), and a K split that followed it
+        would change the summation order, so a row's bits, with the row count. 1 for dense weights; the experts
+        per token (top-k) for routed experts, so a decode step's tiling is the one measured.
     Returns: float32 [U, M, n_out] (a tuple of them for a tuple of stacks; each the bits of its own call). Each
     matrix a slot names is read once; rows never mix. Not jitted.
     """
@@ -437,7 +449,7 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
         pad[-2] = (0, M - M_in)
         x = jnp.pad(x, pad)
     cfg = cfg or choose_config(qtype, n_out, k_in)
-    t = tiling(qtype, n_out, k_in, cfg, per_unit=U_in)
+    t = tiling(qtype, n_out, k_in, cfg, per_unit=split_units)
     vs = vshape(qtype)
     names = D.TABLES.get(qtype, ())
     tabs = [jnp.asarray(D.table(n)) for n in names]

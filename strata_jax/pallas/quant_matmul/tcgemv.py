@@ -115,8 +115,8 @@ def unit_len(qtype) -> int:
 
 
 def tiling(qtype, n_out: int, k_in: int, cfg: Config, n_row_tiles: int = 1) -> dict:
-    """Loop steps (G groups each) and K splits; the split count depends on the row tiles only through
-    ``n_row_tiles`` (1 for M <= 16: never on M within a tile)."""
+    """Loop steps (G groups each) and K splits, sized for ``n_row_tiles`` row tiles (`grouped_gemv` passes none:
+    the split is the same for every row count, so a row's summation order never depends on M)."""
     n_groups = k_in // P.GROUP
     G = cfg.G
     while G > 1 and n_groups % G:
@@ -224,7 +224,7 @@ def grouped_gemv(x, w_stacked, tile_expert, qtype, n_out: int, k_in: int, *, int
         x = jnp.concatenate([x, x[:1]])
     T = x.shape[0]
     cfg = cfg or choose_config(qtype, n_out, k_in)
-    t = tiling(qtype, n_out, k_in, cfg, n_row_tiles=T_in)
+    t = tiling(qtype, n_out, k_in, cfg)   # one split for any number of row tiles (row invariance at every M)
     xp, su = activation_tiles(x, qtype, precision)
     names = D.TABLES.get(qtype, ())
     tabs = [jnp.asarray(D.table(n)) for n in names]
