@@ -33,7 +33,7 @@
 # profile_full_prefill_new / _old (one Flash-Next prefill chunk, the new tree and .carry/old; FULL_PREFILL_ARGS
 # e.g. "--prefill_chunk 2048 --max_context 4096"),
 # compile_steps (compile_probe.py --profile_top 30 on COMPILE_KINDS, default steps4x4, at COMPILE_LAYERS, default 48:
-# where the cold compile of a full-size program goes; COMPILE_S),
+# where the cold compile of a full-size program goes; COMPILE_S; COMPILE_XLA: compile_probe's --xla_variants),
 # ab_full_steps (profile_step.py --ab on the Flash-Next steps: AB_VARIANTS, e.g. "x:STRATA_ROW_MAP=xla", each
 # variant recompiled on one engine, rounds alternating; AB_S, AB_STEPS, AB_ROUNDS),
 # batch_gen (strata-generate --batch N, aggregate tok/s; BATCH_NS) and anchor_batched
@@ -304,7 +304,7 @@ for r in range(4): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500 
       part compile_steps ${COMPILE_S:-300} env -u JAX_COMPILATION_CACHE_DIR XLA_FLAGS="$FLAGS" python3 \
         experiments/compile_probe.py --geometry qwen3.8-flash-next --n_layer ${COMPILE_LAYERS:-48} \
         --kinds ${COMPILE_KINDS:-steps4x4} --ops all --timeout $(( ${COMPILE_S:-300} - 20 )) --profile_top 30 \
-        --out "$OUT/compile_steps.json"
+        ${COMPILE_XLA:+--xla_variants "$COMPILE_XLA"} --out "$OUT/compile_steps.json"
       # one Flash-Next prefill chunk (the engine's 512 rows at the start of a 1,024-cell context), the new tree and
       # the old package (.carry/old, BASE) in one call: kernel times per chunk (command buffers kept in the trace)
       for V in new old; do
