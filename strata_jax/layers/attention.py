@@ -13,9 +13,10 @@ Two paths, chosen like a Pallas op's (`strata_jax.pallas.dispatch`, op ``qsa.att
   tensor-core tiles of fixed cells shared by the chunk's rows: a row's bits depend on its range only, not on T;
   they are not the window path's bits, and need not be: a position is read by prefill or by a window, the same
   way whatever the batch);
-* the reference path (XLA on a CPU): in a verify window each row is computed by itself (``lax.map`` over the
-  window's row axis, the softmax's sum in `strata_jax.layers.exact`'s fixed order), so the arithmetic of a row
-  never depends on how many rows its window holds or what they contain; prefill chunks use one large product.
+* the reference path (XLA on a CPU): in a verify window each (segment, row) is computed by itself (`exact.row_loop`:
+  one loop body with one row's shapes, the softmax's sum in `strata_jax.layers.exact`'s fixed order), so the
+  arithmetic of a row never depends on how many segments or rows its window holds or what they contain; prefill
+  chunks use one large product.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from strata_jax.layers.exact import softmax
+from strata_jax.layers.exact import row_loop, softmax
 from strata_jax.pallas.qsa import attend_cells, attend_cells_path, attend_range, attend_range_path
 from strata_jax.state import Rows, kv_view
 
@@ -60,22 +61,24 @@ def attend_window(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: Ro
     B, T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     g = Hq // Hkv
-    K = k_cache[rows.slot].astype(jnp.float32)  # [B, S1, Hkv, D]
-    V = v_cache[rows.slot].astype(jnp.float32)
-    cells = jnp.arange(K.shape[1], dtype=jnp.int32)
-    pos = rows.positions(T)
+    cells = jnp.arange(k_cache.shape[1], dtype=jnp.int32)
+    pos = rows.positions(T).reshape(B * T)
+    qf = q.reshape(B * T, Hkv, g, D)
 
-    def one_row(t):
-        qt = q[:, t].reshape(B, Hkv, g, D)
-        s = jnp.einsum("bkgd,bskd->bkgs", qt, K) * scale
-        m = _mask(cells, pos[:, t], max_context, window)  # [B, S1]
-        s = jnp.where(m[:, None, None, :], s, _NEG)
-        p = softmax(s)
-        o = jnp.einsum("bkgs,bskd->bkgd", p, V)
-        return o.reshape(B, Hq, D)
+    # one (segment, row) per iteration of a loop XLA cannot see through: a row's ops have the shapes of one row
+    # whatever B and T are (XLA:CPU vectorises exp and the reductions by the whole array's size)
+    def one_row(i):
+        slot = jax.lax.dynamic_index_in_dim(rows.slot, i // T, keepdims=False)
+        K = jax.lax.dynamic_index_in_dim(k_cache, slot, keepdims=False).astype(jnp.float32)  # [S1, Hkv, D]
+        V = jax.lax.dynamic_index_in_dim(v_cache, slot, keepdims=False).astype(jnp.float32)
+        qt = jax.lax.dynamic_index_in_dim(qf, i, keepdims=False)                              # [Hkv, g, D]
+        s = jnp.einsum("kgd,skd->kgs", qt, K) * scale
+        m = _mask(cells, jax.lax.dynamic_index_in_dim(pos, i, keepdims=False), max_context, window)  # [S1]
+        s = jnp.where(m[None, None, :], s, _NEG)
+        o = jnp.einsum("kgs,skd->kgd", softmax(s), V)
+        return o.reshape(Hq, D)
 
-    out = jax.lax.map(one_row, jnp.arange(T))  # [T, B, Hq, D]
-    return jnp.transpose(out, (1, 0, 2, 3))
+    return row_loop(B * T, one_row, (Hq, D)).reshape(B, T, Hq, D)
 
 
 def attend_prefill(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: Rows, *, scale: float,

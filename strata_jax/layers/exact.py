@@ -46,6 +46,21 @@ def row_max(x: jax.Array) -> jax.Array:
     return jnp.max(x, axis=-1, keepdims=True)
 
 
+def row_loop(n_rows: int, fn, out_shape) -> jax.Array:
+    """``stack([fn(t) for t in range(n_rows)])`` float32 [n_rows, *out_shape] in one loop whose trip count XLA
+    cannot see (>= 2 rows allocated): each row runs the one compiled body, with the shapes of one row, whatever
+    ``n_rows`` is (XLA:CPU vectorises elementwise ops such as ``exp`` by the size of the whole array, so batching
+    rows in one op would give a row other bits at another row count). For the CPU reference paths."""
+    rows = max(n_rows, 2)
+
+    def body(t, acc):
+        return jax.lax.dynamic_update_index_in_dim(acc, fn(t), t, axis=0)
+
+    out = jax.lax.fori_loop(0, jax.lax.optimization_barrier(jnp.int32(n_rows)), body,
+                            jnp.zeros((rows, *out_shape), jnp.float32))
+    return out[:n_rows]
+
+
 def softmax(x: jax.Array) -> jax.Array:
     """Softmax over the last axis with a row-independent sum. -inf entries give 0."""
     e = jnp.exp(x - jax.lax.stop_gradient(row_max(x)))

@@ -286,11 +286,12 @@ class QLinear(nnx.Module):
         Each row's arithmetic is independent of the other rows and of the row count (`qmatmul`'s contract), which
         makes verify windows and batch rows exact. ``exact_rows`` (verify windows; the default): on the Pallas
         kernel path, more than 8 rows (windows of several segments) run as 8-row groups of the kernel, so every row
-        gets the bits of the row alone; ``False`` (prefill chunks): more than 8 rows take the GEMM (at the
-        precision ``precise`` picks)."""
+        gets the bits of the row alone; ``False`` (prefill chunks): the GEMM at any row count (at the precision
+        ``precise`` picks), so the head's last prompt rows (``head_logits``' "last") get the bits they get among all
+        of a chunk's rows ("all")."""
         lead = x.shape[:-1]
         y = qmatmul(x.reshape(-1, self.n_in), self.w[...], self.qtype, self.n_out, self.n_in, row_groups=exact_rows,
-                    precise=self.precise)
+                    precise=self.precise, prefill=not exact_rows)
         y = y.reshape(*lead, self.n_out)
         if self.b is not None:
             y = y + self.b[...]
@@ -315,7 +316,7 @@ def project_shared(x: jax.Array, linears, exact_rows: bool = True) -> tuple:
     for (_, n_out, n_in, _, _, precise), idx in groups.items():
         x2 = x.reshape(-1, n_in)
         ys = qmatmul_shared(x2, [linears[i].w[...] for i in idx], linears[idx[0]].qtype, n_out, n_in,
-                            row_groups=exact_rows, precise=precise)
+                            row_groups=exact_rows, precise=precise, prefill=not exact_rows)
         for i, y in zip(idx, ys):
             y = y.reshape(*lead, n_out)
             out[i] = y + linears[i].b[...] if linears[i].b is not None else y
@@ -357,7 +358,8 @@ class Embedding(nnx.Module):
 def head_logits(head, norm, h, rows: Rows, mode: str, which: str):
     """Logits float32 of every row (``which="all"``, [B, T, V]) or of each segment's last valid row (``"last"``,
     [B, 1, V], so that a long prefill chunk does not build [T, V] logits). ``h`` [B, T, ...] (any trailing shape
-    ``norm`` takes); the head's matmul is row-exact in windows (``mode == "window"``). Used by every family."""
+    ``norm`` takes); the head's matmul is row-exact in windows (``mode == "window"``) and in prefill the GEMM at
+    any row count, so "last" gives a row the bits "all" gives it. Used by every family."""
     if which == "last":
         idx = jnp.clip(rows.n_valid - 1, 0, h.shape[1] - 1)
         idx = idx.reshape((-1, 1) + (1,) * (h.ndim - 2))

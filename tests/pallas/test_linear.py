@@ -121,3 +121,39 @@ def test_precise_keeps_bf16x2_in_prefill(rng, monkeypatch):
     np.testing.assert_array_equal(bits(yb), y_f16)
     f = QLinear(jnp.asarray(rng.standard_normal((8, 40)).astype(np.float16)), Q.F16, 8, 40, precise=True)
     assert f.padded_k(64).precise
+
+
+def test_prefill_rows_take_the_gemm_at_any_count(rng, monkeypatch):
+    """In prefill (``exact_rows=False``) a row has the same bits in a call of 1, 3 or 16 rows (the planar GEMM at
+    every row count), so `head_logits`' "last" row (a 1-row call) gets the logits "all" gives it; `project_shared`
+    and the routed experts' prefill path likewise."""
+    from strata_jax.layers.linear import head_logits, project_shared
+    from strata_jax.pallas.grouped_experts import moe_experts
+    from strata_jax.state import Rows
+    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    monkeypatch.setenv("STRATA_PALLAS_IMPL", "interpret")
+    k = 256
+    lin, _, _ = _linear(rng, Q.Q8_0, 40, k)
+    x = jnp.asarray(rng.standard_normal((16, k)).astype(np.float32))
+    bits = lambda y: np.asarray(y).view(np.uint32)  # noqa: E731
+    y16 = bits(lin(x, exact_rows=False))
+    for m in (1, 3):
+        np.testing.assert_array_equal(bits(lin(x[:m], exact_rows=False)), y16[:m], f"{m} prefill rows vs 16")
+    assert np.any(bits(lin(x[:1], exact_rows=True)) != y16[:1]), "the window's GEMV gave the GEMM's bits"
+    ya, yb = project_shared(x[:2], (lin, lin), exact_rows=False)
+    np.testing.assert_array_equal(bits(ya), y16[:2])
+    h = x.reshape(2, 8, k)
+    rows = Rows.make([0, 1], [0, 0], [8, 5])
+    last = head_logits(lin, lambda r: r, h, rows, "prefill", "last")
+    every = head_logits(lin, lambda r: r, h, rows, "prefill", "all")
+    np.testing.assert_array_equal(bits(last[:, 0]), bits(every[np.arange(2), np.asarray([7, 4])]), "last vs all")
+    E, kk = 4, 2
+    stack = lambda n, kin: prepare_weight(  # noqa: E731
+        jnp.asarray(quants.quantize(rng.standard_normal((E * n, kin)).astype(np.float32), Q.Q8_0)), Q.Q8_0,
+        kin).reshape(E, n, -1)
+    g, u, d = stack(32, k), stack(32, k), stack(k, 32)
+    ids = jnp.asarray(np.stack([rng.choice(E, kk, replace=False) for _ in range(16)]).astype(np.int32))
+    tw = jnp.asarray(rng.uniform(0.1, 1, (16, kk)).astype(np.float32))
+    full = bits(moe_experts(x, ids, tw, g, u, d, (Q.Q8_0,) * 3, prefill=True))
+    np.testing.assert_array_equal(bits(moe_experts(x[:1], ids[:1], tw[:1], g, u, d, (Q.Q8_0,) * 3, prefill=True)),
+                                  full[:1], "routed experts: 1 prefill row vs 16")

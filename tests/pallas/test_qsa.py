@@ -1,6 +1,7 @@
 """QSA: selection against a numpy implementation of the rule (ties to the lower index), attention against float64,
 row independence, reference and kernel (interpret mode)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -336,6 +337,28 @@ def test_dense_attention_kernel_path(window, rng, monkeypatch):
     part = attend_prefill(q[1:2, 2:], kc, vc, Rows.make([0], [32], [2]), scale=Dh ** -0.5, max_context=mc,
                           window=window)
     assert_bits_equal(part[0], pre[1, 2:], "prefill rows 2..3 of segment 1 alone")
+
+
+def test_dense_attention_reference_rows_independent_of_batch(rng, monkeypatch):
+    """The reference path (XLA on a CPU) of a verify / batch window: a row of segment 0 gets the bits of the row
+    alone (B = 1, T = 1) in windows of 1..4 segments x 1..8 rows, at a cache length where XLA:CPU's vectorisation
+    by the whole array's size changed them (257 cells, 12 / 2 heads of 128: 120 of 1,536 outputs differed at B >= 2
+    when the segments shared one softmax op)."""
+    from strata_jax.layers.attention import attend_window
+    from strata_jax.state import Rows
+
+    monkeypatch.setenv("STRATA_PALLAS_IMPL", "reference")
+    n_slots, mc, Hq, Hkv, Dh = 4, 256, 12, 2, 128
+    kc = jnp.asarray(rng.standard_normal((n_slots, mc + 1, Hkv, Dh)).astype(np.float32))
+    vc = jnp.asarray(rng.standard_normal((n_slots, mc + 1, Hkv, Dh)).astype(np.float32))
+    q = jnp.asarray(rng.standard_normal((4, 8, Hq, Dh)).astype(np.float32))
+    pos0 = np.asarray([40, 50, 60, 70], np.int32)
+    f = jax.jit(lambda q, slot, p0, nv: attend_window(q, kc, vc, Rows(slot, p0, nv), scale=Dh ** -0.5,
+                                                       max_context=mc))
+    solo = f(q[:1, :1], jnp.asarray([0], jnp.int32), jnp.asarray(pos0[:1]), jnp.asarray([1], jnp.int32))[0, 0]
+    for B, T in ((1, 4), (2, 1), (3, 4), (4, 8)):
+        o = f(q[:B, :T], jnp.arange(B, dtype=jnp.int32), jnp.asarray(pos0[:B]), jnp.full((B,), T, jnp.int32))
+        assert_bits_equal(o[0, 0], solo, f"row (0, 0) in {B} segments x {T} rows")
 
 
 @pytest.mark.parametrize("impl", IMPLS)

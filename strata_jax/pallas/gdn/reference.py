@@ -23,21 +23,24 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from strata_jax.layers.exact import pairwise_sum
+
 T_MAX = 8  # the verify window's largest T (the last token + up to 7 proposals)
 CHUNK = 64  # gdn_chunked's chunk length (HF torch_chunk_gated_delta_rule's default)
 
 
 def _update(S, k, v, g, beta):
-    """One state update. S [B,H,Dk,Dv] f32; k [B,H,Dk] f32; v [B,H,Dv] f32; g, beta [B,H] f32 -> S' [B,H,Dk,Dv]."""
+    """One state update. S [B,H,Dk,Dv] f32; k [B,H,Dk] f32; v [B,H,Dv] f32; g, beta [B,H] f32 -> S' [B,H,Dk,Dv].
+    The sum over Dk is a fixed pairwise tree (`exact.pairwise_sum`): XLA's reduce would order it by B."""
     S = S * jnp.exp(g)[..., None, None]
-    kv = jnp.sum(S * k[..., :, None], axis=-2)  # S^T k  [B,H,Dv]
+    kv = pairwise_sum(S * k[..., :, None], axis=-2)[..., 0, :]  # S^T k  [B,H,Dv]
     delta = beta[..., None] * (v - kv)
     return S + k[..., :, None] * delta[..., None, :]
 
 
 def _readout(S, q):
-    """o = S^T q. S [B,H,Dk,Dv] f32; q [B,H,Dk] f32 -> [B,H,Dv] f32."""
-    return jnp.sum(S * q[..., :, None], axis=-2)
+    """o = S^T q. S [B,H,Dk,Dv] f32; q [B,H,Dk] f32 -> [B,H,Dv] f32 (the sum as in `_update`)."""
+    return pairwise_sum(S * q[..., :, None], axis=-2)[..., 0, :]
 
 
 def gdn_step(S, q, k, v, g, beta):

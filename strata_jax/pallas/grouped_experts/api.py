@@ -14,8 +14,8 @@ HF transformers Qwen3-Next / Qwen3.5-MoE sparse MoE block; GGUF tensors ``ffn_{g
 * ``qtypes``: one `GGMLQuantizationType` for all three, or a (gate, up, down) triple.
 * Result: ``out[m] = sum_j topk_w[m, j] * down_e(silu(gate_e x_m) * up_e x_m)``, e = topk_ids[m, j], float32,
   summed in slot order j = 0..k-1. The shared expert and its sigmoid gate are not part of this op.
-* ``prefill``: the rows are a prefill chunk (not a verify window). Only planar weights use it: more than 8 rows
-  then take the grouped tensor-core GEMM (rows sorted by expert), whose bits differ from the GEMV's.
+* ``prefill``: the rows are a prefill chunk (not a verify window). Only planar weights use it: the rows, however
+  many, then take the grouped tensor-core GEMM (rows sorted by expert), whose bits differ from the GEMV's.
 * Planar weights (uint32, `strata_jax.pallas.quant_matmul.planar`; ``STRATA_QMATMUL=planar`` at load): the planar
   kernels, ``STRATA_QMATMUL_GEMV`` / ``STRATA_QMATMUL_PRECISION`` / ``STRATA_QMATMUL_GEMM`` as for
   `strata_jax.pallas.quant_matmul.qmatmul` (the grouped GEMM at `gemm.DEFAULT_PRECISION`, ``f16``: one float16

@@ -16,8 +16,8 @@ per-slot activations). Each expert of a group's union is read once per group; a 
 in an 8-row call.
 
 Planar weights (``STRATA_QMATMUL=planar``): the same union-slot scheme with the planar GEMV (`moe_experts_planar`;
-gate and up of one format in one launch that shares the activation loads), and prefill chunks of more than 8 rows sorted by expert into row tiles with one grouped tensor-core GEMM per
-projection (`moe_prefill`).
+gate and up of one format in one launch that shares the activation loads), and prefill chunks (any row count) sorted
+by expert into row tiles with one grouped tensor-core GEMM per projection (`moe_prefill`).
 """
 
 from __future__ import annotations
@@ -117,13 +117,13 @@ def _grouped_gemv_tc(x, w_stacked, slot_expert, qtype, n_out, k_in, *, interpret
 
 def moe_experts_planar(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool, prefill: bool,
                        gemv: str, precision: str, gemm_kernel: str | None = None):
-    """The routed experts on planar weights: windows (and prefill chunks of <= 8 rows) as `moe_experts_kernel`
-    with the planar GEMV (``gemv``: ``fma`` or ``tc``; ``tc16``, the dense tensor-core GEMV, has no grouped form
-    yet and runs ``fma`` here); prefill chunks of more rows as `moe_prefill`. ``gemm_kernel``: `gemm.tile_gemm`'s
+    """The routed experts on planar weights: windows as `moe_experts_kernel` with the planar GEMV (``gemv``: ``fma``
+    or ``tc``; ``tc16``, the dense tensor-core GEMV, has no grouped form yet and runs ``fma`` here); prefill chunks
+    (any row count) as `moe_prefill`. ``gemm_kernel``: `gemm.tile_gemm`'s
     ``variant`` (None: ``STRATA_QMATMUL_GEMM``)."""
     from strata_jax.pallas.quant_matmul import gemv as V
 
-    if prefill and x.shape[0] > M_MAX:
+    if prefill:   # any row count: a row's bits never depend on the chunk's (dense qmatmul's ``prefill`` too)
         return moe_prefill(x, topk_ids, topk_w, gate, up, down, qtypes, interpret=interpret, precision=precision,
                            variant=gemm_kernel)
     if gemv == "tc":

@@ -11,20 +11,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from strata_jax.layers.exact import row_loop
+
 HP = lax.Precision.HIGHEST
 NEG = -1e30  # "minus infinity" that keeps exp() and max() finite
-
-
-def _row_loop(n_rows: int, fn, out_shape):
-    """Apply fn(t) -> [out_shape] for t < n_rows inside one loop (trip count hidden, >= 2 rows allocated)."""
-    rows = max(n_rows, 2)
-
-    def body(t, acc):
-        return lax.dynamic_update_index_in_dim(acc, fn(t), t, axis=0)
-
-    out = lax.fori_loop(0, lax.optimization_barrier(jnp.int32(n_rows)), body,
-                        jnp.zeros((rows, *out_shape), jnp.float32))
-    return out[:n_rows]
 
 
 def block_scores(iq, pooled, seg=None):
@@ -45,7 +35,7 @@ def block_scores(iq, pooled, seg=None):
             acc = acc + s[h]
         return acc
 
-    return _row_loop(iq.shape[0], row, (pooled.shape[-2],))
+    return row_loop(iq.shape[0], row, (pooled.shape[-2],))
 
 
 def select_blocks(scores, n_complete, top_blocks: int):
@@ -103,7 +93,7 @@ def attend(q, k_cache, v_cache, cells, scale):
         o = jnp.einsum("kgc,ckd->kgd", p, vv, precision=HP) / jnp.sum(p, axis=-1, keepdims=True)
         return o.reshape(Hq, D)
 
-    return _row_loop(T, row, (Hq, D))
+    return row_loop(T, row, (Hq, D))
 
 
 def select(iq, pooled, n_kv, n_complete, *, top_blocks: int, block: int, seg=None, cell_base=None):

@@ -3,7 +3,8 @@
 Source: GGUF block layouts from ggml (``ggml/src/ggml-common.h`` structs, ``dequantize_row_*`` in
 ``ggml/src/ggml-quants.c``); the formats the shipped GGUF models use.
 
-``qmatmul(x, w_raw, qtype, n_out, k_in, *, impl="auto", row_groups=False, precise=False) -> float32 [M, n_out]``
+``qmatmul(x, w_raw, qtype, n_out, k_in, *, impl="auto", row_groups=False, precise=False, prefill=False)``
+``-> float32 [M, n_out]``
 
 * ``x``: [M, k_in] float32 / bfloat16 / float16 activations (M = verify-window rows, or prefill tokens).
 * ``w_raw``: the GGUF matrix of logical shape [n_out, k_in] (numpy order; ggml ``ne`` = [k_in, n_out]) as stored:
@@ -15,6 +16,8 @@ Source: GGUF block layouts from ggml (``ggml/src/ggml-common.h`` structs, ``dequ
   once per group): every row then gets the GEMV's bits whatever M is. For verify windows of several segments
   (B * T > 8 rows), which must give each row the bits of the row alone. Without it (prefill chunks), M > 8 rows
   take the kernel's 16-row GEMM (the same bits for a row whatever M is, but not the GEMV's).
+* ``prefill``: the rows are (part of) a prefill chunk: the GEMM at any M, also for M <= 8 (the last prompt rows the
+  output head reads), so a row's bits never depend on how many rows the call has (not with ``row_groups``).
 * ``precise``: the planar GEMM of such chunks keeps `gemm.PRECISE_PRECISION` (bf16x2) instead of the default f16
   products (`precision`); for a projection whose error a recurrence amplifies (`QLinear.precise`).
 
@@ -223,7 +226,7 @@ def _gemv_shared(x, ws, *, qtype, n_out, k_in, interpret, poison):
 
 
 def qmatmul_shared(x, ws, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_groups: bool = False,
-                   precise: bool = False) -> tuple:
+                   precise: bool = False, prefill: bool = False) -> tuple:
     """``tuple(qmatmul(x, w, qtype, n_out, k_in, ...) for w in ws)``, bit for bit, for several weights of one format
     and shape that read the same activations (a gated MLP's gate and up): on the planar float32 GEMV (1..8 rows,
     or row groups) the matrices share one launch and one read of ``x`` (`gemv.grouped_gemv` with a tuple of
@@ -236,7 +239,7 @@ def qmatmul_shared(x, ws, qtype, n_out: int, k_in: int, *, impl: str = "auto", r
     qtype = blocks.check_supported(qtype)
     for w in ws:
         check_args(x, w, qtype, n_out, k_in, "quant_matmul.qmatmul_shared")
-    gemv_rows = x.shape[0] <= _gemv.M_MAX or row_groups
+    gemv_rows = (x.shape[0] <= _gemv.M_MAX and not prefill) or row_groups
     if (len(ws) > 1 and gemv_rows and gemv_variant() == "fma" and shared_launch()
             and all(uses_planar_kernels(w, qtype, k_in) for w in ws)
             and len({(w.dtype, w.shape) for w in ws}) == 1):
@@ -245,17 +248,18 @@ def qmatmul_shared(x, ws, qtype, n_out: int, k_in: int, *, impl: str = "auto", r
         if path != "reference":
             return tuple(_gemv_shared(x, ws, qtype=qtype, n_out=n_out, k_in=k_in, interpret=path == "interpret",
                                       poison=dispatch.poisoning()))
-    return tuple(qmatmul(x, w, qtype, n_out, k_in, impl=impl, row_groups=row_groups, precise=precise) for w in ws)
+    return tuple(qmatmul(x, w, qtype, n_out, k_in, impl=impl, row_groups=row_groups, precise=precise,
+                         prefill=prefill) for w in ws)
 
 
 def qmatmul(x, w_raw, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_groups: bool = False,
-            precise: bool = False):
+            precise: bool = False, prefill: bool = False):
     """float32 [M, n_out] = x [M, k_in] @ dequantize(w_raw).T. See the module docstring for the full contract."""
     qtype = check_args(x, w_raw, qtype, n_out, k_in)
     if uses_planar_kernels(w_raw, qtype, k_in):
         path = dispatch.resolve("quant_matmul.qmatmul", impl,
                                 lambda: _gemv.why_not(qtype, n_out, k_in, w_raw.dtype))
-        gemm = x.shape[0] > _gemv.M_MAX and not row_groups
+        gemm = (x.shape[0] > _gemv.M_MAX or prefill) and not row_groups
         return _qmatmul_planar(x, w_raw, qtype=qtype, n_out=n_out, k_in=k_in, path=path, gemm=gemm,
                                poison=dispatch.poisoning(), gemv=gemv_variant(), prec=precision(gemm, precise),
                                gemm_kernel=gemm_variant())
@@ -263,6 +267,6 @@ def qmatmul(x, w_raw, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_g
         "quant_matmul.qmatmul", impl,
         lambda: _k.why_not(qtype, x.shape[0], n_out, k_in, x.dtype, getattr(w_raw, "dtype", jnp.uint8),
                            row_groups=row_groups))
-    gemm = x.shape[0] > _k.M_MAX and not row_groups and _k.gemm_serves(qtype, n_out, k_in)
+    gemm = (x.shape[0] > _k.M_MAX or prefill) and not row_groups and _k.gemm_serves(qtype, n_out, k_in)
     return _qmatmul(x, w_raw, qtype=qtype, n_out=n_out, k_in=k_in, path=path, gemm=gemm,
                     poison=dispatch.poisoning())

@@ -114,9 +114,9 @@ def unit_len(qtype) -> int:
     return units(qtype)[0][1] * math.prod(vshape(qtype)[1:])
 
 
-def tiling(qtype, n_out: int, k_in: int, cfg: Config, n_row_tiles: int = 1) -> dict:
-    """Loop steps (G groups each) and K splits, sized for ``n_row_tiles`` row tiles (`grouped_gemv` passes none:
-    the split is the same for every row count, so a row's summation order never depends on M)."""
+def tiling(qtype, n_out: int, k_in: int, cfg: Config) -> dict:
+    """Loop steps (G groups each) and K splits: functions of the weight and the config only, never of the row tiles
+    a call runs (a row's summation order must not depend on M)."""
     n_groups = k_in // P.GROUP
     G = cfg.G
     while G > 1 and n_groups % G:
@@ -124,7 +124,7 @@ def tiling(qtype, n_out: int, k_in: int, cfg: Config, n_row_tiles: int = 1) -> d
     n_chunks = n_groups // G
     n_tiles = -(-n_out // cfg.BN)
     return dict(G=G, n_chunks=n_chunks, n_tiles=n_tiles,
-                **split_k(n_chunks, n_tiles, n_row_tiles, cfg.target_programs))
+                **split_k(n_chunks, n_tiles, 1, cfg.target_programs))
 
 
 def _dot(a, b):
@@ -224,7 +224,7 @@ def grouped_gemv(x, w_stacked, tile_expert, qtype, n_out: int, k_in: int, *, int
         x = jnp.concatenate([x, x[:1]])
     T = x.shape[0]
     cfg = cfg or choose_config(qtype, n_out, k_in)
-    t = tiling(qtype, n_out, k_in, cfg)   # one split for any number of row tiles (row invariance at every M)
+    t = tiling(qtype, n_out, k_in, cfg)
     xp, su = activation_tiles(x, qtype, precision)
     names = D.TABLES.get(qtype, ())
     tabs = [jnp.asarray(D.table(n)) for n in names]
