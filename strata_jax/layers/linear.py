@@ -301,8 +301,8 @@ class QLinear(nnx.Module):
 def project_shared(x: jax.Array, linears, exact_rows: bool = True) -> tuple:
     """``tuple(lin(x, exact_rows) for lin in linears)``, bit for bit, where the projections of one format and
     shape (a gated MLP's gate and up; K and V of one format) share one kernel launch and one read of ``x``
-    (`strata_jax.pallas.quant_matmul.qmatmul_shared`: the planar GEMV of 1..8 rows or row groups; every other path
-    makes the separate calls).
+    (`strata_jax.pallas.quant_matmul.qmatmul_shared`: the planar GEMV of 1..8 window rows or row groups; every
+    other path makes the separate calls).
 
     Args: x float [..., n_in] (every linear's ``n_in``); linears: a sequence of `QLinear`.
     Returns: a tuple of float32 [..., n_out] in the order of ``linears``.

@@ -13,7 +13,8 @@ GGUF tensors (``blk.N.``): ``ffn_gate_inp`` [E, D], ``ffn_{gate,up}_exps`` [E, F
 
 The routed experts are `strata_jax.pallas.grouped_experts.moe_experts` (``impl="auto"``): on a GPU the Pallas
 kernel, which reads each selected expert's gate/up/down blocks once per window (the union over the window's rows;
-windows of more than 8 rows and prefill chunks in 8-row groups, each group's union once), elsewhere its plain-jnp
+windows of more than 8 rows and, on GGUF bytes, prefill chunks in 8-row groups, each group's union once; planar
+weights read prefill chunks, any row count, with `moe_prefill`'s grouped GEMM), elsewhere its plain-jnp
 reference (each (row, expert) pair dequantized and multiplied alone). The stacked expert tensors stay in their
 block format on the device (uint8 [E, rows, row_bytes], or float for F32/F16/BF16). Both paths compute a row the
 same way whatever the other rows of the call are (row m of an M-row call == the row alone, bit for bit); the router

@@ -8,7 +8,8 @@ One folder per op; each has ``reference.py`` (plain jnp: the numerical spec, and
   ``gdn_commit`` (advance the state by the accepted rows), ``gdn_chunked`` (prefill).
 * `strata_jax.pallas.quant_matmul`: ``qmatmul(x, w_raw, qtype, n_out, k_in)``, activations times a GGUF
   block-quantized weight (the kernel decodes blocks in registers and reads each weight byte once for 1..8 rows;
-  ``row_groups=True``: more rows as 8-row groups in one launch; otherwise more rows take a 16-row GEMM).
+  ``row_groups=True``: more rows as 8-row groups in one launch; otherwise more rows take a 16-row GEMM, as do
+  prefill rows at any count, ``prefill=True``).
   ``STRATA_QMATMUL=planar`` (the default; ``bytes`` selects the kernel on the GGUF bytes) is the second family: weights
   repacked at load into word-aligned planes (`quant_matmul.planar`, exact, every block format incl. the IQ ones),
   a float32 GEMV (`quant_matmul.gemv`) and tensor-core kernels with a precision switch (`quant_matmul.gemm`:

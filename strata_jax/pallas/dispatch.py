@@ -12,7 +12,7 @@
 
 The environment variable ``STRATA_PALLAS_IMPL`` (one of the four values) overrides ``"auto"`` (never an explicit
 choice): e.g. ``STRATA_PALLAS_IMPL=interpret`` runs every op's kernel in interpret mode on CPU. Under the variable,
-a call the kernel cannot serve (a prefill GEMM of more than 8 rows, a format without a kernel) falls back to the
+a call the kernel cannot serve (a prefill GEMM, a format without a kernel) falls back to the
 reference with its reason printed once, as ``"auto"`` does on a GPU, so a whole model runs with the variable set;
 an explicit per-call ``impl="kernel"`` / ``"interpret"`` still raises. The variable is read when a call is traced:
 a function jitted before it changed keeps the path it was traced with.

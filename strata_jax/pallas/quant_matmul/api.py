@@ -14,8 +14,8 @@ Source: GGUF block layouts from ggml (``ggml/src/ggml-common.h`` structs, ``dequ
 * Result: ``y[m, n] = sum_k x[m, k] * W[n, k]`` with W the dequantized weight, accumulated in float32.
 * ``row_groups``: let the kernel serve M > 8 rows as groups of 8 rows of the GEMV in one launch (the weight is read
   once per group): every row then gets the GEMV's bits whatever M is. For verify windows of several segments
-  (B * T > 8 rows), which must give each row the bits of the row alone. Without it (prefill chunks), M > 8 rows
-  take the kernel's 16-row GEMM (the same bits for a row whatever M is, but not the GEMV's).
+  (B * T > 8 rows), which must give each row the bits of the row alone. Without it, M > 8 rows (or any M with
+  ``prefill``) take the kernel's GEMM (the same bits for a row whatever M is, but not the GEMV's).
 * ``prefill``: the rows are (part of) a prefill chunk: the GEMM at any M, also for M <= 8 (the last prompt rows the
   output head reads), so a row's bits never depend on how many rows the call has (not with ``row_groups``).
 * ``precise``: the planar GEMM of such chunks keeps `gemm.PRECISE_PRECISION` (bf16x2) instead of the default f16
@@ -32,11 +32,11 @@ within ~1e-5 relative of a float64 product.
 Planar weights (``STRATA_QMATMUL=planar``, the default; ``bytes`` selects the kernel above):
 `prepare_weight` repacks a block-format matrix at load into the planar device layout
 (`strata_jax.pallas.quant_matmul.planar`: uint32 [n_out, row_words], exact) when the kernel path is in use, and
-``qmatmul`` then runs the planar kernels: for 1..8 rows (and row groups) the float32 GEMV
+``qmatmul`` then runs the planar kernels: for 1..8 window rows (and row groups) the float32 GEMV
 (`strata_jax.pallas.quant_matmul.gemv`; ``STRATA_QMATMUL_GEMV=tc``: the tensor-core tiles of `gemm`; ``tc16``: the
-tensor-core GEMV `strata_jax.pallas.quant_matmul.tcgemv`, 16-row tiles), for more rows
-the tensor-core GEMM (`strata_jax.pallas.quant_matmul.gemm`; ``STRATA_QMATMUL_GEMM``: ``kblock``, the default,
-dequantizes a block of K values per step and multiplies whole blocks; ``unit``, the kernel before, one scale unit
+tensor-core GEMV `strata_jax.pallas.quant_matmul.tcgemv`, 16-row tiles), for prefill rows (any M) and more
+than 8 rows without row groups the tensor-core GEMM (`strata_jax.pallas.quant_matmul.gemm`;
+``STRATA_QMATMUL_GEMM``: ``kblock``, the default, dequantizes a block of K values per step and multiplies whole blocks; ``unit``, the kernel before, one scale unit
 per step) at ``STRATA_QMATMUL_PRECISION`` (``f16``, the GEMM's default: one float16 product in the K-block GEMM;
 or bfloat16 pieces per operand: ``bf16x2``, the default of ``precise=True`` calls, ``bf16x3``, the tensor-core
 GEMVs', or ``bf16``; `precision`).
@@ -228,9 +228,10 @@ def _gemv_shared(x, ws, *, qtype, n_out, k_in, interpret, poison):
 def qmatmul_shared(x, ws, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_groups: bool = False,
                    precise: bool = False, prefill: bool = False) -> tuple:
     """``tuple(qmatmul(x, w, qtype, n_out, k_in, ...) for w in ws)``, bit for bit, for several weights of one format
-    and shape that read the same activations (a gated MLP's gate and up): on the planar float32 GEMV (1..8 rows,
-    or row groups) the matrices share one launch and one read of ``x`` (`gemv.grouped_gemv` with a tuple of
-    stacks: each output has the instructions of its own call); every other path makes the separate calls.
+    and shape that read the same activations (a gated MLP's gate and up): on the planar float32 GEMV (1..8 window
+    rows, not ``prefill``, or row groups) the matrices share one launch and one read of ``x`` (`gemv.grouped_gemv`
+    with a tuple of stacks: each output has the instructions of its own call); every other path makes the separate
+    calls.
 
     Args: x float [M, k_in]; ws: a sequence of weights as `qmatmul` takes them, all of ``qtype`` and
     [n_out, ...]. Returns: a tuple of float32 [M, n_out]. Raises: as `qmatmul`.

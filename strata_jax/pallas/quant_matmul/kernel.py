@@ -91,7 +91,7 @@ def tiling(qtype, n_out: int, k_in: int, cfg: Config = DEFAULT) -> dict:
 # tiles, the 32-value block formats the elementwise accumulation with 8-row tiles (M = 8 twice as fast as 16 rows).
 K_QUANT_CONFIG = Config(BN=16, chunk=256, num_warps=4, target_programs=2112, mode="reduce")
 BLOCK32_CONFIG = Config(BN=8, chunk=256, num_warps=4, target_programs=2112, mode="elementwise")
-# The prefill GEMM (more than 8 rows without row groups): 16-row groups, one float32 matrix product per chunk.
+# The prefill GEMM (prefill rows at any M, or more than 8 rows without row groups): 16-row groups, one float32 matrix product per chunk.
 # A first, simple choice (not tuned: the speed of prefill is the next issue's).
 GEMM_CONFIG = Config(BN=32, chunk=128, num_warps=4, target_programs=264, mode="dot")
 
