@@ -37,8 +37,8 @@ Planar weights (``STRATA_QMATMUL=planar``, the default; ``bytes`` selects the ke
 tensor-core GEMV `strata_jax.pallas.quant_matmul.tcgemv`, 16-row tiles), for prefill rows (any M) and more
 than 8 rows without row groups the tensor-core GEMM (`strata_jax.pallas.quant_matmul.gemm`;
 ``STRATA_QMATMUL_GEMM``: ``kblock``, the default, dequantizes a block of K values per step and multiplies whole
-blocks; ``unit``, the kernel before, one scale unit per step) at ``STRATA_QMATMUL_PRECISION`` (``f16``, the GEMM's default: one float16 product in the K-block GEMM;
-or bfloat16 pieces per operand: ``bf16x2``, the default of ``precise=True`` calls, ``bf16x3``, the tensor-core
+blocks; ``unit``, the kernel before, one scale unit per step) at ``STRATA_QMATMUL_PRECISION`` (``f16``, the
+GEMM's default: one float16 product in the K-block GEMM; or bfloat16 pieces per operand: ``bf16x2``, the default of ``precise=True`` calls, ``bf16x3``, the tensor-core
 GEMVs', or ``bf16``; `precision`).
 F16 / BF16 / F32 weights take the same planar kernels under the variable. The weight's dtype says which kernel
 family serves it, so a weight loaded under one setting keeps working under another; on the
