@@ -34,12 +34,12 @@ Planar weights (``STRATA_QMATMUL=planar``, the default; ``bytes`` selects the ke
 (`strata_jax.pallas.quant_matmul.planar`: uint32 [n_out, row_words], exact) when the kernel path is in use, and
 ``qmatmul`` then runs the planar kernels: for 1..8 window rows (and row groups) the float32 GEMV
 (`strata_jax.pallas.quant_matmul.gemv`; ``STRATA_QMATMUL_GEMV=tc``: the tensor-core tiles of `gemm`; ``tc16``: the
-tensor-core GEMV `strata_jax.pallas.quant_matmul.tcgemv`, 16-row tiles), for prefill rows (any M) and more
-than 8 rows without row groups the tensor-core GEMM (`strata_jax.pallas.quant_matmul.gemm`;
-``STRATA_QMATMUL_GEMM``: ``kblock``, the default, dequantizes a block of K values per step and multiplies whole
-blocks; ``unit``, the kernel before, one scale unit per step) at ``STRATA_QMATMUL_PRECISION`` (``f16``, the
-GEMM's default: one float16 product in the K-block GEMM; or bfloat16 pieces per operand: ``bf16x2``, the default of ``precise=True`` calls, ``bf16x3``, the tensor-core
-GEMVs', or ``bf16``; `precision`).
+tensor-core GEMV `strata_jax.pallas.quant_matmul.tcgemv`, 16-row tiles), for prefill rows (any M) and more than 8
+rows without row groups the tensor-core GEMM (`strata_jax.pallas.quant_matmul.gemm`; ``STRATA_QMATMUL_GEMM``:
+``kblock``, the default, dequantizes a block of K values per step and multiplies whole blocks; ``unit``, the kernel
+before, one scale unit per step) at ``STRATA_QMATMUL_PRECISION`` (``f16``, the GEMM's default: one float16 product
+in the K-block GEMM; or bfloat16 pieces per operand: ``bf16x2``, the default of ``precise=True`` calls, ``bf16x3``,
+the tensor-core GEMVs', or ``bf16``; `precision`).
 F16 / BF16 / F32 weights take the same planar kernels under the variable. The weight's dtype says which kernel
 family serves it, so a weight loaded under one setting keeps working under another; on the
 reference path a planar weight is decoded by `planar.dequantize` (the same values as the GGUF bytes). Formats:
