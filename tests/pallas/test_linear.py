@@ -123,14 +123,15 @@ def test_precise_keeps_bf16x2_in_prefill(rng, monkeypatch):
     assert f.padded_k(64).precise
 
 
-def test_prefill_rows_take_the_gemm_at_any_count(rng, monkeypatch):
-    """In prefill (``exact_rows=False``) a row has the same bits in a call of 1, 3 or 16 rows (the planar GEMM at
-    every row count), so `head_logits`' "last" row (a 1-row call) gets the logits "all" gives it; `project_shared`
-    and the routed experts' prefill path likewise."""
+@pytest.mark.parametrize("variant", ["planar", "bytes"])
+def test_prefill_rows_take_the_gemm_at_any_count(variant, rng, monkeypatch):
+    """In prefill (``exact_rows=False``) a row has the same bits in a call of 1, 3 or 16 rows (the GEMM at every row
+    count; planar weights and the GGUF-bytes kernel), so `head_logits`' "last" row (a 1-row call) gets the logits
+    "all" gives it; `project_shared` and the routed experts' prefill path likewise."""
     from strata_jax.layers.linear import head_logits, project_shared
     from strata_jax.pallas.grouped_experts import moe_experts
     from strata_jax.state import Rows
-    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    monkeypatch.setenv("STRATA_QMATMUL", variant)
     monkeypatch.setenv("STRATA_PALLAS_IMPL", "interpret")
     k = 256
     lin, _, _ = _linear(rng, Q.Q8_0, 40, k)
