@@ -9,8 +9,8 @@
 #   device run (carry [".carry"]): TOTAL=560 bash experiments/results/s2026-12-07d/next1.sh
 TOTAL=${TOTAL:-560}
 source experiments/subruns.sh
-run a 200 PARTS="env pallas" PALLAS_S=190 PALLAS_FILES="tests/pallas/test_planar.py tests/pallas/test_grouped_experts.py tests/pallas/test_layers_kernel_path.py" \
-  PALLAS_K="(k_split or config_tables or kblock_f16 or gemm_precisions or rows or block_prefill or window or grouped) and not interpret"
+run a 200 PARTS="env pallas" PALLAS_S=190 PALLAS_FILES="tests/pallas/test_planar.py tests/pallas/test_gdn.py tests/pallas/test_grouped_experts.py tests/pallas/test_layers_kernel_path.py" \
+  PALLAS_K="(k_split or config_tables or kblock_f16 or gemm_precisions or rows or segments or block_prefill or window or grouped) and not interpret"
 run b 180 PARTS="env random_gguf sweep" SWEEP_ONLY=gemv SWEEP_ROWS=1,2,8 SWEEP_S=170
 run c 170 PARTS="env compile_steps" COMPILE_S=160 COMPILE_XLA="base=|nounroll=--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_NO_UNROLL"
 echo "total $(( $(date +%s) - T0 )) s"
