@@ -139,7 +139,9 @@ def test_softmax_top_k_renorm(impl, rng):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_row_sum_weighted(impl, rng):
     """row_sum(x, w=..., fn=...) (the shared-expert gate ``sigmoid(sum(x * w))`` in one program): within 1e-6
-    of float64, a row's bits alone and among others, one launch; a w of another length is refused."""
+    of float64 at n = 40 and 3e-6 at n = 2560 (the float32 dot's rounding, ~1e-6 of its sum |x w| ~ 100, through
+    sigmoid's slope <= 1/4, plus sigmoid's own ulps: 1.04e-6 measured with STRATA_TEST_SEED=1381781242), a row's
+    bits alone and among others, one launch; a w of another length is refused."""
     for n in (40, 2560):
         x = jnp.asarray(rng.standard_normal((3, 5, n)).astype(np.float32) * 0.05)
         w = jnp.asarray(rng.standard_normal(n).astype(np.float32))
@@ -147,7 +149,7 @@ def test_row_sum_weighted(impl, rng):
             y = rows.row_sum(x, w=w, fn=jax.nn.sigmoid, impl=impl)
             s = rows.row_sum(x, w=w, impl=impl)
         dot64 = np.sum(np.asarray(x, np.float64) * np.asarray(w, np.float64), -1, keepdims=True)
-        assert_close_rel(y, _sigmoid64(dot64), 1e-6, f"n={n}")
+        assert_close_rel(y, _sigmoid64(dot64), 1e-6 if n <= 64 else 3e-6, f"n={n}")
         assert_close_rel(s, dot64, 1e-5, f"n={n}: sum")
         assert_bits_equal(rows.row_sum(x[1:2, 3:4], w=w, fn=jax.nn.sigmoid, impl=impl)[0, 0], y[1, 3], "alone")
         other = jnp.asarray(rng.standard_normal((7, n)).astype(np.float32)).at[4].set(x[1, 3])
