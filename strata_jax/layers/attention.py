@@ -61,21 +61,22 @@ def attend_window(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, rows: Ro
     B, T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     g = Hq // Hkv
-    cells = jnp.arange(k_cache.shape[1], dtype=jnp.int32)
+    K = k_cache[rows.slot].astype(jnp.float32)  # [B, S1, Hkv, D]: once per call (exact: a row's bits do not move)
+    V = v_cache[rows.slot].astype(jnp.float32)
+    cells = jnp.arange(K.shape[1], dtype=jnp.int32)
     pos = rows.positions(T).reshape(B * T)
     qf = q.reshape(B * T, Hkv, g, D)
 
     # one (segment, row) per iteration of a loop XLA cannot see through: a row's ops have the shapes of one row
     # whatever B and T are (XLA:CPU vectorises exp and the reductions by the whole array's size)
     def one_row(i):
-        slot = jax.lax.dynamic_index_in_dim(rows.slot, i // T, keepdims=False)
-        K = jax.lax.dynamic_index_in_dim(k_cache, slot, keepdims=False).astype(jnp.float32)  # [S1, Hkv, D]
-        V = jax.lax.dynamic_index_in_dim(v_cache, slot, keepdims=False).astype(jnp.float32)
+        Kb = jax.lax.dynamic_index_in_dim(K, i // T, keepdims=False)                          # [S1, Hkv, D]
+        Vb = jax.lax.dynamic_index_in_dim(V, i // T, keepdims=False)
         qt = jax.lax.dynamic_index_in_dim(qf, i, keepdims=False)                              # [Hkv, g, D]
-        s = jnp.einsum("kgd,skd->kgs", qt, K) * scale
+        s = jnp.einsum("kgd,skd->kgs", qt, Kb) * scale
         m = _mask(cells, jax.lax.dynamic_index_in_dim(pos, i, keepdims=False), max_context, window)  # [S1]
         s = jnp.where(m[None, None, :], s, _NEG)
-        o = jnp.einsum("kgs,skd->kgd", softmax(s), V)
+        o = jnp.einsum("kgs,skd->kgd", softmax(s), Vb)
         return o.reshape(Hq, D)
 
     return row_loop(B * T, one_row, (Hq, D)).reshape(B, T, Hq, D)

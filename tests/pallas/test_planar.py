@@ -109,7 +109,7 @@ def test_gemv_config_tables(monkeypatch):
              (Q.Q4_0, 2560, 640): (gemv.TWO_WARPS, gemv.DEFAULT), (Q.Q2_K, 640, 2560): (gemv.NARROW, gemv.DEFAULT),
              (Q.Q6_K, 248320, 2560): (gemv.TWO_WARPS, gemv.HEAD_Q6K),
              (Q.Q6_K, 1536, 8960): (gemv.ONE_STEP, gemv.DEFAULT),
-             (Q.BF16, 10240, 352): (gemv.ONE_STEP, gemv.DEFAULT), (Q.Q8_0, 2560, 640): (gemv.WIDE_Q8, gemv.DEFAULT),
+             (Q.BF16, 10240, 352): (gemv.ONE_STEP, gemv.DEFAULT), (Q.Q8_0, 2560, 640): (gemv.WIDE, gemv.DEFAULT),
              (Q.IQ4_XS, 2560, 2560): (gemv.DEFAULT, gemv.DEFAULT)}
     for table, i in (("2026-12-07", 0), ("2026-12-04", 1)):
         monkeypatch.setenv("STRATA_QMATMUL_GEMV_CONFIGS", table)

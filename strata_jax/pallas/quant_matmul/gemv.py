@@ -59,7 +59,11 @@ class Config:
 
 
 DEFAULT = Config()
-
+# the other configs the tables below pick from, named by shape (one config serves several formats)
+NARROW = Config(BN=16, G=8, target_programs=2112)                     # 16 weight rows, 8 groups per step
+WIDE = Config(BN=32, G=8, target_programs=528)                        # 32 weight rows, 8 groups, fewer programs
+TWO_WARPS = Config(BN=16, G=8, num_warps=2, target_programs=2112)     # NARROW on 2 warps
+ONE_STEP = Config(BN=32, G=4, target_programs=4224)                   # K split until a program runs one loop step
 
 # From experiments/sweep_kernels.py on the H200 (2026-12-04, experiments/results/h200_2026-12-04/call{2,3}), device
 # time per shape at 1 and 8 rows: the plane path's Q4_K is fastest with (16, 8, 4, 2112) at the 1.5B file's K =
@@ -67,9 +71,8 @@ DEFAULT = Config()
 # 8, 4, 528) at Flash-Next's K >= 2560 (attn_gate 6144x2560: 7.04 / 19.30 us against 7.36 / 34.68; per token at
 # one row within 1% of the best config); the Q6_K output head (decoder path) with (32, 8, 4, 528) at one row
 # (151936x1536: 121.3 against 142.2 us; Flash-Next's 248320x2560: 311.8 against 359.4 us).
-PLANES_Q4K_SMALL_K = Config(BN=16, G=8, target_programs=2112)
-PLANES_Q4K = Config(BN=32, G=8, target_programs=528)
-HEAD_Q6K = Config(BN=32, G=8, target_programs=528)
+PLANES_Q4K_SMALL_K = NARROW
+PLANES_Q4K = HEAD_Q6K = WIDE
 HEAD_ROWS = 65536   # a weight with this many output rows or more is an output head / embedding
 # From experiments/sweep_kernels.py on an H100 with each call's weights out of L2 (2026-12-07, fourth session,
 # experiments/results/h100_2026-12-07d/call1; 20 configs at every GEMV shape of the 1.5B file and of Flash-Next,
@@ -84,10 +87,6 @@ HEAD_ROWS = 65536   # a weight with this many output rows or more is an output h
 # Q4_0 takes TWO_WARPS at every K (its one measured shape: the experts' down, K = 640); the decoder path's Q4_K
 # (STRATA_QMATMUL_PLANES=0, for comparisons) keeps DEFAULT. Decode A/B on the 16-layer Flash-Next steps (H100,
 # call 3): 2.714 ms per token against 2.833 with the 2026-12-04 table (0.958).
-TWO_WARPS = Config(BN=16, G=8, num_warps=2, target_programs=2112)
-NARROW = Config(BN=16, G=8, target_programs=2112)
-ONE_STEP = Config(BN=32, G=4, target_programs=4224)
-WIDE_Q8 = Config(BN=32, G=8, target_programs=528)
 CONFIG_TABLES = ("2026-12-07", "2026-12-04")
 
 
@@ -113,7 +112,7 @@ def choose_config(qtype, n_out: int, k_in: int) -> Config:
     if qtype == Q.Q4_K and not planes:
         return DEFAULT
     if qtype == Q.Q4_K and k_in < 2048:
-        return PLANES_Q4K_SMALL_K
+        return NARROW
     if qtype in (Q.Q4_K, Q.Q4_0) or (qtype == Q.Q6_K and n_out >= HEAD_ROWS):
         return TWO_WARPS
     if qtype == Q.Q2_K:
@@ -121,7 +120,7 @@ def choose_config(qtype, n_out: int, k_in: int) -> Config:
     if qtype == Q.Q6_K or qtype in FLOAT_TYPES:
         return ONE_STEP
     if qtype == Q.Q8_0:
-        return WIDE_Q8
+        return WIDE
     return DEFAULT
 
 
@@ -141,6 +140,10 @@ def split_k(n_units: int, n_tiles: int, per_unit: int, target: int) -> dict:
 
 
 def tiling(qtype, n_out: int, k_in: int, cfg: Config, per_unit: int = 1) -> dict:
+    """{G (groups per loop step, cut to divide K / 32), n_chunks (loop steps over K), n_tiles (output tiles of
+    ``cfg.BN`` rows), and `split_k`'s split / cps / masked} for a weight under ``cfg`` (also `tcgemv`'s: any config
+    with BN, G, target_programs). ``per_unit``: programs per (tile, split) the split is sized for, a constant of the
+    call site (`grouped_gemv`'s ``split_units``), never a row or slot count."""
     n_groups = k_in // P.GROUP
     G = cfg.G
     while G > 1 and n_groups % G:

@@ -79,7 +79,7 @@ from strata_jax.pallas.quant_matmul import decode as D
 from strata_jax.pallas.quant_matmul import planar as P
 from strata_jax.pallas.quant_matmul.gemm import (GEMV_PRECISION, PRECISIONS, WEIGHT_PIECES, bf16_pieces,
                                                  piece_products, units)
-from strata_jax.pallas.quant_matmul.gemv import decode_tile, split_k, split_step, tile_rows, vshape
+from strata_jax.pallas.quant_matmul.gemv import decode_tile, split_step, tile_rows, tiling, vshape
 
 ROWS = 16   # activation rows per tile: the MMA's N (Triton's smallest dot size)
 #: formats whose decoded weights carry an offset ``mn`` per scale unit: the kernel reads the activations' unit sums
@@ -112,19 +112,6 @@ def choose_config(qtype, n_out: int, k_in: int) -> Config:
 def unit_len(qtype) -> int:
     """Values per scale unit (16 or 32) along K."""
     return units(qtype)[0][1] * math.prod(vshape(qtype)[1:])
-
-
-def tiling(qtype, n_out: int, k_in: int, cfg: Config) -> dict:
-    """Loop steps (G groups each) and K splits: functions of the weight and the config only, never of the row tiles
-    a call runs (a row's summation order must not depend on M)."""
-    n_groups = k_in // P.GROUP
-    G = cfg.G
-    while G > 1 and n_groups % G:
-        G //= 2
-    n_chunks = n_groups // G
-    n_tiles = -(-n_out // cfg.BN)
-    return dict(G=G, n_chunks=n_chunks, n_tiles=n_tiles,
-                **split_k(n_chunks, n_tiles, 1, cfg.target_programs))
 
 
 def _dot(a, b):
@@ -224,7 +211,7 @@ def grouped_gemv(x, w_stacked, tile_expert, qtype, n_out: int, k_in: int, *, int
         x = jnp.concatenate([x, x[:1]])
     T = x.shape[0]
     cfg = cfg or choose_config(qtype, n_out, k_in)
-    t = tiling(qtype, n_out, k_in, cfg)
+    t = tiling(qtype, n_out, k_in, cfg)   # `gemv.tiling` per weight: the split never follows the row tiles T
     xp, su = activation_tiles(x, qtype, precision)
     names = D.TABLES.get(qtype, ())
     tabs = [jnp.asarray(D.table(n)) for n in names]
