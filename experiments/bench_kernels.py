@@ -590,6 +590,68 @@ def bench_prefill(b: Bench, small: bool, rng):
         case(qt, n, k, rows[1])
 
 
+# The f16 sweep (2026-12-07, fifth session): the prefill default is f16 since 2026-12-07d, and both tile configs were
+# tuned at bf16x2. f16 has one product per step where bf16x2 had three, so decoding the weights weighs more: larger
+# KB and row sub-tiles (SUB: one decoded block serves SUB x BM rows, the same bits as SUB = 1) are the candidates.
+# (BN, BM, KB, warps, stages, target_programs, SUB); the first is KBLOCK_PREFILL.
+KBLOCK_SWEEP_F16 = [(64, 128, 64, 4, 2, 48, 1), (64, 128, 128, 4, 2, 48, 1), (64, 128, 64, 4, 3, 48, 1),
+                    (64, 128, 64, 8, 2, 48, 1), (128, 128, 64, 8, 2, 48, 1), (128, 128, 32, 8, 3, 48, 1),
+                    (64, 64, 64, 4, 2, 48, 1), (64, 64, 64, 4, 2, 48, 2), (64, 128, 64, 4, 2, 48, 2),
+                    (128, 64, 64, 4, 2, 48, 1), (64, 256, 64, 8, 2, 48, 1), (32, 128, 64, 4, 2, 48, 1),
+                    (64, 128, 32, 4, 3, 48, 1), (128, 128, 64, 8, 3, 48, 1)]
+# MoE prefill tiles at f16, around MOE_PREFILL (BN 64, BM 16, KB 64, 4 warps, 1 stage): (BN, BM, KB, warps, stages,
+# SUB); 2026-12-07d's moe_prefill run had KB 128 / 256 at 0.86 / 0.85x the default's time at 512 rows, SUB 2 / 4 at
+# 0.80 / 0.72x at 2048 rows (1.11 / 1.56x at 512 uniform)
+MOE_SWEEP_F16 = [(64, 16, 64, 4, 1, 1), (64, 16, 128, 4, 1, 1), (64, 16, 256, 4, 1, 1), (64, 16, 128, 4, 1, 2),
+                 (64, 16, 256, 4, 1, 2), (64, 16, 128, 4, 1, 4), (64, 16, 256, 4, 1, 4), (32, 16, 256, 4, 1, 1),
+                 (64, 16, 256, 8, 1, 1), (64, 16, 256, 4, 2, 1), (128, 16, 128, 8, 1, 1), (64, 16, 512, 4, 1, 1),
+                 (32, 16, 128, 2, 1, 1), (64, 32, 128, 4, 1, 1)]
+
+
+def bench_f16_sweep(b: Bench, small: bool, rng):
+    """Launch configs of the K-block kernel at the f16 prefill default: the dense prefill GEMM (`KBLOCK_SWEEP_F16`)
+    on every `PREFILL_SHAPES` weight at 512 rows and the gate/up shape at 2048; the grouped-expert GEMM of MoE
+    prefill (`MOE_SWEEP_F16`) at the Flash-Next experts, 512 rows uniform / skewed and 2048 uniform. TFLOP/s; the
+    first config of each list is the default."""
+    import dataclasses
+    from strata_jax.pallas.grouped_experts import kernel as GK
+    from strata_jax.pallas.quant_matmul import gemm as G
+    it = b.interpret
+    dense = KBLOCK_SWEEP_F16[:3] if small else KBLOCK_SWEEP_F16
+    cases = ([(PREFILL_SHAPES_SMALL[0], 32)] if small
+             else [(s, 512) for s in PREFILL_SHAPES] + [(PREFILL_SHAPES[0], 2048), (PREFILL_SHAPES[1], 2048)])
+    for (qt, n, k), m in cases:
+        wp = _weights(rng, qt, n, k)[1]
+        x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+        fns = {}
+        for bn, bm, kb, nw, ns, tp, sub in dense:
+            cfg = G.Config(BN=bn, BM=bm, KB=kb, num_warps=nw, num_stages=ns, target_programs=tp, SUB=sub)
+            fns[f"kb_{bn}_{bm}_{kb}_w{nw}_s{ns}_S{sub}"] = jax.jit(
+                lambda x, wp, cfg=cfg, qt=qt, n=n, k=k: G.gemm(x, wp, qt, n, k, interpret=it, precision=G.F16,
+                                                               cfg=cfg, variant="kblock"))
+        b.add("f16_dense", f"{qt.name} {n}x{k} rows={m}", _nbytes(wp) + x.size * 4 + m * n * 4, fns, (x, wp),
+              flops=2 * m * n * k, extra={"format": qt.name, "N": n, "K": k, "M": m})
+    E, H, F, k, M = (8, 256, 64, 2, 64) if small else (512, 2560, 640, 10, 512)
+    qts = (Q.Q2_K, Q.Q2_K, Q.Q4_0)
+    ws = [_weights(rng, q, nn, kk, (E,))[1] for q, nn, kk in ((qts[0], F, H), (qts[1], F, H), (qts[2], H, F))]
+    fns = {}
+    for bn, bm, kb, nw, ns, sub in (MOE_SWEEP_F16[:3] if small else MOE_SWEEP_F16):
+        cfg = dataclasses.replace(G.MOE_PREFILL, BN=bn, BM=bm, KB=kb, num_warps=nw, num_stages=ns, SUB=sub)
+        fns[f"kb_{bn}_{bm}_{kb}_w{nw}_s{ns}_S{sub}"] = jax.jit(
+            lambda x, i, tw, *w, cfg=cfg: GK.moe_prefill(x, i, tw, *w, qts, interpret=it, precision=G.F16,
+                                                         variant="kblock", cfg=cfg))
+    bias = rng.standard_normal(E) * 1.5
+    for dist, m in [("uniform", M), ("skewed", M)] + ([] if small else [("uniform", 4 * M)]):
+        x = jnp.asarray(rng.standard_normal((m, H)), jnp.float32)
+        tw = jnp.asarray(rng.uniform(0.1, 1, (m, k)), jnp.float32)
+        logits = rng.gumbel(size=(m, E)) + (bias if dist == "skewed" else 0.0)
+        ids = np.argsort(-logits, axis=1)[:, :k].astype(np.int32)
+        counts = np.bincount(ids.reshape(-1), minlength=E)
+        b.add("f16_moe", f"{qts[0].name}/{qts[2].name} E={E} k={k} M={m} {dist} max_rows={counts.max()}",
+              sum(_nbytes(w) for w in ws), fns, (x, jnp.asarray(ids), tw, *ws), flops=2 * m * k * 3 * H * F,
+              extra={"M": m, "dist": dist})
+
+
 def bench_moe_variants(b: Bench, small: bool, rng):
     """Grouped experts on GGUF bytes vs planar: windows (1 / 4 / 8 rows) and a 128-row prefill chunk."""
     from strata_jax.pallas.grouped_experts import kernel as GK
@@ -746,7 +808,7 @@ SECTIONS = {"qmatmul": bench_qmatmul, "gdn": bench_gdn, "moe": bench_moe, "qsa":
             "sweep_qmatmul": sweep_qmatmul, "formats": bench_formats, "head": bench_head, "prefill": bench_prefill,
             "moe_variants": bench_moe_variants, "sweep_planar": sweep_planar,
             "gdn_prefill": bench_gdn_prefill, "qsa_prefill": bench_qsa_prefill,
-            "moe_prefill": bench_moe_prefill}
+            "moe_prefill": bench_moe_prefill, "f16_sweep": bench_f16_sweep}
 DEFAULT_SECTIONS = "qmatmul,gdn,moe,qsa"
 SECTION_WEIGHT = {"formats": 3.0, "prefill": 1.5, "sweep_planar": 1.5}   # shares of --budget_s
 
