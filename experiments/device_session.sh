@@ -42,7 +42,8 @@
 # Flash-Next shape with random blocks, REAL_LAYERS layers (48: 53.6 GB, ~2 min); a file already there from an earlier
 # call on a warm machine is reused unless REAL_REWRITE=1), realfile_generate (strata-generate --model on it, 64 tokens,
 # --decode_steps as the GPU's default), realfile_batch (--batch 4 --max_context 8192: 4 requests of 64 tokens),
-# realfile_prefill (bench_prefill.py on it: REAL_PROMPTS in chunks of 512) and
+# realfile_longread (--batch 2: a decoding slot's rate while an 8,192-token prompt is read beside it),
+# realfile_prefill (bench_prefill.py on it: REAL_PROMPTS in chunks of REAL_CHUNKS, default 512) and
 # realfile_anchor (llama-bench on the same file, REPS=2; the llama.cpp build starts at the top of the call); each
 # under REALFILE_S; only when named in PARTS. ANCHOR_WAIT_EARLY=0 lets the parts after pallas run beside the llama.cpp
 # build (its 16 compile jobs made the first calls' compiles 2.6x slower on 2026-12-03: keep timed parts after it). Pick parts with PARTS="random_gguf probe
@@ -256,9 +257,20 @@ for r in range(4): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500 
       fi
       part realfile_batch ${REALFILE_S:-300} $NEW python3 -m strata_jax.cli.generate --model $REAL --batch 4 \
         --prompts_file "$OUT/realfile_prompts.jsonl" --max_context 8192 --stats_json "$OUT/realfile_batch.json"
+      # issue 14's second goal: a slot decoding (64-token prompt, 6,000 tokens) while an 8,192-token prompt arrives
+      # at 30 s and is read beside it in --batch 2 (the summary's "decode beside prompt reads" against the solo rate
+      # of realfile_generate; the prompt's time to first token)
+      if want realfile_longread; then
+        python3 -c "import json
+print(json.dumps({'prompt_ids': [1 + 37 * i % 500 for i in range(64)], 'max_new_tokens': 6000}))
+print(json.dumps({'prompt_ids': [1 + (53 * i + 7) % 9000 for i in range(8192)], 'max_new_tokens': 16, 'arrival': 30}))" \
+          > "$OUT/realfile_longread.jsonl"
+      fi
+      part realfile_longread ${REALFILE_S:-300} $NEW python3 -m strata_jax.cli.generate --model $REAL --batch 2 \
+        --prompts_file "$OUT/realfile_longread.jsonl" --max_context 8448 --stats_json "$OUT/realfile_longread.json"
       # prompt reading on the same file (issue 14's Flash-Next ratio): 512 / 2048 tokens in chunks of 512
       part realfile_prefill ${REALFILE_S:-300} $NEW python3 experiments/bench_prefill.py --model $REAL \
-        --prompts ${REAL_PROMPTS:-512,2048} --chunks 512 --repeats 2 --budget_s $(( ${REALFILE_S:-300} - 20 )) \
+        --prompts ${REAL_PROMPTS:-512,2048} --chunks ${REAL_CHUNKS:-512} --repeats 2 --budget_s $(( ${REALFILE_S:-300} - 20 )) \
         --out "$OUT/realfile_prefill.json"
       part realfile_anchor ${REALFILE_S:-300} env REPS=2 bash .carry/anchor/anchor.sh bench $REAL
     fi
@@ -353,7 +365,7 @@ for r in range(4): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500 
     part profile_prefill 100 $NEW python3 experiments/profile_step.py --model $MODEL --kind prefill --steps 5 --warmup 2 \
       --prompt_tokens 16 --out "$OUT/profile_prefill.json"
     if [ "$MODE" = run ]; then
-      part anchor 100 bash .carry/anchor/anchor.sh bench $MODEL
+      part anchor ${ANCHOR_S:-100} bash .carry/anchor/anchor.sh bench $MODEL
     fi
     part profile_old 90 $OLD python3 experiments/profile_step.py --model $MODEL $PROF --hlo_launches 0 --out "$OUT/profile_old.json"
     python3 - "$OUT" <<'EOF'
@@ -413,7 +425,8 @@ try:
 except (OSError, IndexError):
     pass
 for label, name, rate in (("1 stream", "realfile_generate.json", "decode_tok_s"),
-                          ("--batch 4 x 8192 cells, aggregate", "realfile_batch.json", "tok_s")):
+                          ("--batch 4 x 8192 cells, aggregate", "realfile_batch.json", "tok_s"),
+                          ("--batch 2, an 8K prompt read beside a decoding slot", "realfile_longread.json", "tok_s")):
     g = load(name)
     if g:
         m = g.get("memory") or {}
@@ -422,6 +435,13 @@ for label, name, rate in (("1 stream", "realfile_generate.json", "decode_tok_s")
         print(f"strata-generate (real file, {label}): decode {g.get(rate) or 0:.1f} tok/s, load "
               f"{g.get('load_seconds') or 0:.1f} s, {mem}, {g.get('compiles')} compiles in "
               f"{g.get('compile_seconds') or 0:.1f} s")
+g = load("realfile_longread.json")
+if g:
+    solo = (load("realfile_generate.json") or {}).get("decode_tok_s")
+    beside = g.get("decode_beside_prefill_tok_s")
+    print(f"  decode beside the 8K read: {beside or 0:.1f} tok/s"
+          + (f" ({beside / solo:.2f} of the 1-stream rate {solo:.1f})" if beside and solo else "")
+          + f"; time to first token {json.dumps(g.get('ttft_s'))}")
 try:
     for ln in open(os.path.join(out, "realfile_anchor.log")):
         if re.search(r"\| +(tg|pp)\d+", ln):

@@ -4,6 +4,8 @@ the kernels on one format of each decoder family), row invariance (bitwise), poi
 precisions, grouped experts (windows and the sorted prefill GEMM), and the model's kernel-path program with planar
 weights (structure only: tracing)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -328,6 +330,49 @@ def test_kblock_accuracy(impl, qtype, rng):
 # 4.2e-4 .. 6.9e-4 on the same inputs). Empirical: a row dominated by one value can reach ~2^-10 (a review's probe,
 # one value 3e38: 6.1e-4)
 F16_BOUND = 3e-4
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_kblock_f16_prefill_tiles(impl, rng, monkeypatch):
+    """The f16 prefill tiles of `gemm.kblock_config` (2 row sub-tiles below `KBLOCK_WIDE_N` output rows, a third
+    pipelining stage from it) give a row the bits of `KBLOCK_PREFILL` itself, in chunks of 1, 200 and 300 rows (one
+    and two 256-row programs); the default (cfg None) takes them at f16 only."""
+    interpret = impl == "interpret"
+    k_in = 256
+    x = jnp.asarray(rng.standard_normal((300, k_in)).astype(np.float32))
+    for n_out in (40, gemm.KBLOCK_WIDE_N):
+        w, _ = _weight(rng, Q.Q4_K, n_out, k_in)
+        chosen = gemm.kblock_config(Q.Q4_K, n_out, k_in, f16=True)
+        plain = gemm.kblock_config(Q.Q4_K, n_out, k_in)
+        assert plain == dataclasses.replace(gemm.KBLOCK_PREFILL, KB=plain.KB)
+        assert (chosen.SUB, chosen.num_stages) == ((1, 3) if n_out >= gemm.KBLOCK_WIDE_N else (2, 2)), chosen
+        call = jax.jit(lambda x, w, cfg, prec="f16": gemm.gemm(x, w, Q.Q4_K, n_out, k_in, interpret=interpret,
+                                                               precision=prec, cfg=cfg, variant="kblock"),
+                       static_argnames=("cfg", "prec"))
+        for m in (1, 200, 300):
+            with dispatch.poison_outputs():
+                want = np.asarray(call(x[:m], w, plain))
+                got = np.asarray(call(x[:m], w, chosen))
+                dflt = np.asarray(call(x[:m], w, None))
+            assert_bits_equal(got, want, f"n_out={n_out} M={m}: {chosen} vs KBLOCK_PREFILL")
+            assert_bits_equal(dflt, want, f"n_out={n_out} M={m}: the default tiles")
+        assert gemm.kblock_config(Q.Q4_K, n_out, k_in, f16=False) == plain   # bf16x2 / bf16x3 as swept at bf16x2
+        seen = []
+        tile_gemm = gemm.tile_gemm
+        monkeypatch.setattr(gemm, "tile_gemm", lambda *a, cfg, **kw: seen.append(cfg) or tile_gemm(*a, cfg=cfg, **kw))
+        for prec in ("f16", "bf16x2"):
+            gemm.gemm(x[:8], w, Q.Q4_K, n_out, k_in, interpret=True, precision=prec, variant="kblock")
+        monkeypatch.undo()
+        assert seen == [chosen, plain], seen
+
+
+def test_moe_prefill_config():
+    """`gemm.moe_prefill_config`: row sub-tiles from the chunk's average (row, expert) pairs per expert, the rest
+    `MOE_PREFILL` (the bits do not depend on SUB: test_grouped_experts.py::test_prefill_row_sub_tiles)."""
+    for rows, k, e, sub in ((512, 10, 512, 1), (2048, 10, 512, 4), (1024, 10, 512, 2), (819, 10, 512, 1),
+                            (820, 10, 512, 2), (512, 8, 256, 2), (8, 2, 8, 1), (64, 2, 4, 4), (1, 10, 512, 1)):
+        cfg = gemm.moe_prefill_config(rows, k, e)
+        assert cfg == dataclasses.replace(gemm.MOE_PREFILL, SUB=sub), (rows, k, e, cfg)
 
 
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)

@@ -169,13 +169,16 @@ def moe_prefill(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool,
     GEMM per projection (`strata_jax.pallas.quant_matmul.gemm.tile_gemm`: each tile reads its expert's weights
     once), SwiGLU between, then each row's k results summed in slot order. Row-independent: a pair's result does
     not depend on the other pairs of its tile or chunk. ``variant``: `tile_gemm`'s kernel (None: the environment);
-    ``cfg``: its launch parameters (None: `gemm.MOE_PREFILL`; benchmarks try others)."""
+    ``cfg``: its launch parameters (None: `gemm.moe_prefill_config` for the chunk, `gemm.MOE_PREFILL` on the unit
+    kernel; benchmarks try others)."""
     from strata_jax.pallas.quant_matmul import gemm as G
 
     M, H = x.shape
     E, n_ff = gate.shape[:2]
     qg, qu, qd = qtypes
-    cfg = G.MOE_PREFILL if cfg is None else cfg
+    variant = G.gemm_variant() if variant is None else variant
+    if cfg is None:   # row sub-tiles are the K-block kernel's
+        cfg = G.moe_prefill_config(M, topk_ids.shape[1], E) if variant == "kblock" else G.MOE_PREFILL
     TM = cfg.tile_m
     tile_expert, tile_rows, pair_tile, pair_pos = expert_tiles(topk_ids, E, TM)
     T = tile_expert.shape[0]

@@ -27,7 +27,8 @@ Precision (`GEMM_PRECISIONS`): the prefill default is `F16` (`DEFAULT_PRECISION`
 each activation row, scaled by a power of two per row, rounded to float16 once, one float16 product per step,
 float32 accumulation (~1e-4 of ``|x| @ |W|``); `PRECISE_PRECISION` (bf16x2) for the GEMMs whose error a recurrence
 amplifies (`strata_jax.layers.linear.QLinear.precise`), for BF16 / F32 weights and for the unit kernel. The tiles
-(`KBLOCK_PREFILL`, `MOE_PREFILL`) were tuned at bf16x2 and not yet re-swept at f16.
+(`KBLOCK_PREFILL`, `MOE_PREFILL`) were tuned at bf16x2 and re-swept at f16 (2026-12-07e: `kblock_config`,
+`moe_prefill_config`).
 
 Row tiles: ``tile_rows`` [T, BM] lists which activation rows each tile reads (padding repeats a valid row; its
 output is ignored) and ``tile_expert`` [T] which stacked matrix (-1: an idle tile). A dense GEMM tiles the rows in
@@ -127,10 +128,29 @@ GEMV_TC = Config(BN=32, BM=16, target_programs=2112)   # the tensor-core GEMV: 1
 # grouped experts: a few rows per expert in a chunk. KB = 64 by measurement (H100, 2026-12-06, bench_kernels.py
 # --only moe_prefill, Flash-Next experts, 512 rows, bf16x2): 3.03 ms per MoE block against 3.48 at the KB = 128 of
 # KBLOCK_SMALL_BM, 3.27 with BN = 128, 3.74 with 32-row tiles (KB = 128); the unit kernel 5.13. One pipelining
-# stage (H100, 2026-12-07, the same bench): 2.50 ms against 2.96 at 2 stages, 2.93 at 3; 2 warps 2.86, 8 warps 5.15;
-# 2 / 4 row sub-tiles (SUB) 3.55 / 5.34 (~10 rows per expert at 512 rows: the second sub-tile is mostly padding).
-# Tuned at bf16x2; not yet re-swept at f16 (the grouped experts' default since 2026-12-07, third session).
-MOE_PREFILL = Config(BN=64, BM=16, KB=64, target_programs=1, num_stages=1)
+# stage (H100, 2026-12-07, the same bench): 2.50 ms against 2.96 at 2 stages, 2.93 at 3; 2 warps 2.86, 8 warps 5.15.
+# Re-swept at f16, the default precision since 2026-12-07c (H100, 2026-12-07e, bench_kernels.py --only f16_sweep):
+# KB = 128, one float16 product per step where bf16x2 had three, so the decode of a larger block pays: 512 rows
+# uniform 1,604 us against 1,866 at KB = 64 (0.86x), skewed routers 1,744 against 1,999 (0.87x), 2048 rows 4,053
+# against 4,477; KB = 256 1,581 / 1,761 / 4,116. Row sub-tiles (SUB) are picked per chunk by `moe_prefill_config`.
+# The bf16x2 / bf16x3 experts (not a default) keep this KB unmeasured at it.
+MOE_PREFILL = Config(BN=64, BM=16, KB=128, target_programs=1, num_stages=1)
+# expected (row, expert) pairs per expert from which SUB = 2 / 4 sub-tiles of BM rows share a decoded weight block
+# (2048 rows of Flash-Next, ~40 pairs per expert, KB = 128: SUB 4 2,670 us, SUB 2 3,450, SUB 1 4,053; 512 rows,
+# ~10 per expert: SUB 1 1,604, SUB 2 1,804 at skewed routers: a second sub-tile of mostly padding)
+MOE_SUB_PAIRS = ((32, 4), (16, 2))
+
+
+def moe_prefill_config(n_rows: int, k: int, n_experts: int) -> Config:
+    """`MOE_PREFILL` with row sub-tiles for a chunk of ``n_rows`` rows x top-``k`` of ``n_experts`` experts: SUB 4
+    from 32 (row, expert) pairs per expert on average, 2 from 16, else 1 (`MOE_SUB_PAIRS`). SUB may follow the
+    chunk's row count: each sub-tile runs a BM-row tile's instructions (`_kernel_kblock`), so a row's bits do not
+    depend on it (tests/pallas/test_grouped_experts.py::test_prefill_row_sub_tiles)."""
+    pairs = n_rows * k / max(n_experts, 1)
+    sub = next((s for at, s in MOE_SUB_PAIRS if pairs >= at), 1)
+    return dataclasses.replace(MOE_PREFILL, SUB=sub)
+
+
 # The K-block kernel's prefill tiles, picked by measurement (H100, 2026-12-05, experiments/bench_kernels.py --only
 # prefill, `KBLOCK_SWEEP` there; experiments/RESULTS.md): BN = 64 weight rows x BM = 128 activation rows, KB = 64,
 # 4 warps, 2 stages: at 512 rows and bf16x2, Q4_K 8960 x 1536 76.6 TFLOP/s (58.2 with BN = 128 over 8 warps, the
@@ -140,6 +160,12 @@ MOE_PREFILL = Config(BN=64, BM=16, KB=64, target_programs=1, num_stages=1)
 # sums cost ~4 bytes x N x M per split, small beside the products.
 KBLOCK_PREFILL = Config(BN=64, BM=128, KB=64, target_programs=48, num_warps=4, num_stages=2)
 KBLOCK_SMALL_BM = Config(BN=64, BM=16, KB=128, target_programs=1, num_warps=4, num_stages=2)  # BM <= 32 callers
+# At f16 (H100, 2026-12-07e, bench_kernels.py --only f16_sweep, 512 rows; us, against KBLOCK_PREFILL as is): weights
+# of many output tiles gain from a third pipelining stage (Q4_K 8960 x 1536 130.9 against 152.8, 10240 x 2560 208.3
+# against 220.6), the others from 2 row sub-tiles of 128 rows sharing each decoded block (Q4_K 1536 x 8960 146.0
+# against 162.9, Q6_K 1536 x 8960 173.0 against 218.9, Q4_K 1536 x 1536 45.3 against 72.5). Neither changes a
+# row's bits (stages schedule the loads; a sub-tile runs a 128-row tile's instructions).
+KBLOCK_WIDE_N = 4096   # output rows from which a weight takes the third stage instead of the sub-tiles
 
 
 def gemm_variant() -> str:
@@ -152,14 +178,18 @@ def gemm_variant() -> str:
 
 
 def kblock_config(qtype, n_out: int, k_in: int, BM: int | None = None,
-                  target_programs: int | None = None) -> Config:
-    """The K-block kernel's launch parameters for a weight: `KBLOCK_PREFILL` for prefill tiles (``BM`` None), or
-    the caller's ``BM`` (row tiles of 16 for the tensor-core GEMV; `MOE_PREFILL` sets its own KB) with
-    `KBLOCK_SMALL_BM`'s BN / KB / warps / stages when BM <= 32; the caller's ``target_programs`` if given; ``KB``
-    halved until it divides K (`kblock_size`). A function of (format, n_out, K, BM, target_programs) only, never
-    of the row count."""
-    del qtype, n_out   # one choice for all weights until the sweep says otherwise
+                  target_programs: int | None = None, f16: bool = False) -> Config:
+    """The K-block kernel's launch parameters for a weight: `KBLOCK_PREFILL` for prefill tiles (``BM`` None; with
+    ``f16``, the `F16` precision, a third pipelining stage from `KBLOCK_WIDE_N` output rows, else 2 row sub-tiles
+    of BM rows: a row's bits as with `KBLOCK_PREFILL` itself), or the caller's ``BM`` (row tiles of 16 for the
+    tensor-core GEMV; `MOE_PREFILL` sets its own KB) with `KBLOCK_SMALL_BM`'s BN / KB / warps / stages when BM <=
+    32; the caller's ``target_programs`` if given; ``KB`` halved until it divides K (`kblock_size`). A function of
+    (n_out, K, BM, target_programs, f16) only, never of the row count."""
+    del qtype
     base = KBLOCK_PREFILL if BM is None or BM > 32 else KBLOCK_SMALL_BM
+    if BM is None and f16:   # prefill tiles at `F16`: `KBLOCK_WIDE_N` (the other precisions as swept at bf16x2)
+        base = (dataclasses.replace(base, num_stages=3) if n_out >= KBLOCK_WIDE_N
+                else dataclasses.replace(base, SUB=2))
     cfg = dataclasses.replace(base, BM=base.BM if BM is None else BM,
                               target_programs=base.target_programs if target_programs is None else target_programs)
     return dataclasses.replace(cfg, KB=kblock_size(k_in, cfg.KB))
@@ -446,7 +476,8 @@ def gemm(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, precision: str 
     `PREFILL` for ``unit``); ``variant`` as in `tile_gemm`. Not jitted."""
     variant = gemm_variant() if variant is None else variant
     if cfg is None:
-        cfg = kblock_config(qtype, n_out, k_in) if variant == "kblock" else PREFILL
+        cfg = (kblock_config(qtype, n_out, k_in, f16=precision == F16 and qtype not in (Q.BF16, Q.F32))
+               if variant == "kblock" else PREFILL)
     M = x.shape[0]
     TM = cfg.tile_m
     T = -(-M // TM)
