@@ -686,11 +686,11 @@ def bench_moe_variants(b: Bench, small: bool, rng):
 
 def bench_moe_prefill(b: Bench, small: bool, rng):
     """MoE prefill (`grouped_experts.kernel.moe_prefill`) at the Flash-Next experts (Q2_K gate/up, Q4_0 down, 512
-    experts, top-10) for a 512-row chunk: both kernels of STRATA_QMATMUL_GEMM at bf16 / bf16x2 / bf16x3 on the
-    default tiles (`gemm.MOE_PREFILL`, BM = 16 rows per tile), then K-block launch configs, 32-row tiles and row
-    sub-tiles (`gemm.Config.SUB`) at bf16x2. Router ids uniform over the experts (about 10 rows per expert) and
-    skewed (a per-expert bias, as real routers: a few experts take many rows); then a 2048-row chunk (uniform, ~40
-    rows per expert). Bytes: every expert's planar words once (each expert is chosen)."""
+    experts, top-10) for a 512-row chunk: both kernels of STRATA_QMATMUL_GEMM at bf16 / bf16x2 / bf16x3 / f16 on
+    `gemm.MOE_PREFILL`'s tiles (BM = 16 rows per tile, no sub-tiles), then K-block launch configs, 32-row tiles and
+    row sub-tiles (`gemm.Config.SUB`) at `gemm.DEFAULT_PRECISION`. Router ids uniform over the experts (about 10
+    rows per expert) and skewed (a per-expert bias, as real routers: a few experts take many rows); then a 2048-row
+    chunk (uniform, ~40 rows per expert). Bytes: every expert's planar words once (each expert is chosen)."""
     import dataclasses
     from strata_jax.pallas.grouped_experts import kernel as GK
     from strata_jax.pallas.quant_matmul import gemm as G
@@ -706,7 +706,7 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
     fns = {f"{v}_{p}": fn(v, p) for v in ("kblock", "unit") for p in ("bf16x2", "bf16x3", "bf16")}
     fns["kblock_f16"] = fn("kblock", "f16")
     sweep = {"kb_BN128_KB64": dataclasses.replace(base, BN=128, KB=64),
-             "kb_KB128": dataclasses.replace(base, KB=128),   # the default before 2026-12-06
+             "kb_KB64": dataclasses.replace(base, KB=64),   # the default from 2026-12-06 to 2026-12-07e
              "kb_BN64_KB256": dataclasses.replace(base, BN=64, KB=256),
              "kb_BN128_KB128_w8": dataclasses.replace(base, BN=128, KB=128, num_warps=8),
              "kb_BN32_KB128": dataclasses.replace(base, BN=32, KB=128),
@@ -717,7 +717,7 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
              "kb_BN32": dataclasses.replace(base, BN=32), "kb_KB32": dataclasses.replace(base, KB=32),
              # row sub-tiles: 2 / 4 tiles of 16 rows per program share each decoded weight block (same bits)
              "kb_SUB2": dataclasses.replace(base, SUB=2), "kb_SUB4": dataclasses.replace(base, SUB=4)}
-    # the launch configs at the experts' default precision (f16 since 2026-12-07c; MOE_PREFILL was tuned at bf16x2)
+    # the launch configs at the experts' default precision (f16 since 2026-12-07c; MOE_PREFILL re-swept at it 2026-12-07e)
     if small:   # the sub-tiles only (the CPU smoke run exercises them)
         fns.update({name: fn("kblock", G.DEFAULT_PRECISION, sweep[name]) for name in ("kb_SUB2", "kb_SUB4")})
     else:
