@@ -600,8 +600,8 @@ KBLOCK_SWEEP_F16 = [(64, 128, 64, 4, 2, 48, 1), (64, 128, 128, 4, 2, 48, 1), (64
                     (128, 64, 64, 4, 2, 48, 1), (64, 256, 64, 8, 2, 48, 1), (32, 128, 64, 4, 2, 48, 1),
                     (64, 128, 32, 4, 3, 48, 1), (128, 128, 64, 8, 3, 48, 1)]
 # MoE prefill tiles at f16, around MOE_PREFILL (BN 64, BM 16, KB 64, 4 warps, 1 stage): (BN, BM, KB, warps, stages,
-# SUB); 2026-12-07d's moe_prefill run had KB 128 / 256 at 0.86 / 0.85x the default's time at 512 rows, SUB 2 / 4 at
-# 0.80 / 0.72x at 2048 rows (1.11 / 1.56x at 512 uniform)
+# SUB); the moe_prefill run of 2026-12-07e (call 4) had KB 128 / 256 at 0.86 / 0.85x MOE_PREFILL's time at 512
+# rows, SUB 2 / 4 at 0.80 / 0.72x at 2048 rows (1.11 / 1.56x at 512 uniform)
 MOE_SWEEP_F16 = [(64, 16, 64, 4, 1, 1), (64, 16, 128, 4, 1, 1), (64, 16, 256, 4, 1, 1), (64, 16, 128, 4, 1, 2),
                  (64, 16, 256, 4, 1, 2), (64, 16, 128, 4, 1, 4), (64, 16, 256, 4, 1, 4), (32, 16, 256, 4, 1, 1),
                  (64, 16, 256, 8, 1, 1), (64, 16, 256, 4, 2, 1), (128, 16, 128, 8, 1, 1), (64, 16, 512, 4, 1, 1),
@@ -610,9 +610,10 @@ MOE_SWEEP_F16 = [(64, 16, 64, 4, 1, 1), (64, 16, 128, 4, 1, 1), (64, 16, 256, 4,
 
 def bench_f16_sweep(b: Bench, small: bool, rng):
     """Launch configs of the K-block kernel at the f16 prefill default: the dense prefill GEMM (`KBLOCK_SWEEP_F16`)
-    on every `PREFILL_SHAPES` weight at 512 rows and the gate/up shape at 2048; the grouped-expert GEMM of MoE
-    prefill (`MOE_SWEEP_F16`) at the Flash-Next experts, 512 rows uniform / skewed and 2048 uniform. TFLOP/s; the
-    first config of each list is the default."""
+    on every `PREFILL_SHAPES` weight at 512 rows and the gate/up / down shapes at 2048; the grouped-expert GEMM of
+    MoE prefill (`MOE_SWEEP_F16`) at the Flash-Next experts, 512 rows uniform / skewed and 2048 uniform. TFLOP/s;
+    the first config of each list is the tiles as tuned at bf16x2 (`KBLOCK_PREFILL`, `MOE_PREFILL`); ``--small``
+    runs the first three of each (sub-tiles are in ``moe_prefill --small``)."""
     import dataclasses
     from strata_jax.pallas.grouped_experts import kernel as GK
     from strata_jax.pallas.quant_matmul import gemm as G
@@ -705,8 +706,9 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
                                                             variant=variant, cfg=cfg))
     fns = {f"{v}_{p}": fn(v, p) for v in ("kblock", "unit") for p in ("bf16x2", "bf16x3", "bf16")}
     fns["kblock_f16"] = fn("kblock", "f16")
+    fns["kblock_f16_default"] = fn("kblock", "f16", None)   # the engine's tiles: gemm.moe_prefill_config
     sweep = {"kb_BN128_KB64": dataclasses.replace(base, BN=128, KB=64),
-             "kb_KB64": dataclasses.replace(base, KB=64),   # the default from 2026-12-06 to 2026-12-07e
+             "kb_KB128": dataclasses.replace(base, KB=128),   # f16's KB since 2026-12-07e (gemm.MOE_F16_KB)
              "kb_BN64_KB256": dataclasses.replace(base, BN=64, KB=256),
              "kb_BN128_KB128_w8": dataclasses.replace(base, BN=128, KB=128, num_warps=8),
              "kb_BN32_KB128": dataclasses.replace(base, BN=32, KB=128),
@@ -717,7 +719,7 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
              "kb_BN32": dataclasses.replace(base, BN=32), "kb_KB32": dataclasses.replace(base, KB=32),
              # row sub-tiles: 2 / 4 tiles of 16 rows per program share each decoded weight block (same bits)
              "kb_SUB2": dataclasses.replace(base, SUB=2), "kb_SUB4": dataclasses.replace(base, SUB=4)}
-    # the launch configs at the experts' default precision (f16 since 2026-12-07c; MOE_PREFILL re-swept at it 2026-12-07e)
+    # the launch configs at the experts' default precision (f16 since 2026-12-07c; re-swept at it on 2026-12-07e)
     if small:   # the sub-tiles only (the CPU smoke run exercises them)
         fns.update({name: fn("kblock", G.DEFAULT_PRECISION, sweep[name]) for name in ("kb_SUB2", "kb_SUB4")})
     else:
@@ -725,8 +727,8 @@ def bench_moe_prefill(b: Bench, small: bool, rng):
         fns["unit_bf16x2_BM32"] = fn("unit", "bf16x2", dataclasses.replace(base, BM=32))
     nbytes = sum(_nbytes(w) for w in ws)
     bias = rng.standard_normal(E) * 1.5
-    later = (["kblock_bf16x2", "kblock_bf16x3", "kblock_bf16", "kblock_f16"] if small
-             else ["kblock_bf16x2", "kblock_bf16", "kblock_f16", "kb_SUB2", "kb_SUB4"])
+    later = (["kblock_bf16x2", "kblock_bf16x3", "kblock_bf16", "kblock_f16", "kblock_f16_default"] if small
+             else ["kblock_bf16x2", "kblock_bf16", "kblock_f16", "kblock_f16_default", "kb_SUB2", "kb_SUB4"])
     cases = [("uniform", M), ("skewed", M)] + ([] if small else [("uniform", 4 * M)])
     for dist, M in cases:   # 4M: a 2048-row chunk, ~40 rows per expert (each decoded weight used 4x as often)
         x = jnp.asarray(rng.standard_normal((M, H)), jnp.float32)

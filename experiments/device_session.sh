@@ -47,7 +47,7 @@
 # realfile_anchor (llama-bench on the same file, REPS=2; the llama.cpp build starts at the top of the call); each
 # under REALFILE_S; only when named in PARTS. ANCHOR_WAIT_EARLY=0 lets the parts after pallas run beside the llama.cpp
 # build (its 16 compile jobs made the first calls' compiles 2.6x slower on 2026-12-03: keep timed parts after it). Pick parts with PARTS="random_gguf probe
-# ..." (time limits: DECODE_S, GENERATE_S, PREFILL_S, PROBE_S, REPEAT_S, SAMPLER_S; BUDGET for the whole call). The device tool returns only a few files:
+# ..." (time limits: DECODE_S, GENERATE_S, PREFILL_S, PROBE_S, REPEAT_S, SAMPLER_S, ANCHOR_S; BUDGET for the whole call). The device tool returns only a few files:
 # the parts' logs and JSON come back in $OUT/parts.tgz beside $OUT/session.log.
 set -uo pipefail
 MODE=${1:-}
@@ -257,18 +257,19 @@ for r in range(4): print(json.dumps({'prompt_ids': [1 + (37 * i + 11 * r) % 500 
       fi
       part realfile_batch ${REALFILE_S:-300} $NEW python3 -m strata_jax.cli.generate --model $REAL --batch 4 \
         --prompts_file "$OUT/realfile_prompts.jsonl" --max_context 8192 --stats_json "$OUT/realfile_batch.json"
-      # issue 14's second goal: a slot decoding (64-token prompt, 6,000 tokens) while an 8,192-token prompt arrives
-      # at 30 s and is read beside it in --batch 2 (the summary's "decode beside prompt reads" against the solo rate
-      # of realfile_generate; the prompt's time to first token)
+      # issue 14's second goal: a slot decoding (64-token prompt, LONGREAD_NEW tokens, default 2,500: ~18 s at 136
+      # tok/s) while an 8,192-token prompt arrives (LONGREAD_AT s after the scheduler starts, default 5; a compile
+      # before it only delays the admission) and is read beside it in --batch 2 (the summary's "decode beside prompt
+      # reads", steps that compiled left out, against the solo rate of realfile_generate; the prompt's TTFT)
       if want realfile_longread; then
         python3 -c "import json
-print(json.dumps({'prompt_ids': [1 + 37 * i % 500 for i in range(64)], 'max_new_tokens': 6000}))
-print(json.dumps({'prompt_ids': [1 + (53 * i + 7) % 9000 for i in range(8192)], 'max_new_tokens': 16, 'arrival': 30}))" \
+print(json.dumps({'prompt_ids': [1 + 37 * i % 500 for i in range(64)], 'max_new_tokens': ${LONGREAD_NEW:-2500}}))
+print(json.dumps({'prompt_ids': [1 + (53 * i + 7) % 9000 for i in range(8192)], 'max_new_tokens': 16, 'arrival': ${LONGREAD_AT:-5}}))" \
           > "$OUT/realfile_longread.jsonl"
       fi
       part realfile_longread ${REALFILE_S:-300} $NEW python3 -m strata_jax.cli.generate --model $REAL --batch 2 \
         --prompts_file "$OUT/realfile_longread.jsonl" --max_context 8448 --stats_json "$OUT/realfile_longread.json"
-      # prompt reading on the same file (issue 14's Flash-Next ratio): 512 / 2048 tokens in chunks of 512
+      # prompt reading on the same file (issue 14's Flash-Next ratio): REAL_PROMPTS in chunks of REAL_CHUNKS
       part realfile_prefill ${REALFILE_S:-300} $NEW python3 experiments/bench_prefill.py --model $REAL \
         --prompts ${REAL_PROMPTS:-512,2048} --chunks ${REAL_CHUNKS:-512} --repeats 2 --budget_s $(( ${REALFILE_S:-300} - 20 )) \
         --out "$OUT/realfile_prefill.json"

@@ -247,6 +247,31 @@ def test_prefill_row_sub_tiles(impl, rng):
         dataclasses.replace(G.MOE_PREFILL, SUB=0)
 
 
+def test_prefill_default_tiles(rng, monkeypatch):
+    """`moe_prefill` with cfg None takes `gemm.moe_prefill_config` for its chunk on the K-block kernel (KB
+    `MOE_F16_KB` at f16, `MOE_PREFILL`'s at bf16x2; sub-tiles from the pairs per expert) and `MOE_PREFILL` on the
+    unit kernel, for all three projections (traced only)."""
+    from strata_jax.pallas.grouped_experts.kernel import moe_prefill
+    from strata_jax.pallas.quant_matmul import gemm as G
+
+    _, (gate, up, down) = _qwen38_planar(rng, 256, 64)
+    seen = []
+    tile_gemm = G.tile_gemm
+    monkeypatch.setattr(G, "tile_gemm", lambda *a, cfg, **kw: seen.append(cfg) or tile_gemm(*a, cfg=cfg, **kw))
+    for M, prec, variant in ((3, "f16", "kblock"), (96, "f16", "kblock"), (96, "bf16x2", "kblock"),
+                             (96, "f16", "unit")):
+        x = jnp.asarray(rng.standard_normal((M, 256)).astype(np.float32))
+        ids = jnp.asarray(np.stack([rng.choice(E, K, replace=False) for _ in range(M)]).astype(np.int32))
+        w = jnp.asarray(rng.uniform(0.1, 1, (M, K)).astype(np.float32))
+        seen.clear()
+        jax.eval_shape(lambda x, i, w: moe_prefill(x, i, w, gate, up, down, QWEN38, interpret=True, precision=prec,
+                                                   variant=variant), x, ids, w)
+        want = (G.moe_prefill_config(M, K, E, f16=prec == "f16") if variant == "kblock" else G.MOE_PREFILL)
+        assert seen == [want] * 3, (M, prec, variant, seen)
+        assert variant == "unit" or (want.SUB, want.KB) == ((1, 128) if M == 3 else
+                                                            (4, 128) if prec == "f16" else (4, 64)), want
+
+
 def test_errors(rng):
     x, ids, w, gate, up, down = make(rng, 2)
     with pytest.raises(UnsupportedError):

@@ -335,17 +335,21 @@ F16_BOUND = 3e-4
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_kblock_f16_prefill_tiles(impl, rng, monkeypatch):
     """The f16 prefill tiles of `gemm.kblock_config` (2 row sub-tiles below `KBLOCK_WIDE_N` output rows, a third
-    pipelining stage from it) give a row the bits of `KBLOCK_PREFILL` itself, in chunks of 1, 200 and 300 rows (one
-    and two 256-row programs); the default (cfg None) takes them at f16 only."""
+    pipelining stage from it) give a row the bits of `KBLOCK_PREFILL` itself, in chunks of 1, 200 and 300 rows
+    (3,072 output rows: one and two programs of 2 x 128 rows; 4,096: one to three 128-row programs), over a K loop
+    of 4 steps per program (48 / 64 weight tiles: no K split). The default tiles (cfg None) take them at f16 on
+    block formats only (BF16 weights fall back to bf16x2: plain tiles), with one sub-tile for calls of <= 128 rows."""
     interpret = impl == "interpret"
     k_in = 256
     x = jnp.asarray(rng.standard_normal((300, k_in)).astype(np.float32))
-    for n_out in (40, gemm.KBLOCK_WIDE_N):
+    for n_out in (3072, gemm.KBLOCK_WIDE_N):
         w, _ = _weight(rng, Q.Q4_K, n_out, k_in)
         chosen = gemm.kblock_config(Q.Q4_K, n_out, k_in, f16=True)
         plain = gemm.kblock_config(Q.Q4_K, n_out, k_in)
         assert plain == dataclasses.replace(gemm.KBLOCK_PREFILL, KB=plain.KB)
         assert (chosen.SUB, chosen.num_stages) == ((1, 3) if n_out >= gemm.KBLOCK_WIDE_N else (2, 2)), chosen
+        tiles = gemm.split_k(k_in // chosen.KB, -(-n_out // chosen.BN), 1, chosen.target_programs)
+        assert tiles["split"] == 1 and tiles["cps"] == 4, tiles   # the accumulators carried over 4 steps
         call = jax.jit(lambda x, w, cfg, prec="f16": gemm.gemm(x, w, Q.Q4_K, n_out, k_in, interpret=interpret,
                                                                precision=prec, cfg=cfg, variant="kblock"),
                        static_argnames=("cfg", "prec"))
@@ -357,22 +361,32 @@ def test_kblock_f16_prefill_tiles(impl, rng, monkeypatch):
             assert_bits_equal(got, want, f"n_out={n_out} M={m}: {chosen} vs KBLOCK_PREFILL")
             assert_bits_equal(dflt, want, f"n_out={n_out} M={m}: the default tiles")
         assert gemm.kblock_config(Q.Q4_K, n_out, k_in, f16=False) == plain   # bf16x2 / bf16x3 as swept at bf16x2
-        seen = []
-        tile_gemm = gemm.tile_gemm
-        monkeypatch.setattr(gemm, "tile_gemm", lambda *a, cfg, **kw: seen.append(cfg) or tile_gemm(*a, cfg=cfg, **kw))
-        for prec in ("f16", "bf16x2"):
-            gemm.gemm(x[:8], w, Q.Q4_K, n_out, k_in, interpret=True, precision=prec, variant="kblock")
-        monkeypatch.undo()
-        assert seen == [chosen, plain], seen
+    n_out = 40   # which config the default takes (traced only)
+    wq, _ = _weight(rng, Q.Q4_K, n_out, k_in)
+    wb, _ = _weight(rng, Q.BF16, n_out, k_in)
+    seen = []
+    tile_gemm = gemm.tile_gemm
+    monkeypatch.setattr(gemm, "tile_gemm", lambda *a, cfg, **kw: seen.append(cfg) or tile_gemm(*a, cfg=cfg, **kw))
+    for w, qt, m, prec in ((wq, Q.Q4_K, 200, "f16"), (wq, Q.Q4_K, 200, "bf16x2"), (wq, Q.Q4_K, 128, "f16"),
+                           (wb, Q.BF16, 200, "f16")):
+        jax.eval_shape(lambda x, w: gemm.gemm(x, w, qt, n_out, k_in, interpret=True, precision=prec,
+                                              variant="kblock"), x[:m], w)
+    monkeypatch.undo()
+    chosen = gemm.kblock_config(Q.Q4_K, n_out, k_in, f16=True)
+    plain = gemm.kblock_config(Q.Q4_K, n_out, k_in)
+    assert seen == [chosen, plain, dataclasses.replace(chosen, SUB=1), plain], seen
 
 
 def test_moe_prefill_config():
-    """`gemm.moe_prefill_config`: row sub-tiles from the chunk's average (row, expert) pairs per expert, the rest
-    `MOE_PREFILL` (the bits do not depend on SUB: test_grouped_experts.py::test_prefill_row_sub_tiles)."""
+    """`gemm.moe_prefill_config`: row sub-tiles from the chunk's average (row, expert) pairs per expert, KB =
+    `MOE_F16_KB` at f16, the rest `MOE_PREFILL` (the bits do not depend on SUB:
+    test_grouped_experts.py::test_prefill_row_sub_tiles)."""
     for rows, k, e, sub in ((512, 10, 512, 1), (2048, 10, 512, 4), (1024, 10, 512, 2), (819, 10, 512, 1),
                             (820, 10, 512, 2), (512, 8, 256, 2), (8, 2, 8, 1), (64, 2, 4, 4), (1, 10, 512, 1)):
         cfg = gemm.moe_prefill_config(rows, k, e)
         assert cfg == dataclasses.replace(gemm.MOE_PREFILL, SUB=sub), (rows, k, e, cfg)
+        cfg = gemm.moe_prefill_config(rows, k, e, f16=True)
+        assert cfg == dataclasses.replace(gemm.MOE_PREFILL, SUB=sub, KB=gemm.MOE_F16_KB), (rows, k, e, cfg)
 
 
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)

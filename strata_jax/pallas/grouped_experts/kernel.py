@@ -178,7 +178,8 @@ def moe_prefill(x, topk_ids, topk_w, gate, up, down, qtypes, *, interpret: bool,
     qg, qu, qd = qtypes
     variant = G.gemm_variant() if variant is None else variant
     if cfg is None:   # row sub-tiles are the K-block kernel's
-        cfg = G.moe_prefill_config(M, topk_ids.shape[1], E) if variant == "kblock" else G.MOE_PREFILL
+        cfg = (G.moe_prefill_config(M, topk_ids.shape[1], E, f16=precision == G.F16) if variant == "kblock"
+               else G.MOE_PREFILL)
     TM = cfg.tile_m
     tile_expert, tile_rows, pair_tile, pair_pos = expert_tiles(topk_ids, E, TM)
     T = tile_expert.shape[0]

@@ -38,9 +38,11 @@ Row invariance: a row's result depends only on its own activations, the weight a
 products of a tile are per element (the tensor-core MMA computes every output element with the same reduction over
 the step's K values, whatever the element's position in the tile), the unit kernel's epilogue is elementwise, the
 activation pieces are elementwise, the K loop, its block size and its splits depend only on (format, n_out, K) and
-the launch config, itself a function of the weight and the call site (`kblock_config`), never of the row count.
-So a row's bits are the same whatever the chunk's row count, the row's position, or the other rows (not the
-GEMV's bits, nor the other kernel's: different summation orders).
+the launch config's BN / KB / target_programs / precision, functions of the weight and the call site
+(`kblock_config`, `moe_prefill_config`), never of the row count. The row sub-tiles (``SUB``) and pipelining stages
+may follow the row count (`gemm`, `moe_prefill_config`): a sub-tile runs a BM-row tile's instructions and stages
+only schedule loads, so neither changes a row's bits. So a row's bits are the same whatever the chunk's row count,
+the row's position, or the other rows (not the GEMV's bits, nor the other kernel's: different summation orders).
 """
 
 from __future__ import annotations
@@ -98,7 +100,8 @@ def gemv_precision(precision: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Launch parameters (a function of the weight and the kernel's use, never of the row count).
+    """Launch parameters: BN, BM, KB and target_programs a function of the weight and the kernel's use, never of the
+    row count; SUB and num_stages, which leave a row's bits as they are, may follow it (module docstring).
 
     Raises:
       UnsupportedError: SUB < 1."""
@@ -130,25 +133,28 @@ GEMV_TC = Config(BN=32, BM=16, target_programs=2112)   # the tensor-core GEMV: 1
 # KBLOCK_SMALL_BM, 3.27 with BN = 128, 3.74 with 32-row tiles (KB = 128); the unit kernel 5.13. One pipelining
 # stage (H100, 2026-12-07, the same bench): 2.50 ms against 2.96 at 2 stages, 2.93 at 3; 2 warps 2.86, 8 warps 5.15.
 # Re-swept at f16, the default precision since 2026-12-07c (H100, 2026-12-07e, bench_kernels.py --only f16_sweep):
-# KB = 128, one float16 product per step where bf16x2 had three, so the decode of a larger block pays: 512 rows
-# uniform 1,604 us against 1,866 at KB = 64 (0.86x), skewed routers 1,744 against 1,999 (0.87x), 2048 rows 4,053
-# against 4,477; KB = 256 1,581 / 1,761 / 4,116. Row sub-tiles (SUB) are picked per chunk by `moe_prefill_config`.
-# The bf16x2 / bf16x3 experts (not a default) keep this KB unmeasured at it.
-MOE_PREFILL = Config(BN=64, BM=16, KB=128, target_programs=1, num_stages=1)
-# expected (row, expert) pairs per expert from which SUB = 2 / 4 sub-tiles of BM rows share a decoded weight block
-# (2048 rows of Flash-Next, ~40 pairs per expert, KB = 128: SUB 4 2,670 us, SUB 2 3,450, SUB 1 4,053; 512 rows,
-# ~10 per expert: SUB 1 1,604, SUB 2 1,804 at skewed routers: a second sub-tile of mostly padding)
+# KB = 128 (`MOE_F16_KB`), one float16 product per step where bf16x2 had three, so the decode of a larger block
+# pays: 512 rows uniform 1,604 us against 1,866 at KB = 64 (0.86x), skewed routers 1,744 against 1,999 (0.87x), 2048
+# rows 4,053 against 4,477; KB = 256 1,581 / 1,761 / 4,116; 32-row tiles at KB = 128 1,642 on the skewed router.
+# The other precisions keep KB = 64 (bf16x2 at KB = 128 took 3.48 ms against 3.03, 2026-12-06). Row sub-tiles (SUB)
+# are picked per chunk by `moe_prefill_config`.
+MOE_PREFILL = Config(BN=64, BM=16, KB=64, target_programs=1, num_stages=1)
+MOE_F16_KB = 128
+# expected (row, expert) pairs per expert from which SUB = 2 / 4 sub-tiles of BM rows share a decoded weight block.
+# Measured at ~40 pairs (2048 rows of Flash-Next, KB = 128: SUB 4 2,670 us, SUB 2 3,450, SUB 1 4,053) and ~10 (512
+# rows: uniform router SUB 1 1,604, SUB 2 1,930; skewed 1,744 / 1,804); the thresholds 16 / 32 lie between, unmeasured.
 MOE_SUB_PAIRS = ((32, 4), (16, 2))
 
 
-def moe_prefill_config(n_rows: int, k: int, n_experts: int) -> Config:
-    """`MOE_PREFILL` with row sub-tiles for a chunk of ``n_rows`` rows x top-``k`` of ``n_experts`` experts: SUB 4
-    from 32 (row, expert) pairs per expert on average, 2 from 16, else 1 (`MOE_SUB_PAIRS`). SUB may follow the
-    chunk's row count: each sub-tile runs a BM-row tile's instructions (`_kernel_kblock`), so a row's bits do not
-    depend on it (tests/pallas/test_grouped_experts.py::test_prefill_row_sub_tiles)."""
+def moe_prefill_config(n_rows: int, k: int, n_experts: int, f16: bool = False) -> Config:
+    """`MOE_PREFILL` (KB = `MOE_F16_KB` with ``f16``, the `F16` precision: a call-site constant) with row sub-tiles
+    for a chunk of ``n_rows`` rows x top-``k`` of ``n_experts`` experts: SUB 4 from 32 (row, expert) pairs per
+    expert on average, 2 from 16, else 1 (`MOE_SUB_PAIRS`). SUB may follow the chunk's row count: each sub-tile
+    runs a BM-row tile's instructions (`_kernel_kblock`), so a row's bits do not depend on it
+    (tests/pallas/test_grouped_experts.py::test_prefill_row_sub_tiles)."""
     pairs = n_rows * k / max(n_experts, 1)
     sub = next((s for at, s in MOE_SUB_PAIRS if pairs >= at), 1)
-    return dataclasses.replace(MOE_PREFILL, SUB=sub)
+    return dataclasses.replace(MOE_PREFILL, SUB=sub, KB=MOE_F16_KB if f16 else MOE_PREFILL.KB)
 
 
 # The K-block kernel's prefill tiles, picked by measurement (H100, 2026-12-05, experiments/bench_kernels.py --only
@@ -164,7 +170,9 @@ KBLOCK_SMALL_BM = Config(BN=64, BM=16, KB=128, target_programs=1, num_warps=4, n
 # of many output tiles gain from a third pipelining stage (Q4_K 8960 x 1536 130.9 against 152.8, 10240 x 2560 208.3
 # against 220.6), the others from 2 row sub-tiles of 128 rows sharing each decoded block (Q4_K 1536 x 8960 146.0
 # against 162.9, Q6_K 1536 x 8960 173.0 against 218.9, Q4_K 1536 x 1536 45.3 against 72.5). Neither changes a
-# row's bits (stages schedule the loads; a sub-tile runs a 128-row tile's instructions).
+# row's bits (stages schedule the loads; a sub-tile runs a 128-row tile's instructions). At 2048 rows the two shapes
+# measured there preferred the other choice (8960 x 1536: SUB 2 379.1 against 430.9; 1536 x 8960: 3 stages 436.8
+# against 451.2): both being bit-neutral, a choice by row count is open (not yet swept: 512 is the default chunk).
 KBLOCK_WIDE_N = 4096   # output rows from which a weight takes the third stage instead of the sub-tiles
 
 
@@ -472,13 +480,15 @@ def tile_gemm(x, w_stacked, tile_expert, tile_rows, qtype, n_out: int, k_in: int
 def gemm(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, precision: str = DEFAULT_PRECISION,
          cfg: Config | None = None, variant: str | None = None):
     """x [M, K] times one weight [n_out, K]^T -> float32 [M, n_out], rows in tiles of ``cfg.tile_m`` (any M; the
-    tensor-core GEMV is ``cfg=GEMV_TC``). ``cfg`` None: the prefill tiles of the variant (`kblock_config`, or
-    `PREFILL` for ``unit``); ``variant`` as in `tile_gemm`. Not jitted."""
+    tensor-core GEMV is ``cfg=GEMV_TC``). ``cfg`` None: the prefill tiles of the variant (`kblock_config`, no row
+    sub-tiles for M <= BM; `PREFILL` for ``unit``); ``variant`` as in `tile_gemm`. Not jitted."""
     variant = gemm_variant() if variant is None else variant
+    M = x.shape[0]
     if cfg is None:
         cfg = (kblock_config(qtype, n_out, k_in, f16=precision == F16 and qtype not in (Q.BF16, Q.F32))
                if variant == "kblock" else PREFILL)
-    M = x.shape[0]
+        if cfg.SUB > 1 and M <= cfg.BM:   # one row tile: a second sub-tile would be padding (bit-neutral: SUB)
+            cfg = dataclasses.replace(cfg, SUB=1)
     TM = cfg.tile_m
     T = -(-M // TM)
     rows = jnp.minimum(jnp.arange(T * TM, dtype=jnp.int32), M - 1).reshape(T, TM)
