@@ -178,6 +178,28 @@ def test_one_file_for_two_outputs(tmp_path):
     assert not f.exists()
 
 
+def test_output_over_an_input_file(model_path, tmp_path):
+    """An output flag that names an input file (the prompts file, the prompt file, the model) is one error line
+    before anything runs, and the input is left as it was (a new user's --stats_json over --prompts_file had
+    replaced the requests with the stats, exit 0)."""
+    reqs = _jsonl(tmp_path, '{"prompt_ids": [1, 2, 3], "max_new_tokens": 2}')
+    before = open(reqs).read()
+    for out in ("--stats_json", "--out_jsonl"):
+        assert_clean_error(run_cli("--model", HYBRID_Q8, "--batch", "2", "--prompts_file", reqs, out,
+                                   str(tmp_path / "." / "reqs.jsonl")), out, "same file as --prompts_file",
+                           "overwrite an input")
+        assert open(reqs).read() == before
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("hello")
+    assert_clean_error(run_cli("--model", model_path("smollm2-135m"), "--prompt_file", str(prompt), "--stats_json",
+                               str(tmp_path / "p.txt")), "--stats_json", "same file as --prompt_file")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    assert_clean_error(run_cli("--model", str(model), "--prompt", "hi", "--stats_json", str(model)),
+                       "--stats_json", "same file as --model")
+    assert model.read_bytes() == b"GGUF" and prompt.read_text() == "hello"
+
+
 def test_output_probe_leaves_files_as_they_were(tmp_path):
     """The output paths are opened before the run (here the missing model is the error that follows): an existing
     file keeps its bytes, a new path leaves no file, a dangling symlink stays (its target is not created), and
@@ -305,6 +327,7 @@ def test_help_names_the_module():
     (['{"prompt": "a"}', '{"prompt": "a", "top_k": 5000}'], [":2:", "'top_k' 5000", "0..1024"]),
     (['{"prompt": "a", "temperature": NaN}'], [":1:", "'temperature'", "finite"]),
     (['{"prompt": "a", "arrival": -1}'], [":1:", "'arrival' -1", ">= 0"]),
+    (['{"prompt": "a", "arrival": 3000000}'], [":1:", "'arrival' 3000000", "<= 86400", "not milliseconds"]),
     (['{"prompt": "a", "seed": 4294967296}'], [":1:", "'seed'", "0..4294967295"]),
     (['{"prompt": "a", "max_new_tokens": 0}'], [":1:", "'max_new_tokens' 0"]),
     (['{"prompt": "a", "tmperature": 1}'], [":1:", "unknown key 'tmperature'"]),

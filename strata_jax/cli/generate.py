@@ -41,14 +41,15 @@ flags.DEFINE_string("dump_logits", None, "Write prompt_ids, prefill_logits [T,V]
 flags.DEFINE_string("stats_json", None, "Write the run's statistics to this JSON file (with --prompts_file: the "
                     "batch run's statistics and one entry per request).")
 flags.DEFINE_string("prompts_file", None, "JSONL requests for --batch, one object per line: prompt (or "
-                    "prompt_ids), chat, max_new_tokens, seed, temperature, top_k, top_p, min_p, arrival (seconds "
-                    "after the start before the request may begin), id (unique string or number; default: the "
-                    "line's index among the requests). Missing keys take the flags' values; each value follows the "
-                    "flag's rules; unknown keys are refused. Not combined with --prompt, --prompt_file, --prompt_ids, "
-                    "--dump_logits. Output: each request's text streamed as it is generated, one line of text at a "
-                    "time, labelled '[ID] text' (a line longer than 100 characters comes in pieces, each further "
-                    "piece labelled '[ID]+'; lines of different requests interleave, never their characters); "
-                    "--out_jsonl has the exact texts.")
+                    "prompt_ids: a list of token ids), chat, max_new_tokens, seed, temperature, top_k, top_p, "
+                    "min_p, arrival (seconds after the scheduler starts, once the model is loaded, before the "
+                    "request may begin; <= 86400), id (unique string or number; default: the line's index among the "
+                    "requests). Missing keys take the flags' values; each value follows the flag's rules; unknown "
+                    "keys are refused. Not combined with --prompt, --prompt_file, --prompt_ids, --dump_logits. "
+                    "Output: each request's text streamed as it is generated, one line of text at a time, labelled "
+                    "'[ID] text' (a line longer than 100 characters comes in pieces, each further piece labelled "
+                    "'[ID]+'; lines of different requests interleave, never their characters); --out_jsonl has the "
+                    "exact texts.")
 flags.DEFINE_string("out_jsonl", None, "With --prompts_file: write one JSON object per request (tokens, text, "
                     "timings). Refused without --prompts_file (for one prompt use --stats_json).")
 
@@ -124,11 +125,15 @@ def _check_flags(argv) -> dict:
                 fail(f"--{name}: not valid Unicode text (invalid UTF-8 bytes in the argument)")
     if FLAGS.system is not None and not FLAGS.chat and not FLAGS.prompts_file:
         fail("--system needs --chat")  # with --prompts_file it applies to the lines with "chat": true too
+    inputs = {os.path.realpath(p): n for n in ("model", "draft_model", "prompt_file", "prompts_file")
+              if (p := getattr(FLAGS, n, None)) and os.path.exists(p)}   # a registry name is no file here
     seen: dict[str, str] = {}
     for name in ("dump_logits", "stats_json", "out_jsonl"):
         path = getattr(FLAGS, name, None)
         if path:
             key = os.path.realpath(_output_path(name, path))
+            if key in inputs:
+                fail(f"--{name} {path}: the same file as --{inputs[key]} (the output would overwrite an input)")
             if key in seen:
                 fail(f"--{name} {path}: the same file as --{seen[key]} (one would overwrite the other)")
             seen[key] = name
@@ -386,6 +391,34 @@ def _run_facts() -> dict:
     return {"backend": jax.default_backend(), "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
+RATE_MIN_S = 0.05   # the batch summary gives no tok/s for less measured time than this
+
+
+def beside_summary(beside: float | None, st: dict) -> str:
+    """The stats line's part on prompts read beside decoding slots (`BatchScheduler.decode_beside_prefill`: tok/s
+    of the decoding slots over those steps, ``beside``; its counts in the scheduler's stats ``st``), "" when no
+    prompt was read beside a decoding slot; steps that compiled are left out and said so."""
+    n_left = st.get("beside_prefill_compiled_steps", 0)
+    if beside is not None:
+        n = st["beside_prefill_steps"]
+        left_out = f", leaving out {n_left} that compiled" if n_left else ""
+        return (f"; decode beside prompt reads {beside:.1f} tok/s ({st['beside_prefill_tokens']} tok over {n} "
+                f"step{'' if n == 1 else 's'}{left_out})")
+    if n_left:   # prompts were read beside decoding slots, but only in steps that compiled
+        return (f"; decode beside prompt reads n/a (the {n_left} step{'' if n_left == 1 else 's'} reading a prompt "
+                f"beside decoding slots compiled)")
+    return ""
+
+
+def _note_wait(sch, announced: set) -> None:
+    """While no request is active: one stderr line per request the scheduler waits >= 1 s for (its ``arrival``)."""
+    nxt = sch.next_arrival()
+    if nxt is None or nxt[1] < 1.0 or nxt[0] in announced:
+        return
+    announced.add(nxt[0])
+    shared.CONSOLE.note(f"waiting {nxt[1]:.1f} s for request {nxt[0]!r} (its arrival)")
+
+
 def run_batch(engine, lines, tok=None) -> int:
     """The ``--prompts_file`` branch: the requests (``lines`` from `read_prompts_file`; ``tok``: the tokenizer
     `shared.header_tokenizer` built when a request or --stop needs it, else None) tokenized and checked against
@@ -455,6 +488,7 @@ def run_batch(engine, lines, tok=None) -> int:
     for r in reqs:
         sch.submit(r)
     compiled_steps, compiled_s, compiled_tok, idle_s = 0, 0.0, 0, 0.0
+    announced: set = set()
     t0 = time.perf_counter()
     while sch.busy:
         c0, k0, ts = n_compiles(), n_tokens(), time.perf_counter()
@@ -466,16 +500,20 @@ def run_batch(engine, lines, tok=None) -> int:
             compiled_tok += n_tokens() - k0
         elif was_idle and n_tokens() == k0 and not sch.active and not sch.in_flight:  # waiting for an arrival
             idle_s += time.perf_counter() - ts
+            _note_wait(sch, announced)
     dt = time.perf_counter() - t0
     results = [sch.results[rid] for rid in sch.order]
     n = sum(len(r.tokens) for r in results)
     prop, acc = sum(r.proposed for r in results), sum(r.accepted for r in results)
     n_run, t_run = n - compiled_tok, dt - compiled_s - idle_s
-    if n_run > 0 and t_run > 0:
+    if n_run > 0 and t_run >= RATE_MIN_S:
         rate = f"{n_run / t_run:.1f} tok/s"
         if compiled_steps:
             rate += (f", leaving out the {compiled_steps} scheduler step{'' if compiled_steps == 1 else 's'} that "
                      f"compiled ({compiled_tok} tok, {compiled_s:.1f} s)")
+    elif n_run > 0:   # e.g. 2 tokens in 0.6 ms beside a compiling step: a figure, not a rate
+        rate = (f"rate n/a: {n_run} tok outside the {compiled_steps} scheduler step{'' if compiled_steps == 1 else 's'}"
+                f" that compiled, in {t_run * 1e3:.1f} ms (too short to time)")
     else:
         rate = f"rate n/a: every scheduler step compiled ({compiled_steps}, {compiled_s:.1f} s)"
     if idle_s >= 0.05:
@@ -494,9 +532,7 @@ def run_batch(engine, lines, tok=None) -> int:
     ttft = (f"time to first token median {statistics.median(ttfts):.2f} s, max {ttfts[-1]:.2f} s" if ttfts else
             "no first token")
     beside = sch.decode_beside_prefill()
-    if beside is not None:  # what reading a prompt cost the slots decoding beside it
-        ttft += (f"; decode beside prompt reads {beside:.1f} tok/s ({st['beside_prefill_tokens']} tok over "
-                 f"{st['beside_prefill_steps']} step{'' if st['beside_prefill_steps'] == 1 else 's'})")
+    ttft += beside_summary(beside, st)
     mem = memory_in_use(engine)
     shared.CONSOLE.note(f"[batch: {n_slots} slot{'' if n_slots == 1 else 's'}, {res.mode} | {len(results)} requests, "
                         f"{n} tok in {dt:.2f} s | {rate} | {ttft} | {wins} | {props} | "
@@ -509,7 +545,7 @@ def run_batch(engine, lines, tok=None) -> int:
         d = {**_run_facts(), "mode": res.mode, "batch": n_slots, "batch_flag": FLAGS.batch, "requests": len(results),
              "tokens": n,
              "seconds": dt,
-             "tok_s": n_run / t_run if n_run > 0 and t_run > 0 else None,
+             "tok_s": n_run / t_run if n_run > 0 and t_run >= RATE_MIN_S else None,
              "tok_s_with_compiles": n / dt if dt > 0 else None,
              "idle_seconds": idle_s,
              "rate_rule": "tok_s leaves out the scheduler steps during which something compiled (their tokens and "

@@ -19,6 +19,7 @@ from strata_jax.sampling import SamplingParams
 
 REQUEST_KEYS = ("prompt", "prompt_ids", "chat", "max_new_tokens", "seed", "temperature", "top_k", "top_p", "min_p",
                 "arrival", "id")
+ARRIVAL_MAX = 86400.0   # seconds (a day): a larger ``arrival`` is a unit mistake, not a schedule
 
 
 def _is_int(v) -> bool:
@@ -58,8 +59,8 @@ def check_request_values(values: dict, label: Callable[[str], str]) -> None:
     """The rules one request's settings must follow, shared by the solo flags (``label = lambda k: "--" + k``) and
     the lines of ``--prompts_file`` (``label = lambda k: repr(k)``): types and ranges of ``temperature`` (finite),
     ``top_k`` (0..`TOP_K_MAX`), ``top_p`` ((0, 1]), ``min_p`` ([0, 1]), ``seed`` (0..2**32-1), ``max_new_tokens``
-    (>= 1), ``arrival`` (finite, >= 0), ``prompt`` (non-empty text), ``prompt_ids`` (non-empty list of ids >= 0; the
-    vocabulary bound is `check_prompt_ids_vocab`), ``chat`` (bool), ``id`` (a string or a number).
+    (>= 1), ``arrival`` (0..`ARRIVAL_MAX` seconds), ``prompt`` (non-empty text), ``prompt_ids`` (non-empty list of
+    ids >= 0; the vocabulary bound is `check_prompt_ids_vocab`), ``chat`` (bool), ``id`` (a string or a number).
 
     Raises:
       StrataError: the first value that breaks a rule, named with ``label(key)``.
@@ -80,6 +81,9 @@ def check_request_values(values: dict, label: Callable[[str], str]) -> None:
                 raise StrataError(f"{name} {v}: must lie in [0, 1]")
             if key == "arrival" and v < 0:
                 raise StrataError(f"{name} {v}: must be >= 0 (seconds after the start)")
+            if key == "arrival" and v > ARRIVAL_MAX:
+                raise StrataError(f"{name} {v}: must be <= {ARRIVAL_MAX:.0f} (seconds after the start, not "
+                                  f"milliseconds)")
         elif key in ("top_k", "seed", "max_new_tokens"):
             if not _is_int(v):
                 raise StrataError(f"{name} {shown(v)}: must be an integer")

@@ -391,6 +391,17 @@ class BatchScheduler:
             return None
         return st["beside_prefill_tokens"] / st["beside_prefill_seconds"]
 
+    def next_arrival(self) -> tuple[Any, float] | None:
+        """(rid, seconds from now) of the queued request that arrives first, when it has not arrived yet; else
+        None (also before the first step: the clock starts there)."""
+        if self.t0 is None:
+            return None
+        waiting = [q for q, _ in self.queue if q.arrival > self._now()]
+        if not waiting:
+            return None
+        q = min(waiting, key=lambda r: r.arrival)
+        return q.rid, q.arrival - self._now()
+
     def _now(self) -> float:
         return self.clock() - self.t0
 
