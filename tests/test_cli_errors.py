@@ -193,6 +193,15 @@ def test_output_over_an_input_file(model_path, tmp_path):
     prompt.write_text("hello")
     assert_clean_error(run_cli("--model", model_path("smollm2-135m"), "--prompt_file", str(prompt), "--stats_json",
                                str(tmp_path / "p.txt")), "--stats_json", "same file as --prompt_file")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(reqs)
+    assert_clean_error(run_cli("--model", HYBRID_Q8, "--batch", "2", "--prompts_file", reqs, "--stats_json",
+                               str(link)), "--stats_json", "same file as --prompts_file")
+    npz = tmp_path / "prompt.npz"   # --dump_logits X writes X.npz: that file is the input, X itself is not
+    npz.write_text("hello")
+    assert_clean_error(run_cli("--model", model_path("smollm2-135m"), "--prompt_file", str(npz), "--dump_logits",
+                               str(tmp_path / "prompt")), "--dump_logits", "same file as --prompt_file")
+    assert npz.read_text() == "hello"
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     assert_clean_error(run_cli("--model", str(model), "--prompt", "hi", "--stats_json", str(model)),
@@ -407,7 +416,8 @@ def test_prompts_file_needs_model_checks(model_path, tmp_path):
     '\ufeff{"prompt": "a"}\n{"prompt": "b"}\n',  # a UTF-8 byte-order mark before line 1
     '{"prompt": "line\u2028separator \u0085 inside"}\r\n{"prompt": "b"}\r\n',  # legal in JSON strings; CRLF ends
     '{"prompt": "a", "chat": true}\n',  # --system without --chat: applies to the lines with "chat": true
-], ids=["bom", "unicode-line-separators", "system-with-chat-lines"])
+    '{"prompt": "a", "arrival": 86400}\n',  # the largest arrival (a day)
+], ids=["bom", "unicode-line-separators", "system-with-chat-lines", "arrival-a-day"])
 def test_prompts_file_valid_inputs_pass_the_checks(tmp_path, content):
     """Valid files pass the file checks: the first error is the (missing) model, not the file."""
     p = tmp_path / "reqs.jsonl"

@@ -125,15 +125,18 @@ def _check_flags(argv) -> dict:
                 fail(f"--{name}: not valid Unicode text (invalid UTF-8 bytes in the argument)")
     if FLAGS.system is not None and not FLAGS.chat and not FLAGS.prompts_file:
         fail("--system needs --chat")  # with --prompts_file it applies to the lines with "chat": true too
-    inputs = {os.path.realpath(p): n for n in ("model", "draft_model", "prompt_file", "prompts_file")
-              if (p := getattr(FLAGS, n, None)) and os.path.exists(p)}   # a registry name is no file here
+    # regular files only (a registry name is no file here; /dev/stdin and /dev/stdout may both be the terminal)
+    inputs = [(p, n) for n in ("model", "draft_model", "prompt_file", "prompts_file")
+              if (p := getattr(FLAGS, n, None)) and os.path.isfile(p)]
     seen: dict[str, str] = {}
     for name in ("dump_logits", "stats_json", "out_jsonl"):
         path = getattr(FLAGS, name, None)
         if path:
             key = os.path.realpath(_output_path(name, path))
-            if key in inputs:
-                fail(f"--{name} {path}: the same file as --{inputs[key]} (the output would overwrite an input)")
+            if os.path.isfile(key):   # the same file by device and inode: links and spellings alike
+                for p, n in inputs:
+                    if os.path.samefile(key, p):
+                        fail(f"--{name} {path}: the same file as --{n} (the output would overwrite an input)")
             if key in seen:
                 fail(f"--{name} {path}: the same file as --{seen[key]} (one would overwrite the other)")
             seen[key] = name
@@ -394,16 +397,25 @@ def _run_facts() -> dict:
 RATE_MIN_S = 0.05   # the batch summary gives no tok/s for less measured time than this
 
 
+def beside_rate(beside: float | None, st: dict) -> float | None:
+    """`BatchScheduler.decode_beside_prefill`'s rate when its steps took >= `RATE_MIN_S`, else None."""
+    return beside if beside is not None and st.get("beside_prefill_seconds", 0.0) >= RATE_MIN_S else None
+
+
 def beside_summary(beside: float | None, st: dict) -> str:
     """The stats line's part on prompts read beside decoding slots (`BatchScheduler.decode_beside_prefill`: tok/s
     of the decoding slots over those steps, ``beside``; its counts in the scheduler's stats ``st``), "" when no
-    prompt was read beside a decoding slot; steps that compiled are left out and said so."""
+    prompt was read beside a decoding slot; steps that compiled are left out and said so; n/a under `RATE_MIN_S`
+    of such steps."""
     n_left = st.get("beside_prefill_compiled_steps", 0)
     if beside is not None:
         n = st["beside_prefill_steps"]
-        left_out = f", leaving out {n_left} that compiled" if n_left else ""
-        return (f"; decode beside prompt reads {beside:.1f} tok/s ({st['beside_prefill_tokens']} tok over {n} "
-                f"step{'' if n == 1 else 's'}{left_out})")
+        sample = f"{st['beside_prefill_tokens']} tok over {n} step{'' if n == 1 else 's'}"
+        left_out = f", leaving out {n_left} step{'' if n_left == 1 else 's'} that compiled" if n_left else ""
+        if beside_rate(beside, st) is None:
+            return (f"; decode beside prompt reads n/a ({sample} in {st['beside_prefill_seconds'] * 1e3:.1f} ms: "
+                    f"too short to time{left_out})")
+        return f"; decode beside prompt reads {beside:.1f} tok/s ({sample}{left_out})"
     if n_left:   # prompts were read beside decoding slots, but only in steps that compiled
         return (f"; decode beside prompt reads n/a (the {n_left} step{'' if n_left == 1 else 's'} reading a prompt "
                 f"beside decoding slots compiled)")
@@ -416,7 +428,7 @@ def _note_wait(sch, announced: set) -> None:
     if nxt is None or nxt[1] < 1.0 or nxt[0] in announced:
         return
     announced.add(nxt[0])
-    shared.CONSOLE.note(f"waiting {nxt[1]:.1f} s for request {nxt[0]!r} (its arrival)")
+    shared.CONSOLE.note(f"waiting {nxt[1]:.1f} s for request {nxt[0]!r} to arrive (its \"arrival\")")
 
 
 def run_batch(engine, lines, tok=None) -> int:
@@ -493,6 +505,8 @@ def run_batch(engine, lines, tok=None) -> int:
     while sch.busy:
         c0, k0, ts = n_compiles(), n_tokens(), time.perf_counter()
         was_idle = not sch.active and not sch.in_flight and not sch.admitting
+        if was_idle:
+            _note_wait(sch, announced)
         sch.step()
         if n_compiles() != c0:
             compiled_steps += 1
@@ -512,8 +526,9 @@ def run_batch(engine, lines, tok=None) -> int:
             rate += (f", leaving out the {compiled_steps} scheduler step{'' if compiled_steps == 1 else 's'} that "
                      f"compiled ({compiled_tok} tok, {compiled_s:.1f} s)")
     elif n_run > 0:   # e.g. 2 tokens in 0.6 ms beside a compiling step: a figure, not a rate
-        rate = (f"rate n/a: {n_run} tok outside the {compiled_steps} scheduler step{'' if compiled_steps == 1 else 's'}"
-                f" that compiled, in {t_run * 1e3:.1f} ms (too short to time)")
+        outside = (f" outside the {compiled_steps} scheduler step{'' if compiled_steps == 1 else 's'} that compiled,"
+                   if compiled_steps else "")
+        rate = f"rate n/a: {n_run} tok{outside} in {t_run * 1e3:.1f} ms (too short to time)"
     else:
         rate = f"rate n/a: every scheduler step compiled ({compiled_steps}, {compiled_s:.1f} s)"
     if idle_s >= 0.05:
@@ -548,14 +563,16 @@ def run_batch(engine, lines, tok=None) -> int:
              "tok_s": n_run / t_run if n_run > 0 and t_run >= RATE_MIN_S else None,
              "tok_s_with_compiles": n / dt if dt > 0 else None,
              "idle_seconds": idle_s,
+             "measured_seconds": t_run,
              "rate_rule": "tok_s leaves out the scheduler steps during which something compiled (their tokens and "
                           "their time) and the time spent waiting for arrivals with no request active "
-                          "(idle_seconds); tok_s_with_compiles counts everything",
+                          "(idle_seconds); null under 0.05 s of measured_seconds (decode_beside_prefill_tok_s: of "
+                          "beside_prefill_seconds); tok_s_with_compiles counts everything",
              "compiled_steps": compiled_steps, "compiled_step_tokens": compiled_tok,
              "compiled_step_seconds": compiled_s, "decode_steps": sch.decode_steps,
              **{k: v for k, v in sch.stats.items()},
              "ttft_s": {"median": statistics.median(ttfts), "max": ttfts[-1]} if ttfts else None,
-             "decode_beside_prefill_tok_s": beside, "batch_prefill_chunks": FLAGS.batch_prefill_chunks,
+             "decode_beside_prefill_tok_s": beside_rate(beside, st), "batch_prefill_chunks": FLAGS.batch_prefill_chunks,
              "proposed": prop, "accepted": acc, "model": str(FLAGS.model),
              "load_seconds": engine.load_seconds, "compiles": n_compiles(),
              "compile_seconds": sum(c.compile_seconds for c in caches),

@@ -393,7 +393,8 @@ class BatchScheduler:
 
     def next_arrival(self) -> tuple[Any, float] | None:
         """(rid, seconds from now) of the queued request that arrives first, when it has not arrived yet; else
-        None (also before the first step: the clock starts there)."""
+        None (also before the first step: the clock starts there). Seconds only: ``arrival_round`` and
+        ``cancel_round`` (tests) are not looked at."""
         if self.t0 is None:
             return None
         waiting = [q for q, _ in self.queue if q.arrival > self._now()]
