@@ -337,6 +337,7 @@ def test_help_names_the_module():
     (['{"prompt": "a", "temperature": NaN}'], [":1:", "'temperature'", "finite"]),
     (['{"prompt": "a", "arrival": -1}'], [":1:", "'arrival' -1", ">= 0"]),
     (['{"prompt": "a", "arrival": 3000000}'], [":1:", "'arrival' 3000000", "<= 86400", "not milliseconds"]),
+    (['{"prompt": "a", "max_new_tokens": 2, "max_new_tokens": 5}'], [":1:", "'max_new_tokens'", "given twice"]),
     (['{"prompt": "a", "seed": 4294967296}'], [":1:", "'seed'", "0..4294967295"]),
     (['{"prompt": "a", "max_new_tokens": 0}'], [":1:", "'max_new_tokens' 0"]),
     (['{"prompt": "a", "tmperature": 1}'], [":1:", "unknown key 'tmperature'"]),

@@ -22,6 +22,20 @@ REQUEST_KEYS = ("prompt", "prompt_ids", "chat", "max_new_tokens", "seed", "tempe
 ARRIVAL_MAX = 86400.0   # seconds (a day): a larger ``arrival`` is a unit mistake, not a schedule
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicate_keys(pairs: list) -> dict:
+    """`json.loads`' object hook: a dict of the pairs, or `_DuplicateKey` naming a key given twice."""
+    d: dict = {}
+    for k, v in pairs:
+        if k in d:
+            raise _DuplicateKey(k)
+        d[k] = v
+    return d
+
+
 def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
@@ -180,9 +194,11 @@ def read_prompts_file(path: str) -> list[PromptLine]:
             continue
         where = f"{path}:{n}"
         try:
-            d = json.loads(line)
+            d = json.loads(line, object_pairs_hook=_no_duplicate_keys)
         except json.JSONDecodeError as e:
             raise StrataError(f"--prompts_file {where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        except _DuplicateKey as e:   # json keeps the last silently: one of the two values was a mistake
+            raise StrataError(f"--prompts_file {where}: the key {e.args[0]!r} is given twice") from None
         except ValueError:  # not a syntax error: an integer of more than 4300 digits (Python's conversion limit)
             raise StrataError(f"--prompts_file {where}: a number with more than 4300 digits") from None
         if not isinstance(d, dict):
