@@ -514,7 +514,6 @@ def run_batch(engine, lines, tok=None) -> int:
             compiled_tok += n_tokens() - k0
         elif was_idle and n_tokens() == k0 and not sch.active and not sch.in_flight:  # waiting for an arrival
             idle_s += time.perf_counter() - ts
-            _note_wait(sch, announced)
     dt = time.perf_counter() - t0
     results = [sch.results[rid] for rid in sch.order]
     n = sum(len(r.tokens) for r in results)

@@ -92,6 +92,12 @@ DEFAULT_VARIANT = "kblock"   # 1.2-2.2x the unit kernel at every precision and s
 SUBBLOCK16 = frozenset({Q.Q2_K, Q.Q3_K, Q.Q6_K, Q.IQ2_XS, Q.IQ2_S, Q.IQ1_M})
 
 
+def takes_f16(qtype, precision: str, variant: str) -> bool:
+    """Whether a GEMM call at ``precision`` runs `F16`'s one float16 product: the K-block kernel on block-format /
+    F16 weights; BF16 / F32 weights, which float16 may not hold, and the unit kernel take `PRECISE_PRECISION`."""
+    return precision == F16 and variant == "kblock" and qtype not in (Q.BF16, Q.F32)
+
+
 def gemv_precision(precision: str) -> str:
     """The tensor-core GEMVs' precision under a `GEMM_PRECISIONS` setting: `GEMV_PRECISION` for the GEMM-only
     `F16`, else the setting itself."""
@@ -414,7 +420,7 @@ def tile_gemm(x, w_stacked, tile_expert, tile_rows, qtype, n_out: int, k_in: int
     variant = gemm_variant() if variant is None else variant
     if variant not in VARIANTS:
         raise UnsupportedError(f"gemm variant {variant!r} is not one of {VARIANTS}")
-    f16 = precision == F16 and variant == "kblock" and qtype not in (Q.BF16, Q.F32)
+    f16 = takes_f16(qtype, precision, variant)
     if precision == F16 and not f16:   # the unit kernel, and weights float16 may not hold
         precision = PRECISE_PRECISION
     T_in = tile_expert.shape[0]
@@ -485,7 +491,7 @@ def gemm(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, precision: str 
     variant = gemm_variant() if variant is None else variant
     M = x.shape[0]
     if cfg is None:
-        cfg = (kblock_config(qtype, n_out, k_in, f16=precision == F16 and qtype not in (Q.BF16, Q.F32))
+        cfg = (kblock_config(qtype, n_out, k_in, f16=takes_f16(qtype, precision, variant))
                if variant == "kblock" else PREFILL)
         if cfg.SUB > 1 and M <= cfg.BM:   # one row tile: a second sub-tile would be padding (bit-neutral: SUB)
             cfg = dataclasses.replace(cfg, SUB=1)
