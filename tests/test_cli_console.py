@@ -216,3 +216,27 @@ def test_slots_sized_to_the_requests(batch, n_req, groups, stages, want):
         assert n == want and (("instead of --batch" in note) == (want < batch)), (n, note)
     finally:
         F.batch, F.batch_groups, F["batch_groups"].present = saved
+
+
+def test_solo_decode_rate_needs_the_minimum_time():
+    """The solo stats line and --stats_json give a decode rate only over >= solo.RATE_MIN_S of measured decoding
+    (3 tokens in 10 ms is a figure, not a rate); from that time on the rate is tokens / seconds."""
+    from types import SimpleNamespace
+
+    from strata_jax.cli.generate import solo_stats_line
+    from strata_jax.pipeline.solo import RATE_MIN_S, GenerationStats
+
+    eng = SimpleNamespace(load_seconds=1.0, weights="f32", stages=[0])
+    st = GenerationStats(prompt_tokens=3, prefill_seconds=0.5, generated=4, decode_seconds=0.010, windows=3,
+                         stop_reason="max_new_tokens")
+    line = solo_stats_line(eng, st, [])
+    assert "decode rate n/a: 3 tok in 10.0 ms (too short to time)" in line and "tok/s over" not in line, line
+    d = st.as_dict()
+    assert d["decode_tok_s"] is None and d["decode_seconds_measured"] == 0.010
+    st.decode_seconds = 2 * RATE_MIN_S
+    line = solo_stats_line(eng, st, [])
+    assert f"decode {3 / (2 * RATE_MIN_S):.1f} tok/s over 3 tok in 3 decode steps" in line, line
+    assert st.as_dict()["decode_tok_s"] == 3 / (2 * RATE_MIN_S)
+    # a window that compiled is left out of both the tokens and the time
+    st.add_compiled_window(1, 0.5, 2 * RATE_MIN_S - 0.02)
+    assert "decode rate n/a: 2 tok in 20.0 ms" in solo_stats_line(eng, st, [])

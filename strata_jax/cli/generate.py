@@ -281,7 +281,8 @@ def solo_stats_line(engine, st, caches, memory: dict | None = None) -> str:
              f"generated {st.generated} tok"]
     n_dec = st.decode_tokens_measured
     if n_dec > 0:
-        rate = f"decode {st.decode_tok_s:.1f} tok/s over {n_dec} tok"
+        rate = (f"decode {st.decode_tok_s:.1f} tok/s over {n_dec} tok" if st.decode_rate_measured else
+                f"decode rate n/a: {n_dec} tok in {st.decode_seconds_measured * 1e3:.1f} ms (too short to time)")
         calls = f"{st.windows} {kind}"
         if kind == "decode calls":
             single = st.windows - st.step_programs
@@ -394,18 +395,19 @@ def _run_facts() -> dict:
     return {"backend": jax.default_backend(), "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
-RATE_MIN_S = 0.05   # the batch summary gives no tok/s for less measured time than this
 
 
 def beside_rate(beside: float | None, st: dict) -> float | None:
-    """`BatchScheduler.decode_beside_prefill`'s rate when its steps took >= `RATE_MIN_S`, else None."""
+    """`BatchScheduler.decode_beside_prefill`'s rate when its steps took >= `solo.RATE_MIN_S`, else None."""
+    from strata_jax.pipeline.solo import RATE_MIN_S
+
     return beside if beside is not None and st.get("beside_prefill_seconds", 0.0) >= RATE_MIN_S else None
 
 
 def beside_summary(beside: float | None, st: dict) -> str:
     """The stats line's part on prompts read beside decoding slots (`BatchScheduler.decode_beside_prefill`: tok/s
     of the decoding slots over those steps, ``beside``; its counts in the scheduler's stats ``st``), "" when no
-    prompt was read beside a decoding slot; steps that compiled are left out and said so; n/a under `RATE_MIN_S`
+    prompt was read beside a decoding slot; steps that compiled are left out and said so; n/a under `solo.RATE_MIN_S`
     of such steps."""
     n_left = st.get("beside_prefill_compiled_steps", 0)
     if beside is not None:
@@ -455,6 +457,7 @@ def run_batch(engine, lines, tok=None) -> int:
     from strata_jax.cli.requests import build_requests, usable_tokenizer, write_jsonl
     from strata_jax.pipeline.memory import memory_in_use, memory_text
     from strata_jax.pipeline.sequence import stop_strings
+    from strata_jax.pipeline.solo import RATE_MIN_S
 
     why = None
     if tok is None:

@@ -31,6 +31,9 @@ from strata_jax.sampling import RowSampling, SamplingParams
 from strata_jax.state import Rows
 
 
+RATE_MIN_S = 0.05   # a rate over less measured time than this is not given (a figure, not a rate)
+
+
 @dataclasses.dataclass
 class GenerationStats:
     """Counters of one generation (times in seconds)."""
@@ -91,11 +94,21 @@ class GenerationStats:
         return max(self.generated - 1 - self.compiled_window_tokens, 0)
 
     @property
+    def decode_seconds_measured(self) -> float:
+        """Seconds the decode rate counts: the decode time less the rounds during which something compiled."""
+        return max(self.decode_seconds - self.compiled_round_seconds, 0.0)
+
+    @property
+    def decode_rate_measured(self) -> bool:
+        """Whether the decode rate is a rate: tokens measured over at least `RATE_MIN_S` seconds."""
+        return self.decode_tokens_measured > 0 and self.decode_seconds_measured >= RATE_MIN_S
+
+    @property
     def decode_tok_s(self) -> float:
         """Decode rate over the windows that did not compile (their tokens / their time); 0.0 when every window
-        compiled (nothing measured)."""
+        compiled (nothing measured). Not a rate under `RATE_MIN_S` (see `decode_rate_measured`)."""
         n = self.decode_tokens_measured
-        t = self.decode_seconds - self.compiled_round_seconds
+        t = self.decode_seconds_measured
         return n / t if n > 0 and t > 0 else 0.0
 
     @property
@@ -118,12 +131,15 @@ class GenerationStats:
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d.update(prefill_tok_s=self.prefill_tok_s,
-                 decode_tok_s=self.decode_tok_s if self.decode_tokens_measured > 0 else None,  # n/a: all compiled
+                 # null when every window compiled or under RATE_MIN_S measured
+                 decode_tok_s=self.decode_tok_s if self.decode_rate_measured else None,
+                 decode_seconds_measured=self.decode_seconds_measured,
                  acceptance_rate=self.acceptance_rate, tokens_per_window=self.tokens_per_window,
                  window_ms=self.window_ms if self.windows > self.compiled_windows else None,
                  decode_tokens_measured=self.decode_tokens_measured,
                  rate_rule="decode_tok_s and window_ms leave out the windows that compiled (their tokens and their "
-                           "time), null when every window compiled; prefill_tok_s includes the compile when "
+                           "time); decode_tok_s is null when every window compiled or under "
+                           f"{RATE_MIN_S * 1e3:.0f} ms were measured; prefill_tok_s includes the compile when "
                            "prefill_compiled")
         d["window_tokens"] = {str(k): v for k, v in sorted(self.window_tokens.items())}
         return d
