@@ -36,6 +36,9 @@
 # where the cold compile of a full-size program goes; COMPILE_S; COMPILE_XLA: compile_probe's --xla_variants),
 # ab_full_steps (profile_step.py --ab on the Flash-Next steps: AB_VARIANTS, e.g. "x:STRATA_ROW_MAP=xla", each
 # variant recompiled on one engine, rounds alternating; AB_S, AB_STEPS, AB_ROUNDS),
+# xla_ab (XLA flag variants of the same Flash-Next steps, one process each as XLA reads its flags once: XLA_AB
+# "NAME:--flag=v --flag2=v;NAME2:..." against the engine's flags ("base"), rounds alternating; XLA_AB_ROUNDS,
+# XLA_AB_S per process; ms per token from each process's untraced timed programs, the traced run's kernel overlap),
 # batch_gen (strata-generate --batch N, aggregate tok/s; BATCH_NS) and anchor_batched
 # (llama-batched-bench on the same file). The real file path at full size (after fullsize; issue 12 item 8):
 # realfile_write (../shared/tools/make_qwen4exp_gguf.py, carried in .carry/tools, writes /tmp/flash.gguf: the
@@ -312,6 +315,22 @@ print(json.dumps({'prompt_ids': [1 + (53 * i + 7) % 9000 for i in range(8192)], 
         ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --kind steps --decode_steps 4 --steps ${AB_STEPS:-40} --warmup 3 \
         --prompt_tokens 16 --max_context 4096 --command_buffers 1 --ple_table device --ab_rounds ${AB_ROUNDS:-2} \
         --ab "${AB_VARIANTS:-}" --out "$OUT/ab_full_steps.json"; fi
+      if want xla_ab; then
+        for r in $(seq 1 ${XLA_AB_ROUNDS:-2}); do
+          VS="base:;${XLA_AB:-}"; [ $((r % 2)) = 0 ] && VS=$(echo "$VS" | tr ';' '\n' | tac | paste -sd';')
+          IFS=';' read -ra VA <<< "$VS"
+          for v in "${VA[@]}"; do
+            [ -z "$v" ] && continue
+            vn=${v%%:*}; vf=${v#*:}
+            PARTS="$PARTS xla_ab_${vn}_$r" part xla_ab_${vn}_$r ${XLA_AB_S:-150} env XLA_FLAGS="$vf" $NEW python3 experiments/profile_step.py \
+              --geometry qwen3.8-flash-next --n_layer ${FULL_LAYERS:-16} --kind steps --decode_steps 4 --steps 30 \
+              --warmup 3 --prompt_tokens 16 --max_context 1024 --command_buffers 1 --graphs_in_trace 1 \
+              --hlo_launches 0 --top 20 --ple_table device --out "$OUT/xla_ab_${vn}_$r.json"
+            python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(f'    xla_ab {sys.argv[2]:10s} round {sys.argv[3]}: {r[\"wall_ms\"]:.3f} ms/token, traced {r[\"traced_wall_ms\"]:.3f}, busy {r[\"busy_fraction\"]:.2f}, first call {r[\"first_step_s\"]:.1f} s')" \
+              "$OUT/xla_ab_${vn}_$r.json" "$vn" "$r" 2>/dev/null
+          done
+        done
+      fi
       # where a full-size Flash-Next program's cold compile goes (issue 12 item 5): abstract weights, the engine's XLA
       # flags, no persistent cache, XLA's own trace events of the compile by name (compile_probe --profile_top)
       part compile_steps ${COMPILE_S:-300} env -u JAX_COMPILATION_CACHE_DIR XLA_FLAGS="$FLAGS" python3 \
