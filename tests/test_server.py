@@ -360,6 +360,9 @@ BAD = [
     ("completion", {"prompt": "a", "echo": True}, "echo"),
     ("completion", {"prompt": "a", "best_of": 3}, "best_of"),
     ("completion", {"prompt": "a", "logprobs": 2}, "logprobs"),
+    ("chat", {"messages": [{"content": "x"}]}, "messages[0].role"),
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
+    ("completion", {"prompt": [1, 2, 3], "max_tokens": CTX}, "max_tokens"),
 ]
 
 
@@ -677,6 +680,61 @@ def test_absurd_numbers_and_invalid_unicode_are_400_not_500(body, param):
     assert len(e.value.message) < 200, e.value.message                   # a 400-digit number is cut in the message
 
 
+@pytest.mark.parametrize("body, param, needle", [
+    ({"messages": [{"content": "Hi"}]}, "messages[0].role", "'messages[0].role': missing"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text",
+     "'messages[0].content[0].text': missing"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages[0].content[0].text",
+     "must be a string"),
+    ({"prompt": [1], "temperature": float("nan")}, "temperature", "must lie in [0, 2]"),
+    ({"prompt": [1], "temperature": float("inf")}, "temperature", "must lie in [0, 2]"),
+    ({"prompt": [1], "temperature": -1}, "temperature", "must lie in [0, 2]"),
+    ({"prompt": [1, 2, 3], "max_tokens": 62}, "max_tokens", "at most 61 tokens can be generated"),
+    ({"prompt": [1, 2, 3], "max_completion_tokens": 100}, "max_completion_tokens", "at most 61 tokens"),
+])
+def test_request_field_errors_name_the_field(body, param, needle):
+    """A role or a text part left out is 'missing' (not a list of roles, not 'got text'); every bad temperature
+    gets the same range message; a max_tokens the context cannot reach is refused as OpenAI's API refuses it
+    (64 cells, a 3-token prompt: 61 tokens fit)."""
+    kind = oa.CHAT if "messages" in body else oa.COMPLETION
+    with pytest.raises(oa.ApiError) as e:
+        oa.parse_request(body, kind, tokenizer=None, max_context=64, vocab_size=100, defaults=oa.Defaults())
+    assert e.value.status == 400 and e.value.param == param and needle in e.value.message, e.value.message
+    ok = dict(body, **{param: 61}) if param.startswith("max_") else None
+    if ok is not None:  # the largest limit that fits is accepted
+        assert oa.parse_request(ok, kind, tokenizer=None, max_context=64, vocab_size=100,
+                                defaults=oa.Defaults()).max_tokens == 61
+
+
+def test_deep_json_and_oversized_bodies_are_4xx():
+    """A body nested past json's recursion limit is a 400 (it was a 500 with a traceback in the log); a body over
+    max_request_bytes is a 413 whether its Content-Length says so or it arrives chunked, before the tokenizer runs."""
+    from fastapi.testclient import TestClient
+
+    from strata_jax.cli.server import create_app
+
+    loop = types.SimpleNamespace(alive=True, error=None, n_slots=1, queue_depth=0, running=0,
+                                 sch=types.SimpleNamespace(decode_steps=1, stats={"step_programs": 0}))
+    app = create_app(loop, None, model_id="m", max_context=64, vocab_size=100, defaults=oa.Defaults(),
+                     max_request_bytes=4096)
+    deep = b'{"prompt": "a", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    big = json.dumps({"prompt": "a" * 5000}).encode()
+    app2 = create_app(loop, None, model_id="m", max_context=64, vocab_size=100, defaults=oa.Defaults())
+    with TestClient(app2, raise_server_exceptions=False) as c2:
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            r = c2.post(path, content=deep, headers={"content-type": "application/json"})
+            assert r.status_code == 400, r.text[:300]
+            err = r.json()["error"]
+            assert err["type"] == "invalid_request_error" and "nested too deeply" in err["message"], err
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.post("/v1/completions", content=big, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text[:300]
+        assert "4096 bytes" in r.json()["error"]["message"]
+        r = c.post("/v1/completions", content=iter([big[:3000], big[3000:]]),
+                   headers={"content-type": "application/json"})   # chunked: no Content-Length
+        assert r.status_code == 413, r.text[:300]
+
+
 def test_invalid_unicode_and_huge_numbers_over_http_are_400():
     """The same bodies as raw JSON through the app (an engine loop that never runs: these fail before any
     submission, and before the tokenizer is needed): 400 in the OpenAI error shape, naming the field, with a short
@@ -691,7 +749,7 @@ def test_invalid_unicode_and_huge_numbers_over_http_are_400():
     cases = [("/v1/completions", b'{"prompt": "a\\ud800b"}', "prompt", "not valid Unicode"),
              ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\udc00"}]}',
               "messages[0].content", "not valid Unicode"),
-             ("/v1/completions", b'{"prompt": [1], "temperature": 1' + b"0" * 400 + b"}", "temperature", "finite"),
+             ("/v1/completions", b'{"prompt": [1], "temperature": 1' + b"0" * 400 + b"}", "temperature", "must lie in [0, 2]"),
              ("/v1/completions", b'{"prompt": [1], "seed": 1' + b"0" * 5000 + b"}", None, "not valid JSON")]
     with TestClient(app) as c:
         for path, raw, param, needle in cases:

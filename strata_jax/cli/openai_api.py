@@ -6,7 +6,8 @@ an OpenAI-style body ``{"error": {"message", "type", "param", "code"}}`` naming 
 
 * Honoured: ``messages`` (chat; roles system / developer / user / assistant, text content or text parts, rendered
   with the model's chat template as ``strata-generate --chat`` renders it), ``prompt`` (completions: text as is, or
-  token ids), ``max_tokens`` / ``max_completion_tokens``, ``temperature`` (0..2, OpenAI's range), ``top_p``,
+  token ids), ``max_tokens`` / ``max_completion_tokens`` (refused when the context cannot hold that many after the
+  prompt, as OpenAI's API refuses it; left out: up to the context's end), ``temperature`` (0..2, OpenAI's range), ``top_p``,
   ``top_k``, ``min_p``, ``seed``, ``stop`` (a string or a list), ``stream``, ``stream_options.include_usage``; ``return_token_ids``
   (an extension, as vLLM's) adds the generated ids to each choice. Missing sampling fields take the server's flag
   values (``--temperature`` ...), so a request without them decodes as ``strata-generate`` does; each value follows
@@ -221,7 +222,11 @@ def _content_text(content, where: str) -> str:
     if isinstance(content, list):
         parts = []
         for j, p in enumerate(content):
-            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+            if isinstance(p, dict) and p.get("type") == "text" and not isinstance(p.get("text"), str):
+                w = f"{where}.content[{j}].text"
+                raise bad(w, f"'{w}': missing" if p.get("text") is None else
+                          f"'{w}': must be a string, got {_type_name(p['text'])}")
+            if not isinstance(p, dict) or p.get("type") != "text":
                 kind = p.get("type") if isinstance(p, dict) else _type_name(p)
                 raise bad(f"{where}.content[{j}]", f"'{where}.content[{j}]': only text parts are supported "
                                                    f"(got {kind!r})")
@@ -247,6 +252,8 @@ def chat_messages(messages) -> list[dict]:
         role = m.get("role")
         if role == "tool" or m.get("tool_calls") or m.get("function_call"):
             raise bad(where, f"'{where}': tool and function calls are not supported")
+        if role is None:
+            raise bad(f"{where}.role", f"'{where}.role': missing (one of {', '.join(sorted(ROLES))})")
         if role not in ROLES:
             raise bad(f"{where}.role", f"'{where}.role' {role!r}: must be one of {', '.join(sorted(ROLES))}")
         if "content" not in m or m["content"] is None:
@@ -288,7 +295,8 @@ def parse_request(body, kind: str, *, tokenizer, max_context: int, vocab_size: i
       body: the decoded JSON body.
       kind: `CHAT` or `COMPLETION`.
       tokenizer: the model's `strata_jax.tokenizer.Tokenizer`.
-      max_context: the engine's cells per sequence: the prompt must leave room for one generated token.
+      max_context: the engine's cells per sequence: the prompt must leave room for one generated token, and a
+        ``max_tokens`` given for the prompt and its completion.
       vocab_size: token ids of a ``prompt`` must lie below it.
       defaults: the server's defaults.
 
@@ -326,9 +334,10 @@ def parse_request(body, kind: str, *, tokenizer, max_context: int, vocab_size: i
     values = {k: body[k] for k in ("temperature", "top_p", "top_k", "min_p", "seed") if body.get(k) is not None}
     if mt is not None:
         values["max_new_tokens"] = mt
+    t = values.get("temperature")
+    if _is_num(t) and not (math.isfinite(as_float(t)) and 0.0 <= t <= MAX_TEMPERATURE):  # the CLI takes any >= 0
+        raise bad("temperature", f"'temperature' {shown(t)}: must lie in [0, 2] (0 is greedy)")
     _check(values, names)
-    if "temperature" in values and not 0.0 <= values["temperature"] <= MAX_TEMPERATURE:  # the CLI takes any
-        raise bad("temperature", f"'temperature' {values['temperature']}: must lie in [0, 2] (0 is greedy)")
     d = defaults.sampling
     temperature = float(values.get("temperature", d.temperature))
     seed = values.get("seed", d.seed)
@@ -360,6 +369,10 @@ def parse_request(body, kind: str, *, tokenizer, max_context: int, vocab_size: i
         raise bad(field, f"'{field}': the prompt is {len(ids)} tokens, and this server's context holds "
                          f"{max_context} (--max_context): at most {max_context - 1} prompt tokens leave room for one "
                          f"generated token")
+    if mt is not None and len(ids) + mt > max_context:  # as OpenAI's API: a limit that cannot be reached is refused
+        raise bad(mt_name, f"'{mt_name}' {mt}: the prompt is {len(ids)} tokens and this server's context holds "
+                           f"{max_context} (--max_context), so at most {max_context - len(ids)} tokens can be "
+                           f"generated (leave '{mt_name}' out to generate up to the context's end)")
     return ParsedRequest(kind, ids, text, int(mt) if mt is not None else defaults.max_tokens, sampling, stop,
                          bool(stream), include_usage, bool(rti), model, ignored)
 

@@ -14,7 +14,7 @@ exactly the tokens strata-generate gives for the same prompt and settings, whate
 a request leaves out take the flags' values (--temperature, --top_k, --top_p, --min_p, --seed, --max_new_tokens);
 without --seed, a sampled request that gives no seed draws a fresh one. The model must carry a usable tokenizer
 (checked from the file's header before the weights load). Bad requests get a 400 with an OpenAI-style error naming
-the field; a full queue (--max_queue) a 429 with Retry-After. SIGTERM (or Ctrl-C) stops accepting connections, lets the running requests finish, and exits.
+the field; a body over --max_request_mb a 413; a full queue (--max_queue) a 429 with Retry-After. SIGTERM (or Ctrl-C) stops accepting connections, lets the running requests finish, and exits.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ flags.DEFINE_string("api_key", None, "Require 'Authorization: Bearer KEY' on the
                     "Default: $STRATA_API_KEY if set, else open.")
 flags.DEFINE_integer("max_queue", 64, "Most requests waiting for a free slot; one more gets 429 with Retry-After.",
                      lower_bound=0)
+flags.DEFINE_float("max_request_mb", 8.0, "Largest request body in MiB; a larger one gets 413 before it is read "
+                   "whole (8 MiB holds a prompt of about a million tokens).", lower_bound=0.001)
 flags.DEFINE_string("model_name", None, "The model id /v1/models lists and answers name (default: the --model "
                     "name, without .gguf).")
 flags.DEFINE_bool("warmup", True, "Before listening, decode one short request alone, then --batch at once, so the "
@@ -169,7 +171,8 @@ def main(argv) -> int:
                      vocab_size=engine.cfg.vocab_size,
                      defaults=oa.Defaults(FLAGS.max_new_tokens, shared.default_sampling(),
                                           fresh_seeds=not FLAGS["seed"].present), eos_ids=tok.eos_ids,
-                     api_key=api_key, metrics=metrics, on_shutdown=lambda: loop.close(drain=True))
+                     api_key=api_key, metrics=metrics, on_shutdown=lambda: loop.close(drain=True),
+                     max_request_bytes=int(FLAGS.max_request_mb * (1 << 20)))
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     shared.CONSOLE.note(f"strata-serve: {_model_id()} ({res.mode}, {engine.n_slots} slot(s)) on http://{shown}:{port}"

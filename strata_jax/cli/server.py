@@ -7,7 +7,8 @@ tokens, queue depth, busy slots, proposals offered / accepted, programs of sever
 mode, scheduler step latency, time to first token, request latency). With ``api_key`` the ``/v1`` routes need
 ``Authorization: Bearer KEY`` (401 otherwise).
 
-A request is tokenized and checked here, then submitted to the loop (a full queue: 429 with ``Retry-After``). The
+A request is read (413 past `max_request_bytes`), tokenized and checked here (in a worker thread, so a long
+prompt does not hold up the other streams), then submitted to the loop (a full queue: 429 with ``Retry-After``). The
 answer waits for the first event of its stream: a request that failed before its first token gets its error status
 (400 / 500) instead of a stream. Every error body, routing errors (404, 405) included, has the OpenAI shape
 ``{"error": {"message", "type", "param", "code"}}``; a request naming a model other than the served one gets 404
@@ -36,6 +37,7 @@ from strata_jax.pipeline.sequence import stop_strings
 
 log = logging.getLogger("strata_jax.serve")
 
+MAX_REQUEST_BYTES = 8 << 20  # request bodies over this get 413 (strata-serve --max_request_mb)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -147,7 +149,7 @@ async def _disconnected(request) -> None:
 
 def create_app(loop: EngineLoop, tokenizer, *, model_id: str, max_context: int, vocab_size: int,
                defaults: oa.Defaults, eos_ids=(), api_key: str | None = None, metrics: Metrics | None = None,
-               on_shutdown=None):
+               on_shutdown=None, max_request_bytes: int = MAX_REQUEST_BYTES):
     """The FastAPI app of ``strata-serve`` (see the module doc).
 
     Args:
@@ -160,6 +162,7 @@ def create_app(loop: EngineLoop, tokenizer, *, model_id: str, max_context: int, 
       api_key: required bearer token of the ``/v1`` routes (None: open).
       metrics: the `Metrics` to serve at ``/metrics`` (default: a new one).
       on_shutdown: called when the app shuts down (after uvicorn has let the open requests finish).
+      max_request_bytes: a larger request body gets 413 (``request_too_large``) before it is read whole.
     """
     from contextlib import asynccontextmanager
 
@@ -227,19 +230,39 @@ def create_app(loop: EngineLoop, tokenizer, *, model_id: str, max_context: int, 
                                             "owned_by": "strata_jax", "max_model_len": max_context}
                                            for m in model_ids]}
 
+    async def read_body(request: HttpRequest) -> bytes:
+        """The body, refused with 413 past ``max_request_bytes`` (by its Content-Length before reading, or as it
+        arrives)."""
+        too_big = oa.ApiError(413, f"the request body is over this server's limit of {max_request_bytes} bytes "
+                                   f"(--max_request_mb)", code="request_too_large")
+        n = request.headers.get("content-length", "")
+        if n.isdigit() and int(n) > max_request_bytes:
+            raise too_big
+        chunks, size = [], 0
+        async for c in request.stream():
+            size += len(c)
+            if size > max_request_bytes:
+                raise too_big
+            chunks.append(c)
+        return b"".join(chunks)
+
+    def parse(raw: bytes, kind: str) -> oa.ParsedRequest:
+        """The body decoded and checked, its prompt tokenized (in a worker thread: a long prompt must not hold up
+        the other clients' streams)."""
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as e:  # RecursionError: arrays / objects nested too deep
+            why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            raise oa.bad(None, f"the request body is not valid JSON: {why}") from None
+        return oa.parse_request(body, kind, tokenizer=tokenizer, max_context=max_context, vocab_size=vocab_size,
+                                defaults=defaults)
+
     async def complete(request: HttpRequest, kind: str):
         endpoint = "chat" if kind == oa.CHAT else "completions"
         t0 = time.perf_counter()
         check_key(request)
-        raw = await request.body()
         try:
-            body = json.loads(raw)
-        except ValueError as e:
-            metrics.requests.labels(endpoint, "rejected").inc()
-            raise oa.bad(None, f"the request body is not valid JSON: {e}") from None
-        try:
-            p = oa.parse_request(body, kind, tokenizer=tokenizer, max_context=max_context, vocab_size=vocab_size,
-                                 defaults=defaults)
+            p = await asyncio.to_thread(parse, await read_body(request), kind)
         except oa.ApiError:
             metrics.requests.labels(endpoint, "rejected").inc()
             raise
