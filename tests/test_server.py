@@ -432,6 +432,9 @@ def test_models_health_metrics_and_api_key(served):
     assert [m.id for m in models.data] == ["smollm2-135m"]
     h = httpx.get(served.url + "/health").json()
     assert h["status"] == "ok" and h["slots"] == 2
+    head = httpx.head(served.url + "/health")   # load balancers probe with HEAD
+    assert head.status_code == 200 and head.content == b"", head
+    served.client.completions.create(model="smollm2-135m", prompt="hi", max_tokens=2)  # windows to observe, alone too
     text = httpx.get(served.url + "/metrics").text
     for name in ("strata_requests_total", "strata_prompt_tokens_total", "strata_generated_tokens_total",
                  "strata_queue_depth", "strata_slots_busy", "strata_proposals_offered_total",

@@ -210,7 +210,7 @@ def create_app(loop: EngineLoop, tokenizer, *, model_id: str, max_context: int, 
         log.exception("unhandled error in %s", request.url.path)
         return error(oa.ApiError(500, f"internal error: {type(e).__name__}: {e}"))
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers probe with it
     async def health():
         d = {"status": "ok" if loop.alive else "error", "slots": loop.n_slots, "running": loop.running,
              "queued": loop.queue_depth}
