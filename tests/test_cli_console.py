@@ -154,6 +154,49 @@ def test_compile_cache_clear_rebuilds():
     assert cache.get("k", lambda: build("d"))(4) == ("c", 4)   # stored after its first call
 
 
+def test_compile_cache_ahead_waits_and_needs_a_persistent_cache():
+    """`CompileCache.ahead`: nothing starts without a persistent compilation cache (the program would be compiled
+    twice); with one, the key's first call waits for the background compile before it runs; a key built already is
+    not compiled again."""
+    import threading
+
+    import jax
+    import numpy as np
+
+    from strata_jax.pipeline.windows import CompileCache
+
+    order, gate = [], threading.Event()
+
+    class Lowered:
+        def compile(self):
+            gate.wait(5)
+            order.append("compiled ahead")
+
+    class Jitted:
+        def lower(self, *spec):
+            assert spec[0].shape == (2, 3) and spec[0].dtype == np.float32 and spec[1] == 7  # shapes, not values
+            return Lowered()
+
+        def __call__(self, x, n):
+            order.append("first call")
+            return x
+
+    x = jax.numpy.ones((2, 3), np.float32)
+    cache = CompileCache(4)
+    saved = jax.config.jax_compilation_cache_dir
+    try:   # nothing compiles while it is set (the fake function's compile only waits)
+        jax.config.update("jax_compilation_cache_dir", None)
+        assert not cache.ahead("k", Jitted, (x, 7)) and cache.ahead_started == 0
+        jax.config.update("jax_compilation_cache_dir", "/tmp/strata_unused_cache")
+        assert cache.ahead("k", Jitted, (x, 7)) and not cache.ahead("k", Jitted, (x, 7)) and cache.ahead_started == 1
+        fn = cache.get("k", Jitted)
+        threading.Timer(0.2, gate.set).start()
+        assert fn(x, 7) is x and order == ["compiled ahead", "first call"]
+        assert not cache.ahead("k", Jitted, (x, 7))   # built
+    finally:
+        jax.config.update("jax_compilation_cache_dir", saved)
+
+
 def test_load_progress_counts_every_trunk_tensor():
     """While loading, the stages report the bytes of every tensor once (the load bar's total: all tensors but an
     MTP layer's, which this file has not)."""

@@ -194,10 +194,13 @@ def test_cli_decode_steps_note_stats_and_tokens(tmp_path):
     # the memory the run held (a CPU: the process's resident memory) in the stats line and the JSON
     assert "process memory (RSS) " in err.strip().splitlines()[-1] and host["memory"]["source"] == "process"
     assert host["memory"]["peak_bytes_in_use"] > 0 and host["memory_report"]["stages"][0]["weight_bytes"] > 0
+    assert host["compiled_ahead"] == 0   # no program of several steps to compile beside the prefill
     err, dev = cli("--ple_table", "device")
     # 13 steps: 4 programs of 4 (the last keeps 1: no one-step program to compile)
     assert "not used" not in err and "[4 of 4 steps, 0 single steps]" in err
     assert dev["tokens"] == host["tokens"][:14] and len(dev["tokens"]) == 14
+    # the steps program compiled beside the prefill (CompileCache.ahead) and was read back by its first call
+    assert dev["compiled_ahead"] == 1 and dev["xla_cache"]["read"] >= 1
     # near the context end the tail runs one step per call: the last 2 single
     err, end = cli("--ple_table", "device", "--max_new_tokens", "100")
     assert "[14 of 4 steps, 2 single steps]" in err and end["tokens"] == host["tokens"]

@@ -372,6 +372,7 @@ def main(argv) -> int:
              "sampling": dataclasses.asdict(shared.default_sampling()), "tokens": [int(t) for t in gen.tokens],
              "text": tok.decode(gen.tokens, skip_special=True) if tok is not None else None,
              "compiles": sum(c.compiles for c in caches), "compile_seconds": sum(c.compile_seconds for c in caches),
+             "compiled_ahead": sum(c.ahead_started for c in caches),
              "xla_cache": None if x is None else {"path": x.path, "read": x.hits, "written": x.written,
                                                   "requests": x.requests},
              **_memory_facts(engine, mem)}

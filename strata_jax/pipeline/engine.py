@@ -371,23 +371,43 @@ class Engine:
             self.ple.set_device_prev(slots, out["prev"])
         return out
 
-    def _steps_call(self, token, rows: Rows, sampling: RowSampling, n_steps: int):
+    def _steps_call(self, token, rows: Rows, sampling: RowSampling, n_steps: int, ahead: bool = False):
         """The jitted steps program of `run_steps` (from the compile cache), its arguments placed on the stage,
-        and the slots it runs."""
+        and the slots it runs. With ``ahead``: the program's compile is started in the background instead
+        (`CompileCache.ahead`), and the first item is whether it was."""
         why = self.steps_unavailable
         if why:
             raise StrataError(f"several decode steps per call: not available ({why})")
         stage = self.stages[0]
         B = int(np.shape(token)[0])
         ids = self.ple.ids if self.ple is not None else None
-        fn = self.cache.get((0, "steps", B, int(n_steps), self.n_slots),
-                            lambda: build_steps_fn(stage, int(n_steps), self.max_context, ids))
+        key = (0, "steps", B, int(n_steps), self.n_slots)
+        build = lambda: build_steps_fn(stage, int(n_steps), self.max_context, ids)  # noqa: E731
         dev = stage.device
         slots = np.asarray(rows.slot).tolist()
         ple = self.ple.device_inputs(slots) if ids is not None else None
         args = (stage.leaves, self.states[0], _place(token, dev, commit=True), _place(rows, dev),
                 _place(sampling, dev), ple)
-        return fn, args, slots
+        if ahead:
+            return self.cache.ahead(key, build, args), args, slots
+        return self.cache.get(key, build), args, slots
+
+    def compile_steps_ahead(self, slot: int, sampling: RowSampling, n_steps: int) -> bool:
+        """Start compiling `run_steps`' program for one row of ``slot`` in a background thread (`CompileCache.ahead`:
+        into JAX's persistent compilation cache), so that it compiles while the prompt's prefill does; the first
+        `run_steps` reads it back (and waits for it if it is not done). Returns whether a compile was started: not
+        when the program is built already, `run_steps` is not available, no persistent cache is on (the program
+        would then be compiled twice), or ``STRATA_COMPILE_AHEAD=0`` (for A/B runs of a cold start).
+
+        Raises:
+          UnsupportedError: ``STRATA_COMPILE_AHEAD`` other than 0 or 1."""
+        from strata_jax.pallas.dispatch import env_choice
+
+        if env_choice("STRATA_COMPILE_AHEAD", "1", ("0", "1")) == "0" or not self.can_run_steps:
+            return False
+        started, _, _ = self._steps_call(np.zeros((1, 1), np.int32), Rows.make([slot], [0], [1]), sampling,
+                                         n_steps, ahead=True)
+        return started
 
     def steps_hlo(self, token, rows: Rows, sampling: RowSampling, n_steps: int) -> str:
         """The final HLO text of `run_steps`' program for this call (compiled, nothing run), as `stage_hlo`."""

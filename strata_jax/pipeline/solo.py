@@ -242,6 +242,9 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
     t0 = time.perf_counter()
     c0 = engine.cache.compiles
+    steps = decode_steps if (not dump_logits and engine.can_run_steps) else 1
+    if steps > 1 and max_new_tokens > 1:  # the decode program compiles while the prefill does (a cold start)
+        engine.compile_steps_ahead(slot, RowSampling.make([sampling]), steps)
     first, prefill_logits = engine.prefill(slot, list(prompt_ids), sampling, all_logits=dump_logits,
                                            on_chunk=on_prefill_chunk)
     stats.prefill_seconds = time.perf_counter() - t0
@@ -256,7 +259,7 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
     t1 = time.perf_counter()
     seq.emit(first)
     c_prev = engine.cache.compiles
-    steps = stats.decode_steps = decode_steps if (not dump_logits and engine.can_run_steps) else 1
+    stats.decode_steps = steps
     # One call ahead: call i + 1 is launched from call i's last pick, still on the device, before the host reads
     # call i and streams it, so the device runs call i + 1 while the host works. A call is one step, or ``steps``
     # steps in one program. When call i ends the sequence (EOS, a stop string, max_new_tokens; for a call of
