@@ -36,6 +36,8 @@
 # where the cold compile of a full-size program goes; COMPILE_S; COMPILE_XLA: compile_probe's --xla_variants),
 # ab_full_steps (profile_step.py --ab on the Flash-Next steps: AB_VARIANTS, e.g. "x:STRATA_ROW_MAP=xla", each
 # variant recompiled on one engine, rounds alternating; AB_S, AB_STEPS, AB_ROUNDS),
+# cold_ab (strata-generate on the 1.5B file from an empty XLA cache: the decode program compiled beside the prefill
+# against after it, STRATA_COMPILE_AHEAD=1 / 0, two rounds; COLD_S per run),
 # xla_ab (XLA flag variants of the same Flash-Next steps, one process each as XLA reads its flags once: XLA_AB
 # "NAME:--flag=v --flag2=v;NAME2:..." against the engine's flags ("base"), rounds alternating; XLA_AB_ROUNDS,
 # XLA_AB_S per process; ms per token from each process's untraced timed programs, the traced run's kernel overlap),
@@ -185,6 +187,16 @@ case "$MODE" in
     IDS=$(python3 -c "print(','.join(str(1 + 37 * i % 500) for i in range(64)))")
     part generate ${GENERATE_S:-150} $NEW STRATA_QMATMUL=${GEN_QMATMUL:-planar} python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" \
       --max_new_tokens 128 --stats_json "$OUT/generate.json"
+    # a cold start of the user path (an empty XLA cache each run): the decode program compiled beside the prefill
+    # (CompileCache.ahead, the default) against one after the other (STRATA_COMPILE_AHEAD=0), alternating
+    want cold_ab && for r in 1 2; do for V in 1 0; do
+      rm -rf /tmp/cold_xla
+      PARTS="$PARTS cold_ab_${V}_$r" part cold_ab_${V}_$r ${COLD_S:-90} env -u JAX_COMPILATION_CACHE_DIR \
+        STRATA_COMPILE_AHEAD=$V $NEW python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" \
+        --max_new_tokens 64 --max_context 1024 --xla_cache_dir /tmp/cold_xla --stats_json "$OUT/cold_ab_${V}_$r.json"
+      python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(f'    cold_ab ahead={sys.argv[2]} round {sys.argv[3]}: built {r[\"compiles\"]} functions in {r[\"compile_seconds\"]:.1f} s, prefill {r[\"prefill_seconds\"]:.1f} s, compiled ahead {r[\"compiled_ahead\"]}, tokens {r[\"tokens\"][:6]}')" \
+        "$OUT/cold_ab_${V}_$r.json" $V $r 2>/dev/null
+    done; done
     # the user path at bench_decode's --max_context (1024; strata-generate's default is 4096)
     part generate_1k ${GENERATE_S:-150} $NEW python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" \
       --max_new_tokens 128 --max_context 1024 --stats_json "$OUT/generate_1k.json"
