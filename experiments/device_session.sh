@@ -36,9 +36,9 @@
 # where the cold compile of a full-size program goes; COMPILE_S; COMPILE_XLA: compile_probe's --xla_variants),
 # ab_full_steps (profile_step.py --ab on the Flash-Next steps: AB_VARIANTS, e.g. "x:STRATA_ROW_MAP=xla", each
 # variant recompiled on one engine, rounds alternating; AB_S, AB_STEPS, AB_ROUNDS),
-# cold_ab (strata-generate on the 1.5B file from an empty XLA cache: the decode program compiled beside the prefill
-# against after it, STRATA_COMPILE_AHEAD=1 / 0, two rounds; COLD_S per run),
-# xla_ab (XLA flag variants of the same Flash-Next steps, one process each as XLA reads its flags once: XLA_AB
+# cold_ab (only when named in PARTS: strata-generate on the 1.5B file from an empty XLA cache, the decode program
+# compiled beside the prefill against after it, STRATA_COMPILE_AHEAD=1 / 0, two rounds; COLD_S per run),
+# xla_ab (only when named in PARTS, with XLA_AB set: XLA flag variants of the same Flash-Next steps, one process each as XLA reads its flags once: XLA_AB
 # "NAME:--flag=v --flag2=v;NAME2:..." against the engine's flags ("base"), rounds alternating; XLA_AB_ROUNDS,
 # XLA_AB_S per process; ms per token from each process's untraced timed programs, the traced run's kernel overlap),
 # batch_gen (strata-generate --batch N, aggregate tok/s; BATCH_NS) and anchor_batched
@@ -189,7 +189,7 @@ case "$MODE" in
       --max_new_tokens 128 --stats_json "$OUT/generate.json"
     # a cold start of the user path (an empty XLA cache each run): the decode program compiled beside the prefill
     # (CompileCache.ahead, the default) against one after the other (STRATA_COMPILE_AHEAD=0), alternating
-    want cold_ab && for r in 1 2; do for V in 1 0; do
+    [[ " $PARTS " == *" cold_ab "* ]] && for r in 1 2; do for V in 1 0; do
       rm -rf /tmp/cold_xla
       PARTS="$PARTS cold_ab_${V}_$r" part cold_ab_${V}_$r ${COLD_S:-90} env -u JAX_COMPILATION_CACHE_DIR \
         STRATA_COMPILE_AHEAD=$V $NEW python3 -m strata_jax.cli.generate --model $MODEL --prompt_ids "$IDS" \
@@ -327,7 +327,8 @@ print(json.dumps({'prompt_ids': [1 + (53 * i + 7) % 9000 for i in range(8192)], 
         ${FULL_LAYERS:+--n_layer $FULL_LAYERS} --kind steps --decode_steps 4 --steps ${AB_STEPS:-40} --warmup 3 \
         --prompt_tokens 16 --max_context 4096 --command_buffers 1 --ple_table device --ab_rounds ${AB_ROUNDS:-2} \
         --ab "${AB_VARIANTS:-}" --out "$OUT/ab_full_steps.json"; fi
-      if want xla_ab; then
+      if [[ " $PARTS " == *" xla_ab "* ]] && [ -z "${XLA_AB:-}" ]; then echo "=== xla_ab skipped: XLA_AB not set"
+      elif [[ " $PARTS " == *" xla_ab "* ]]; then
         for r in $(seq 1 ${XLA_AB_ROUNDS:-2}); do
           VS="base:;${XLA_AB:-}"; [ $((r % 2)) = 0 ] && VS=$(echo "$VS" | tr ';' '\n' | tac | paste -sd';')
           IFS=';' read -ra VA <<< "$VS"

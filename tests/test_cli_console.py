@@ -154,10 +154,11 @@ def test_compile_cache_clear_rebuilds():
     assert cache.get("k", lambda: build("d"))(4) == ("c", 4)   # stored after its first call
 
 
-def test_compile_cache_ahead_waits_and_needs_a_persistent_cache():
-    """`CompileCache.ahead`: nothing starts without a persistent compilation cache (the program would be compiled
-    twice); with one, the key's first call waits for the background compile before it runs; a key built already is
-    not compiled again."""
+def test_compile_cache_ahead_compiles_once_for_the_first_call():
+    """`CompileCache.ahead`: the function is traced and compiled once, in the background thread, and its first call
+    runs that program (the same jitted object: no second trace); the first call waits for the thread; a key built
+    or started already is not compiled again; a donated argument abstracted by ahead may be deleted before the
+    thread runs."""
     import threading
 
     import jax
@@ -165,36 +166,28 @@ def test_compile_cache_ahead_waits_and_needs_a_persistent_cache():
 
     from strata_jax.pipeline.windows import CompileCache
 
-    order, gate = [], threading.Event()
+    traces, gate = [], threading.Event()
 
-    class Lowered:
-        def compile(self):
-            gate.wait(5)
-            order.append("compiled ahead")
+    def build():
+        def f(state, x, n):
+            traces.append(threading.current_thread().name)
+            gate.wait(5)   # holds the background trace until the main thread has asked for the first call
+            return state + x * n, x.sum()
+        return jax.jit(f, donate_argnums=(0,))
 
-    class Jitted:
-        def lower(self, *spec):
-            assert spec[0].shape == (2, 3) and spec[0].dtype == np.float32 and spec[1] == 7  # shapes, not values
-            return Lowered()
-
-        def __call__(self, x, n):
-            order.append("first call")
-            return x
-
-    x = jax.numpy.ones((2, 3), np.float32)
+    state = jax.device_put(jax.numpy.arange(6.0).reshape(2, 3), jax.devices()[0])   # committed, donated below
+    x = np.ones((2, 3), np.float32)
     cache = CompileCache(4)
-    saved = jax.config.jax_compilation_cache_dir
-    try:   # nothing compiles while it is set (the fake function's compile only waits)
-        jax.config.update("jax_compilation_cache_dir", None)
-        assert not cache.ahead("k", Jitted, (x, 7)) and cache.ahead_started == 0
-        jax.config.update("jax_compilation_cache_dir", "/tmp/strata_unused_cache")
-        assert cache.ahead("k", Jitted, (x, 7)) and not cache.ahead("k", Jitted, (x, 7)) and cache.ahead_started == 1
-        fn = cache.get("k", Jitted)
-        threading.Timer(0.2, gate.set).start()
-        assert fn(x, 7) is x and order == ["compiled ahead", "first call"]
-        assert not cache.ahead("k", Jitted, (x, 7))   # built
-    finally:
-        jax.config.update("jax_compilation_cache_dir", saved)
+    assert cache.ahead("k", build, (state, x, 2.0)) and not cache.ahead("k", build, (state, x, 2.0))
+    assert cache.ahead_started == 1
+    fn = cache.get("k", build)
+    threading.Timer(0.2, gate.set).start()
+    out, s = fn(state, x, 2.0)
+    assert np.allclose(out, np.arange(6.0).reshape(2, 3) + 2.0) and float(s) == 6.0
+    assert len(traces) == 1 and traces[0].startswith("strata-compile-ahead"), traces   # traced once, in the thread
+    out2, _ = cache.get("k", build)(out, x, 2.0)
+    assert np.allclose(out2, np.arange(6.0).reshape(2, 3) + 4.0) and len(traces) == 1
+    assert not cache.ahead("k", build, (out2, x, 2.0)) and cache.ahead_started == 1   # built
 
 
 def test_load_progress_counts_every_trunk_tensor():

@@ -396,8 +396,6 @@ def _run_facts() -> dict:
     return {"backend": jax.default_backend(), "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
-
-
 def beside_rate(beside: float | None, st: dict) -> float | None:
     """`BatchScheduler.decode_beside_prefill`'s rate when its steps took >= `solo.RATE_MIN_S`, else None."""
     from strata_jax.pipeline.solo import RATE_MIN_S

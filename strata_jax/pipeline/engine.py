@@ -393,11 +393,10 @@ class Engine:
         return self.cache.get(key, build), args, slots
 
     def compile_steps_ahead(self, slot: int, sampling: RowSampling, n_steps: int) -> bool:
-        """Start compiling `run_steps`' program for one row of ``slot`` in a background thread (`CompileCache.ahead`:
-        into JAX's persistent compilation cache), so that it compiles while the prompt's prefill does; the first
-        `run_steps` reads it back (and waits for it if it is not done). Returns whether a compile was started: not
-        when the program is built already, `run_steps` is not available, no persistent cache is on (the program
-        would then be compiled twice), or ``STRATA_COMPILE_AHEAD=0`` (for A/B runs of a cold start).
+        """Start compiling `run_steps`' program for one row of ``slot`` in a background thread (`CompileCache.ahead`),
+        so that it compiles while the prompt's prefill does; the first `run_steps` runs that program (waiting for it
+        if it is not done). Returns whether a compile was started: not when the program is built already,
+        `run_steps` is not available, or ``STRATA_COMPILE_AHEAD=0`` (for A/B runs of a cold start).
 
         Raises:
           UnsupportedError: ``STRATA_COMPILE_AHEAD`` other than 0 or 1."""
@@ -405,6 +404,8 @@ class Engine:
 
         if env_choice("STRATA_COMPILE_AHEAD", "1", ("0", "1")) == "0" or not self.can_run_steps:
             return False
+        if (0, "steps", 1, int(n_steps), self.n_slots) in self.cache:
+            return False   # built: no device work for the arguments
         started, _, _ = self._steps_call(np.zeros((1, 1), np.int32), Rows.make([slot], [0], [1]), sampling,
                                          n_steps, ahead=True)
         return started

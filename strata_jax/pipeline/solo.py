@@ -243,7 +243,11 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
     t0 = time.perf_counter()
     c0 = engine.cache.compiles
     steps = decode_steps if (not dump_logits and engine.can_run_steps) else 1
-    if steps > 1 and max_new_tokens > 1:  # the decode program compiles while the prefill does (a cold start)
+    # the decode program compiles while the prefill does (a cold start), when the first call after the prefill
+    # will run it (`launch` below: budget and position after the prefill's token)
+    P = len(prompt_ids)
+    budget = min(max_new_tokens - 1, engine.max_context - 1 - P)
+    if steps > 1 and budget >= 1 and (budget >= steps or P + steps <= engine.max_context):
         engine.compile_steps_ahead(slot, RowSampling.make([sampling]), steps)
     first, prefill_logits = engine.prefill(slot, list(prompt_ids), sampling, all_logits=dump_logits,
                                            on_chunk=on_prefill_chunk)

@@ -49,27 +49,35 @@ class CompileCache:
         self.notify = notify
         self.notice_after = float(notice_after)
         self._generation = 0  # bumped by `clear`: a first call begun before it does not store its function
-        self._ahead: dict[Hashable, threading.Thread] = {}  # `ahead` compiles not yet waited for by a first call
+        self._ahead: dict[Hashable, tuple] = {}  # key -> (thread, jitted) of `ahead` compiles not yet called
         self.ahead_started = 0   # `ahead` compiles started
 
     def ahead(self, key: Hashable, build: Callable[[], Callable], args: tuple) -> bool:
         """Start compiling the function ``build()`` for ``key`` with arguments like ``args`` (only their shapes,
-        dtypes and placements are read, here) in a background thread, into JAX's persistent compilation cache: its
-        first call (`get`), later, then reads the program back instead of compiling it, and waits for the thread if
-        it has not finished. Used to compile the decode program while the prompt's prefill compiles (XLA releases
-        the GIL while it compiles; the first cold Flash-Next run built its prefill chunk in 70 s and its decode
-        program in 59 s one after the other, 2026-12-07).
+        dtypes and placements are read, here, on the caller's thread) in a background thread: its first call
+        (`get`), later, runs the same jitted object, whose lowering and executable JAX then has in memory (the
+        call waits for the thread if it has not finished). Used to compile the decode program while the prompt's
+        prefill compiles (XLA releases the GIL while it compiles; a cold Flash-Next start built its prefill chunk in
+        70 s and its decode program in 59 s one after the other, 2026-12-07). With a persistent compilation cache,
+        the thread writes the program there as any compile does.
 
-        Returns whether a thread was started: not when ``key`` is built or started already, or when no persistent
-        compilation cache is on (the program would be compiled twice). A failure in the thread is logged and left
-        to the first call, which compiles as it would have."""
+        The thread is not a daemon: a process that ends before the first call waits for the compile (a daemon
+        thread inside XLA at interpreter exit aborts the process). Returns whether a thread was started: not when
+        ``key`` is built or started already. A failure in the thread is logged and left to the first call, which
+        then compiles as it would have (and raises what is wrong)."""
         import jax
 
-        if key in self._fns or key in self._ahead or not jax.config.jax_compilation_cache_dir:
+        if key in self._fns or key in self._ahead:
             return False
-        spec = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding,
-                                                           weak_type=a.weak_type) if isinstance(a, jax.Array) else a,
-                            args)
+
+        def shape_of(a):
+            if not isinstance(a, jax.Array):
+                return a   # numpy, None, Python scalars: as the call passes them
+            # committed arrays keep their placement (the call's program depends on it), uncommitted ones have none
+            return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding if a.committed else None,
+                                        weak_type=a.weak_type)
+
+        spec = jax.tree.map(shape_of, args)
         jitted = build()
 
         def compile_ahead():
@@ -77,26 +85,28 @@ class CompileCache:
             try:
                 jitted.lower(*spec).compile()
                 log.info("compiled %s ahead in %.2f s", key, time.perf_counter() - t0)
-            except Exception as e:  # the first call compiles it then, and raises what is wrong
-                log.info("compiling %s ahead failed: %s: %s", key, type(e).__name__, e)
+            except Exception as e:
+                log.warning("compiling %s ahead failed (its first call compiles it): %s: %s", key,
+                            type(e).__name__, e)
 
-        t = threading.Thread(target=compile_ahead, name=f"strata-compile-ahead-{key}", daemon=True)
-        self._ahead[key] = t
+        t = threading.Thread(target=compile_ahead, name=f"strata-compile-ahead-{key}")
+        self._ahead[key] = (t, jitted)
         self.ahead_started += 1
         t.start()
         return True
 
     def get(self, key: Hashable, build: Callable[[], Callable]) -> Callable:
-        """The function for ``key``, built with ``build()`` (a jitted function) on first use. The first call of a new
-        function is timed and logged as its compile (after waiting for its `ahead` compile, if one was started)."""
+        """The function for ``key``, built with ``build()`` (a jitted function) on first use, or the one an `ahead`
+        compile started with. The first call of a new function is timed and logged as its compile (for an `ahead`
+        one: the wait for that compile, if it has not finished)."""
         fn = self._fns.get(key)
         if fn is not None:
             self._fns.move_to_end(key)
             return fn
-        jitted = build()
+        pending = self._ahead.pop(key, None)
+        ahead, jitted = pending if pending is not None else (None, build())
         cache = self
         generation = self._generation
-        ahead = self._ahead.pop(key, None)
 
         def first_call(*args, **kwargs):
             t0 = time.perf_counter()
@@ -111,7 +121,7 @@ class CompileCache:
                 timer.start()
             try:
                 if ahead is not None:
-                    ahead.join()   # its program is in the persistent cache now: this call reads it back
+                    ahead.join()   # the program of this jitted object is compiled now (in memory)
                 out = jitted(*args, **kwargs)
                 import jax
 
@@ -146,6 +156,10 @@ class CompileCache:
 
     def __len__(self) -> int:
         return len(self._fns)
+
+    def __contains__(self, key) -> bool:
+        """``key`` is built (or its first call is fetched), or an `ahead` compile of it was started."""
+        return key in self._fns or key in self._ahead
 
 
 def describe_key(key, n_stages: int = 1) -> str:
