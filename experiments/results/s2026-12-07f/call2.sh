@@ -10,7 +10,7 @@ source experiments/subruns.sh
 run a 360 PARTS="env random_gguf pallas anchor" ANCHOR_WAIT_EARLY=0 ANCHOR_S=150 PALLAS_S=170 \
   PALLAS_FILES="tests/pallas/test_planar.py tests/pallas/test_grouped_experts.py tests/test_hybrid.py" \
   PALLAS_K="(f16_prefill_tiles or moe_prefill_config or row_sub_tiles or kblock or planar_prefill or matches or precise) and not interpret"
-# b: the Flash-Next decode steps (8 layers) under the engine's XLA flags and with the command buffers' DAG scheduling
+# b: the Flash-Next decode steps (8 layers; its 60 s per process ran out beside the llama.cpp build) under the engine's XLA flags and with the command buffers' DAG scheduling
 run b 125 PARTS="env xla_ab" XLA_AB_ROUNDS=1 XLA_AB_S=60 FULL_LAYERS=8 \
   XLA_AB="conc:--xla_gpu_command_buffer_scheduling_mode=CONCURRENT"
 # c: our prefill on the 1.5B file (after the build: quiet host cores)

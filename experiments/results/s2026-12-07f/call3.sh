@@ -1,7 +1,7 @@
 #!/bin/bash
 # 2026-12-07 (sixth session), after call2.sh on the same lease: (a) a cold start of strata-generate on the 1.5B file
 # (empty XLA cache each run) with the decode program compiled beside the prefill (CompileCache.ahead) against one
-# after the other (STRATA_COMPILE_AHEAD=0), two rounds; (b) the XLA scheduling A/B's second round (reversed order).
+# after the other (STRATA_COMPILE_AHEAD=0), two rounds; (b) the XLA scheduling A/B again (call2.sh b ran out of time).
 #   device run (carry [".carry"]): TOTAL=380 bash experiments/results/s2026-12-07f/call3.sh
 TOTAL=${TOTAL:-380}
 source experiments/subruns.sh
