@@ -476,3 +476,47 @@ def test_help_does_not_import_jax():
     assert "'jax'" not in proc.stdout and "'flax'" not in proc.stdout, proc.stdout
     proc = run_cli("--help")
     assert proc.returncode == 0 and "--prefill_chunk" in proc.stdout and "multiple of 16" in proc.stdout
+
+
+@pytest.mark.parametrize("ending, code, word", [("interrupt", 130, "interrupted"), ("error", 2, "error: bad"),
+                                                 ("done", 0, None)])
+def test_command_does_not_wait_for_a_compile_ahead(tmp_path, ending, code, word):
+    """A command that ends (Ctrl-C, an error, or normally) while `CompileCache.ahead` still compiles leaves at once
+    with its status (the compile serves nothing any more; a cold Flash-Next decode program takes about a minute),
+    its streamed text flushed; here the background trace sleeps 60 s."""
+    import textwrap
+    import time
+
+    script = tmp_path / "ahead_command.py"   # not cmd.py: that shadows the standard library's cmd
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        import jax
+        from strata_jax.cli import flags as shared
+        from strata_jax.errors import StrataError
+        from strata_jax.pipeline.windows import CompileCache
+
+        def build():
+            def f(x):
+                time.sleep(60)   # at trace time: the background thread is busy for a minute
+                return x
+            return jax.jit(f)
+
+        def main(argv):
+            CompileCache().ahead("k", build, (jax.numpy.ones(3),))
+            print("streamed text", end="")
+            ending = {ending!r}
+            if ending == "interrupt":
+                raise KeyboardInterrupt
+            if ending == "error":
+                raise StrataError("bad")
+            return 0
+
+        shared.run_command(main, "__main__", "test")
+    """))
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert time.perf_counter() - t0 < 40, "waited for the background compile"
+    assert proc.returncode == code and proc.stdout == "streamed text", (proc.returncode, proc.stdout, proc.stderr)
+    if word:
+        assert proc.stderr.strip().splitlines()[-1].startswith(word), proc.stderr
+    assert "Traceback" not in proc.stderr and "terminate called" not in proc.stderr, proc.stderr

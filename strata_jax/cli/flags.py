@@ -554,22 +554,37 @@ def run_command(main, module_name: str, doc: str) -> None:
             print(f"error: {flag_error_text(e)}", file=sys.stderr)
             sys.exit(2)
 
+    def leave(code):
+        """Exit with ``code``; without waiting for a decode program still compiling in the background (a cold
+        Flash-Next decode program takes about a minute): its compile serves nothing once the command ends."""
+        from strata_jax.pipeline.windows import compiles_ahead_running
+
+        if compiles_ahead_running():
+            for f in (sys.stdout, sys.stderr):
+                try:
+                    f.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(0 if code is None else code if isinstance(code, int) else 1)
+        sys.exit(code)
+
     def guarded(argv):
         try:
             apply_gpu_flags()  # before JAX starts a backend
-            sys.exit(main(argv))
+            code = main(argv)
         except StrataError as e:
             if FLAGS.verbose:
                 import traceback
 
                 CONSOLE.note(traceback.format_exc().rstrip())
             CONSOLE.note(f"error: {e}")  # on a line of its own, after any text already streamed
-            sys.exit(2)
+            leave(2)
         except BrokenPipeError:
             exit_broken_pipe()
         except KeyboardInterrupt:
             CONSOLE.note("interrupted")
-            sys.exit(130)
+            leave(130)
+        leave(code)
 
     app.run(guarded, flags_parser=parse)
 

@@ -61,8 +61,9 @@ class CompileCache:
         70 s and its decode program in 59 s one after the other, 2026-12-07). With a persistent compilation cache,
         the thread writes the program there as any compile does.
 
-        The thread is not a daemon: a process that ends before the first call waits for the compile (a daemon
-        thread inside XLA at interpreter exit aborts the process). Returns whether a thread was started: not when
+        The thread is not a daemon: a daemon thread inside XLA at interpreter exit aborts the process. A command
+        that ends while one runs (an error, Ctrl-C, a sequence that stopped before its first decode call) leaves
+        with ``os._exit`` instead of waiting for it (`strata_jax.cli.flags.run_command`, `compiles_ahead_running`). Returns whether a thread was started: not when
         ``key`` is built or started already. A failure in the thread is logged and left to the first call, which
         then compiles as it would have (and raises what is wrong)."""
         import jax
@@ -89,7 +90,7 @@ class CompileCache:
                 log.warning("compiling %s ahead failed (its first call compiles it): %s: %s", key,
                             type(e).__name__, e)
 
-        t = threading.Thread(target=compile_ahead, name=f"strata-compile-ahead-{key}")
+        t = threading.Thread(target=compile_ahead, name=f"{AHEAD_THREAD}-{key}")
         self._ahead[key] = (t, jitted)
         self.ahead_started += 1
         t.start()
@@ -160,6 +161,14 @@ class CompileCache:
     def __contains__(self, key) -> bool:
         """``key`` is built (or its first call is fetched), or an `ahead` compile of it was started."""
         return key in self._fns or key in self._ahead
+
+
+AHEAD_THREAD = "strata-compile-ahead"   # the name prefix of `CompileCache.ahead`'s threads
+
+
+def compiles_ahead_running() -> bool:
+    """Whether an `CompileCache.ahead` compile is still running (a process that ends now would wait for it)."""
+    return any(t.name.startswith(AHEAD_THREAD) and t.is_alive() for t in threading.enumerate())
 
 
 def describe_key(key, n_stages: int = 1) -> str:
