@@ -519,4 +519,12 @@ def test_command_does_not_wait_for_a_compile_ahead(tmp_path, ending, code, word)
     assert proc.returncode == code and proc.stdout == "streamed text", (proc.returncode, proc.stdout, proc.stderr)
     if word:
         assert proc.stderr.strip().splitlines()[-1].startswith(word), proc.stderr
+    assert "Fatal Python error" not in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and "terminate called" not in proc.stderr, proc.stderr
+
+
+def test_bad_compile_ahead_value_before_the_model_loads(tmp_path):
+    """STRATA_COMPILE_AHEAD other than 0 / 1 is one error line, before anything loads (a missing model is not
+    reached), whatever --decode_steps."""
+    proc = run_cli("--model", str(tmp_path / "absent.gguf"), "--prompt", "hi", env={"STRATA_COMPILE_AHEAD": "yes"})
+    assert_clean_error(proc, "STRATA_COMPILE_AHEAD='yes'", "'0', '1'")

@@ -554,12 +554,14 @@ def run_command(main, module_name: str, doc: str) -> None:
             print(f"error: {flag_error_text(e)}", file=sys.stderr)
             sys.exit(2)
 
-    def leave(code):
+    def leave(code, now: bool = False):
         """Exit with ``code``; without waiting for a decode program still compiling in the background (a cold
-        Flash-Next decode program takes about a minute): its compile serves nothing once the command ends."""
+        Flash-Next decode program takes about a minute): its compile serves nothing once the command ends. With
+        ``now`` (Ctrl-C) always so: an interpreter shutting down while XLA compiles can crash (a segfault on the
+        hybrid fixture, interrupted in its prefill compile)."""
         from strata_jax.pipeline.windows import compiles_ahead_running
 
-        if compiles_ahead_running():
+        if now or compiles_ahead_running():
             for f in (sys.stdout, sys.stderr):
                 try:
                     f.flush()
@@ -583,7 +585,7 @@ def run_command(main, module_name: str, doc: str) -> None:
             exit_broken_pipe()
         except KeyboardInterrupt:
             CONSOLE.note("interrupted")
-            leave(130)
+            leave(130, now=True)
         leave(code)
 
     app.run(guarded, flags_parser=parse)

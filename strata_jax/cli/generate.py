@@ -64,6 +64,9 @@ def _check_flags(argv) -> dict:
         fail(f"unexpected argument{'s' if len(extra) > 1 else ''} {' '.join(repr(a) for a in extra)}: each flag "
              f"takes one value; put text with spaces in quotes, e.g. --prompt \"hello there\"")
     plan: dict = {"text": None, "ids": None, "lines": None}
+    from strata_jax.pipeline.solo import compile_ahead_enabled
+
+    compile_ahead_enabled()   # a bad STRATA_COMPILE_AHEAD is one error line before the model loads
     given = [n for n in ("prompt", "prompt_file", "prompt_ids") if getattr(FLAGS, n) is not None]
     batch = FLAGS.prompts_file is not None
     if FLAGS.batch > 1 and not batch:

@@ -395,14 +395,9 @@ class Engine:
     def compile_steps_ahead(self, slot: int, sampling: RowSampling, n_steps: int) -> bool:
         """Start compiling `run_steps`' program for one row of ``slot`` in a background thread (`CompileCache.ahead`),
         so that it compiles while the prompt's prefill does; the first `run_steps` runs that program (waiting for it
-        if it is not done). Returns whether a compile was started: not when the program is built already,
-        `run_steps` is not available, or ``STRATA_COMPILE_AHEAD=0`` (for A/B runs of a cold start).
-
-        Raises:
-          UnsupportedError: ``STRATA_COMPILE_AHEAD`` other than 0 or 1."""
-        from strata_jax.pallas.dispatch import env_choice
-
-        if env_choice("STRATA_COMPILE_AHEAD", "1", ("0", "1")) == "0" or not self.can_run_steps:
+        if it is not done). Returns whether a compile was started: not when the program is built already or
+        `run_steps` is not available."""
+        if not self.can_run_steps:
             return False
         if (0, "steps", 1, int(n_steps), self.n_slots) in self.cache:
             return False   # built: no device work for the arguments

@@ -197,6 +197,18 @@ class _Round:
     asked: bool = False
 
 
+def compile_ahead_enabled() -> bool:
+    """``STRATA_COMPILE_AHEAD`` (default 1): whether `generate` compiles the decode program beside the prefill
+    (`Engine.compile_steps_ahead`); 0 compiles them one after the other (A/B runs of a cold start: the first token
+    comes a little sooner, the whole start later).
+
+    Raises:
+      UnsupportedError: another value."""
+    from strata_jax.pallas.dispatch import env_choice
+
+    return env_choice("STRATA_COMPILE_AHEAD", "1", ("0", "1")) == "1"
+
+
 def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256,
              sampling: SamplingParams = SamplingParams(), eos_ids=(), stop: Callable[[list[int]], bool] | None = None,
              on_token: Callable[[int], None] | None = None, slot: int = 0, dump_logits: bool = False,
@@ -229,9 +241,11 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
       `Generation`.
 
     Raises:
-      StrataError: the prompt does not fit the context; ``spec`` outside 2..8 with a proposer; ``decode_steps`` < 1.
+      StrataError: the prompt does not fit the context; ``spec`` outside 2..8 with a proposer; ``decode_steps`` < 1;
+        ``STRATA_COMPILE_AHEAD`` not 0 or 1 (`compile_ahead_enabled`).
     """
     decode_steps = check_decode_steps(decode_steps)
+    ahead = compile_ahead_enabled()
     if proposer is not None and spec:
         if not 2 <= spec <= MAX_WINDOW:
             raise StrataError(f"--spec {spec}: the window cap must lie in 2..{MAX_WINDOW}")
@@ -247,7 +261,7 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
     # will run it (`launch` below: budget and position after the prefill's token)
     P = len(prompt_ids)
     budget = min(max_new_tokens - 1, engine.max_context - 1 - P)
-    if steps > 1 and budget >= 1 and (budget >= steps or P + steps <= engine.max_context):
+    if ahead and steps > 1 and budget >= 1 and (budget >= steps or P + steps <= engine.max_context):
         engine.compile_steps_ahead(slot, RowSampling.make([sampling]), steps)
     first, prefill_logits = engine.prefill(slot, list(prompt_ids), sampling, all_logits=dump_logits,
                                            on_chunk=on_prefill_chunk)
