@@ -752,7 +752,8 @@ def test_invalid_unicode_and_huge_numbers_over_http_are_400():
     cases = [("/v1/completions", b'{"prompt": "a\\ud800b"}', "prompt", "not valid Unicode"),
              ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\udc00"}]}',
               "messages[0].content", "not valid Unicode"),
-             ("/v1/completions", b'{"prompt": [1], "temperature": 1' + b"0" * 400 + b"}", "temperature", "must lie in [0, 2]"),
+             ("/v1/completions", b'{"prompt": [1], "temperature": 1' + b"0" * 400 + b"}", "temperature",
+              "must lie in [0, 2]"),
              ("/v1/completions", b'{"prompt": [1], "seed": 1' + b"0" * 5000 + b"}", None, "not valid JSON")]
     with TestClient(app) as c:
         for path, raw, param, needle in cases:

@@ -570,8 +570,9 @@ def run_batch(engine, lines, tok=None) -> int:
              "measured_seconds": t_run,
              "rate_rule": "tok_s leaves out the scheduler steps during which something compiled (their tokens and "
                           "their time) and the time spent waiting for arrivals with no request active "
-                          "(idle_seconds); null under 0.05 s of measured_seconds (decode_beside_prefill_tok_s: of "
-                          "beside_prefill_seconds); tok_s_with_compiles counts everything",
+                          f"(idle_seconds); null under {RATE_MIN_S:g} s of measured_seconds "
+                          "(decode_beside_prefill_tok_s: of beside_prefill_seconds); tok_s_with_compiles counts "
+                          "everything",
              "compiled_steps": compiled_steps, "compiled_step_tokens": compiled_tok,
              "compiled_step_seconds": compiled_s, "decode_steps": sch.decode_steps,
              **{k: v for k, v in sch.stats.items()},

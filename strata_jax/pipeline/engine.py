@@ -381,7 +381,7 @@ class Engine:
         stage = self.stages[0]
         B = int(np.shape(token)[0])
         ids = self.ple.ids if self.ple is not None else None
-        key = (0, "steps", B, int(n_steps), self.n_slots)
+        key = self._steps_key(B, n_steps)
         build = lambda: build_steps_fn(stage, int(n_steps), self.max_context, ids)  # noqa: E731
         dev = stage.device
         slots = np.asarray(rows.slot).tolist()
@@ -392,6 +392,10 @@ class Engine:
             return self.cache.ahead(key, build, args), args, slots
         return self.cache.get(key, build), args, slots
 
+    def _steps_key(self, B: int, n_steps: int) -> tuple:
+        """The compile cache's key of `run_steps`' program for B rows."""
+        return (0, "steps", int(B), int(n_steps), self.n_slots)
+
     def compile_steps_ahead(self, slot: int, sampling: RowSampling, n_steps: int) -> bool:
         """Start compiling `run_steps`' program for one row of ``slot`` in a background thread (`CompileCache.ahead`),
         so that it compiles while the prompt's prefill does; the first `run_steps` runs that program (waiting for it
@@ -399,8 +403,8 @@ class Engine:
         `run_steps` is not available."""
         if not self.can_run_steps:
             return False
-        if (0, "steps", 1, int(n_steps), self.n_slots) in self.cache:
-            return False   # built: no device work for the arguments
+        if self._steps_key(1, n_steps) in self.cache:
+            return False   # built or started: no device work for the arguments
         started, _, _ = self._steps_call(np.zeros((1, 1), np.int32), Rows.make([slot], [0], [1]), sampling,
                                          n_steps, ahead=True)
         return started

@@ -173,8 +173,8 @@ class EngineLoop:
             if self.max_queue is not None:
                 free = max(0, self.n_slots - self.running)
                 if self.queue_depth >= free + self.max_queue:
-                    raise QueueFull(f"the server is busy: {self.queue_depth} request"
-                                    f"{' already waits' if self.queue_depth == 1 else 's already wait'} for its {self.n_slots} "
+                    waits = " already waits" if self.queue_depth == 1 else "s already wait"
+                    raise QueueFull(f"the server is busy: {self.queue_depth} request{waits} for its {self.n_slots} "
                                     f"slot{'' if self.n_slots == 1 else 's'} (--max_queue {self.max_queue}); retry "
                                     f"later", self.retry_after)
             if req.rid is None:

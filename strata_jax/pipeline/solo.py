@@ -257,11 +257,17 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
     t0 = time.perf_counter()
     c0 = engine.cache.compiles
     steps = decode_steps if (not dump_logits and engine.can_run_steps) else 1
+
+    def runs_steps(pos: int, budget: int) -> bool:
+        """A call at ``pos`` with ``budget`` tokens left runs ``steps`` steps in one program (`launch`): not
+        within ``steps`` cells of the context end, unless the budget ends first."""
+        return steps > 1 and (budget >= steps or pos + steps <= engine.max_context)
+
     # the decode program compiles while the prefill does (a cold start), when the first call after the prefill
-    # will run it (`launch` below: budget and position after the prefill's token)
+    # will run it (position and budget after the prefill's token, as `Sequence` gives them)
     P = len(prompt_ids)
     budget = min(max_new_tokens - 1, engine.max_context - 1 - P)
-    if ahead and steps > 1 and budget >= 1 and (budget >= steps or P + steps <= engine.max_context):
+    if ahead and budget >= 1 and runs_steps(P, budget):
         engine.compile_steps_ahead(slot, RowSampling.make([sampling]), steps)
     first, prefill_logits = engine.prefill(slot, list(prompt_ids), sampling, all_logits=dump_logits,
                                            on_chunk=on_prefill_chunk)
@@ -286,7 +292,7 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
     # writes past the context end: there the last tokens run one step per call.
 
     def launch(token, pos: int, budget: int) -> _Call:
-        if steps > 1 and (budget >= steps or pos + steps <= engine.max_context):
+        if runs_steps(pos, budget):
             stats.step_programs += 1
             out = engine.run_steps(token, Rows.make([slot], [pos], [1]), samp, steps)
             return _Call(out["picks"], out["last"], pos, min(steps, budget))
