@@ -541,6 +541,13 @@ def test_serve_flag_errors_before_load():
             assert line.startswith("error: ") and all(n in line for n in needles), (args, line)
     finally:
         busy.close()
+    # the warm-up's compile ahead: a bad STRATA_COMPILE_AHEAD is the first error (the model is not reached)
+    proc = subprocess.run([sys.executable, "-m", "strata_jax.cli.serve", "--model", NO_MODEL, "--port", "0"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "STRATA_COMPILE_AHEAD": "yes"})
+    line = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert line.startswith("error: ") and "STRATA_COMPILE_AHEAD='yes'" in line and "no-such-model" not in line, line
 
 
 def test_serve_refuses_a_model_without_tokenizer():
@@ -606,10 +613,100 @@ def test_warmup_compiles_what_a_lone_request_runs(served, monkeypatch, n_steps):
 
 
 @pytest.mark.slow
+def test_warmup_compiles_the_step_programs_ahead(served, monkeypatch):
+    """strata-serve's warm-up with --decode_steps 3 starts compiling the programs of 3 steps it runs (for 1 row and
+    for a row per slot, 2) in background threads before its rounds (`BatchScheduler.compile_steps_ahead`): each is
+    traced and compiled once, in its thread, and the rounds' first programs of 3 steps run those (the loop's thread
+    compiles 2 programs fewer than without compile-ahead, nothing is traced again); the warm-up line counts them.
+    With STRATA_COMPILE_AHEAD=0 none starts, and the tokens of a request alone and of 2 at once after the warm-up
+    are the same."""
+    import jax
+
+    from strata_jax.cli import flags as shared
+    from strata_jax.cli.serve import _warmup
+    from strata_jax.pipeline import engine as engine_mod
+    from strata_jax.pipeline import stages
+    from strata_jax.pipeline.groups import resolve_groups
+    from strata_jax.pipeline.loop import EngineLoop
+    from strata_jax.pipeline.scheduler import BatchScheduler, Request
+    from strata_jax.pipeline.windows import AHEAD_THREAD, CompileCache
+
+    eng, tok = served.engine, served.tok
+    res = resolve_groups(2, 1)
+    assert BatchScheduler(eng, res, decode_steps=3).step_program_rows == [1, 2]
+    assert BatchScheduler(eng, res, decode_steps=3, solo_return=False).step_program_rows == [2]
+    assert BatchScheduler(eng, res, decode_steps=1).step_program_rows == []
+    traces, compiles = [], []   # (thread, rows, steps) per trace of a steps program; (thread) per 'fn' XLA compile
+    real_build, real_body = stages.build_steps_fn, stages.stage_fn_body
+
+    def counting_build(stage, n_steps, max_context, ple_ids=None):
+        def body(*a, **k):
+            inner = real_body(*a, **k)
+
+            def traced(params, state, token, *rest):
+                traces.append((threading.current_thread().name, token.shape[0], n_steps))
+                return inner(params, state, token, *rest)
+            return traced
+
+        stages.stage_fn_body = body   # read by build_steps_fn when it builds, not when it traces
+        try:
+            return real_build(stage, n_steps, max_context, ple_ids)
+        finally:
+            stages.stage_fn_body = real_body
+
+    def on_duration(event, secs, **kw):
+        if event == "/jax/core/compile/backend_compile_duration" and kw.get("fun_name") == "jit(fn)":
+            compiles.append(threading.current_thread().name)   # a stage, steps or commit program (not a reset)
+
+    monkeypatch.setattr(engine_mod, "build_steps_fn", counting_build)
+    ids = _prompt_ids(tok, "chat", "Name a color.")
+    other = _prompt_ids(tok, "completion", "Once upon a time")
+    keys = [(0, "steps", 1, 3, 2), (0, "steps", 2, 3, 2)]
+
+    def warm_and_ask(ahead: str):
+        monkeypatch.setenv("STRATA_COMPILE_AHEAD", ahead)
+        monkeypatch.setattr(eng, "cache", CompileCache(eng.cache.capacity))
+        traces.clear()
+        compiles.clear()
+        sch = BatchScheduler(eng, res, decode_steps=3)
+        loop = EngineLoop(sch).start()
+        jax.monitoring.register_event_duration_secs_listener(on_duration)
+        try:
+            started = _warmup(loop, eng, tok)
+            warm_traces, warm_compiles, n_warm = list(traces), list(compiles), eng.cache.compiles
+            summary = shared.compile_summary([eng.cache])
+            alone = loop.submit(Request(ids, 9, DEFAULT)).wait(300).tokens
+            both = [x.wait(300).tokens for x in loop.submit_all([Request(other, 9, DEFAULT), Request(ids, 9, DEFAULT)])]
+            # nothing traced or compiled after the warm-up, and its rounds ran programs of 3 steps
+            assert traces == warm_traces and compiles == warm_compiles and eng.cache.compiles == n_warm
+            assert sch.stats["step_programs"] > 0 and all(k in eng.cache._fns for k in keys), set(eng.cache._fns)
+            return started, warm_traces, warm_compiles, summary, [alone, *both]
+        finally:
+            jax.monitoring.unregister_event_duration_listener(on_duration)
+            assert loop.close(timeout=60)
+
+    started, tr, comp, summary, out = warm_and_ask("1")
+    cache = eng.cache
+    assert started == keys and cache.ahead_started == cache.ahead_used == 2 and not cache._ahead
+    # each program traced once, in its own background thread: the first real call reused the jitted object
+    assert sorted(tr) == [(f"{AHEAD_THREAD}-{k}", k[2], 3) for k in keys], tr
+    ahead_compiles = [t for t in comp if t.startswith(AHEAD_THREAD)]
+    assert len(ahead_compiles) == 2 and len(set(ahead_compiles)) == 2, comp
+    assert re.search(r"^(compiled|built) \d+ functions \(2 ahead\) in [\d.]+ s; ", summary), summary
+
+    started0, tr0, comp0, summary0, out0 = warm_and_ask("0")
+    assert started0 == [] and eng.cache.ahead_started == eng.cache.ahead_used == 0 and "ahead" not in summary0
+    assert sorted((t, b, n) for t, b, n in tr0) == [("strata-engine-loop", 1, 3), ("strata-engine-loop", 2, 3)], tr0
+    assert not any(t.startswith(AHEAD_THREAD) for t in comp0)
+    assert comp.count("strata-engine-loop") + 2 == comp0.count("strata-engine-loop") == len(comp0), (comp, comp0)
+    assert out == out0 and all(out) and out[0] == out[2], (out, out0)   # greedy: the same prompt, the same tokens
+
+
+@pytest.mark.slow
 def test_serve_warmup_compiles_the_step_programs(model_path, tmp_path):
-    """strata-serve --decode_steps 3: the warm-up line says what it compiled and what the XLA cache read and wrote
-    (a second start reads every program back, compiles none); a request after it compiles nothing (/metrics) and
-    runs programs of 3 steps, which /metrics counts."""
+    """strata-serve --decode_steps 3: the warm-up line says what it compiled (the programs of 3 steps ahead) and what
+    the XLA cache read and wrote (a second start reads every program back, compiles none); a request after it
+    compiles nothing (/metrics) and runs programs of 3 steps, which /metrics counts."""
     def metric(text, name):
         return float(next(ln.split()[-1] for ln in text.splitlines() if ln.startswith(name + " ")))
 
@@ -619,9 +716,10 @@ def test_serve_warmup_compiles_the_step_programs(model_path, tmp_path):
         try:
             assert "warming up: 1 request of 5 tokens, then 2 at once of 6 tokens ...\n" in lines, lines
             warm = next(ln for ln in lines if ln.startswith("warmed up in "))
-            m = re.search(r": built (\d+) functions in [\d.]+ s; XLA cache: (\d+) read, (\d+) compiled and written$",
-                          warm.strip())
+            m = re.search(r": built (\d+) functions \(2 ahead\) in [\d.]+ s; XLA cache: (\d+) read, (\d+) compiled "
+                          r"and written$", warm.strip())
             assert m and int(m[1]) >= 6, warm  # prefill, reset, a step and a program of 3 steps for 1 and 2 slots
+            # (those two built ahead, in background threads: the warm-up's compile ahead)
             read, written = int(m[2]), int(m[3])
             assert (read == 0 and written > 0) if run == 0 else (read > 0 and written == 0), warm
             before = httpx.get(f"http://{url}/metrics").text

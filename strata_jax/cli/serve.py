@@ -41,7 +41,8 @@ flags.DEFINE_string("model_name", None, "The model id /v1/models lists and answe
                     "name, without .gguf).")
 flags.DEFINE_bool("warmup", True, "Before listening, decode one short request alone, then --batch at once, so the "
                   "first requests do not wait for the prefill and window compiles (nor for the programs of "
-                  "several steps, --decode_steps).")
+                  "several steps, --decode_steps: these compile in background threads beside the others; "
+                  "STRATA_COMPILE_AHEAD=0 compiles them one after another).")
 
 
 def _draining_server_class():
@@ -102,19 +103,31 @@ def _warmup_rounds(sch) -> list[tuple[int, int]]:
     return [(k, 3 if N == 1 else N + k + 1) for k in [1] + ([n] if n > 1 else [])]
 
 
-def _warmup(loop, engine, tokenizer) -> None:
+def _warmup(loop, engine, tokenizer) -> list:
     """`_warmup_rounds` on ``loop`` before the first client's request: the prefill and the solo path's decode
     shapes (a lone request's), then the batch window shapes, each with its program of several decode steps when
-    the scheduler runs them; the requests of a round reach the scheduler together."""
+    the scheduler runs them; the requests of a round reach the scheduler together.
+
+    Before the rounds, those programs of several steps (for one row and for a row per slot:
+    `BatchScheduler.step_program_rows`) start compiling in background threads
+    (`BatchScheduler.compile_steps_ahead`; not with ``STRATA_COMPILE_AHEAD=0``, `compile_ahead_enabled`), for
+    greedy rows as the warm-up's are: they compile beside the rounds' prefill, step and window programs instead of
+    one after another at their first calls (on a GPU a cold compile of the 48-layer model's program takes 40-70 s;
+    XLA releases the GIL while it compiles). Nothing is submitted yet, so the loop's thread is idle while the
+    engine is read here. Returns the compile cache keys compiled ahead."""
     from strata_jax.pipeline.scheduler import Request
+    from strata_jax.pipeline.solo import compile_ahead_enabled
     from strata_jax.sampling import SamplingParams
 
+    greedy = SamplingParams(0.0)
+    ahead = loop.sch.compile_steps_ahead(greedy) if compile_ahead_enabled() else []
     rounds = _warmup_rounds(loop.sch)
     most = max(k for _, k in rounds)
     ids = list(tokenizer.encode("Hello"))[: max(1, engine.max_context - 1 - most)] or [0]
     for r, (n, k) in enumerate(rounds):
-        for s in loop.submit_all([Request(ids, k, SamplingParams(0.0), rid=f"warmup-{r}-{i}") for i in range(n)]):
+        for s in loop.submit_all([Request(ids, k, greedy, rid=f"warmup-{r}-{i}") for i in range(n)]):
             s.wait()
+    return ahead
 
 
 def main(argv) -> int:
@@ -129,6 +142,9 @@ def main(argv) -> int:
              f"takes one value")
     shared.check_spec_flag()
     shared.check_shared_flags(batch=True)
+    from strata_jax.pipeline.solo import compile_ahead_enabled
+
+    compile_ahead_enabled()   # a bad STRATA_COMPILE_AHEAD is one error line before the model loads (the warm-up's)
     from strata_jax.cli.openai_api import MAX_TEMPERATURE
 
     if not 0.0 <= FLAGS.temperature <= MAX_TEMPERATURE:  # the default of requests: the range a request may ask for

@@ -381,7 +381,7 @@ class Engine:
         stage = self.stages[0]
         B = int(np.shape(token)[0])
         ids = self.ple.ids if self.ple is not None else None
-        key = self._steps_key(B, n_steps)
+        key = self.steps_key(B, n_steps)
         build = lambda: build_steps_fn(stage, int(n_steps), self.max_context, ids)  # noqa: E731
         dev = stage.device
         slots = np.asarray(rows.slot).tolist()
@@ -392,20 +392,24 @@ class Engine:
             return self.cache.ahead(key, build, args), args, slots
         return self.cache.get(key, build), args, slots
 
-    def _steps_key(self, B: int, n_steps: int) -> tuple:
+    def steps_key(self, B: int, n_steps: int) -> tuple:
         """The compile cache's key of `run_steps`' program for B rows."""
         return (0, "steps", int(B), int(n_steps), self.n_slots)
 
-    def compile_steps_ahead(self, slot: int, sampling: RowSampling, n_steps: int) -> bool:
-        """Start compiling `run_steps`' program for one row of ``slot`` in a background thread (`CompileCache.ahead`),
-        so that it compiles while the prompt's prefill does; the first `run_steps` runs that program (waiting for it
-        if it is not done). Returns whether a compile was started: not when the program is built already or
-        `run_steps` is not available."""
+    def compile_steps_ahead(self, slots: list[int], sampling: RowSampling, n_steps: int) -> bool:
+        """Start compiling `run_steps`' program for one row on each of ``slots`` (B = ``len(slots)`` rows) in a
+        background thread (`CompileCache.ahead`), so that it compiles while something else does: the prompt's
+        prefill (the solo path), the other programs of strata-serve's warm-up. The first `run_steps` with B rows
+        runs that program (waiting for it if it is not done). The arguments are those `run_steps` is given (a token
+        [B, 1] placed on the stage, host `Rows`, ``sampling``, whose ``all_greedy`` is part of the program: the
+        rows' settings must be greedy or not as the first call's are). Returns whether a compile was started: not
+        when the program is built or started already, or `run_steps` is not available."""
         if not self.can_run_steps:
             return False
-        if self._steps_key(1, n_steps) in self.cache:
+        B = len(slots)
+        if self.steps_key(B, n_steps) in self.cache:
             return False   # built or started: no device work for the arguments
-        started, _, _ = self._steps_call(np.zeros((1, 1), np.int32), Rows.make([slot], [0], [1]), sampling,
+        started, _, _ = self._steps_call(np.zeros((B, 1), np.int32), Rows.make(slots, [0] * B, [1] * B), sampling,
                                          n_steps, ahead=True)
         return started
 

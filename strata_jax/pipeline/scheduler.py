@@ -338,6 +338,32 @@ class BatchScheduler:
             return ("--batch_mtp" if self.mode == "batch_mtp" else "--draft") + " decodes in verify windows"
         return ""
 
+    @property
+    def step_program_rows(self) -> list[int]:
+        """The row counts B of the programs of ``decode_steps`` steps this scheduler runs (`Engine.run_steps`,
+        ascending; none with ``decode_steps`` 1): 1 for a lone request on the solo path (``solo_return``), and the
+        serial window's rows, ``min(n_slots, MAX_WINDOW)``: a plain step runs as such a program only while no slot
+        is being read (`_steps_for`), and then the window has a row on every slot up to `MAX_WINDOW` (dummy rows
+        on the idle ones, `_plan_serial`); a chained step keeps its predecessor's rows."""
+        if self.decode_steps <= 1:
+            return []
+        return sorted({min(self.engine.n_slots, MAX_WINDOW)} | ({1} if self.solo_return else set()))
+
+    def compile_steps_ahead(self, sampling: SamplingParams = _DUMMY) -> list:
+        """Start compiling the programs of `step_program_rows` in background threads (`Engine.compile_steps_ahead`,
+        `CompileCache.ahead`), for rows of ``sampling``'s kind (greedy or not: two programs; dummy rows are
+        greedy), so that they compile beside what the caller runs next instead of each at its first call
+        (strata-serve's warm-up: on a GPU a cold compile of a large model's program takes about a minute). The
+        first program of several steps with B rows then runs the compiled one. Call it from the thread that
+        steps the scheduler, or while that thread is idle (nothing submitted: it reads the engine's state).
+        Returns the compile cache keys started (none where built or started already)."""
+        eng = self.engine
+        started = []
+        for B in self.step_program_rows:
+            if eng.compile_steps_ahead(list(range(B)), RowSampling.make([sampling] * B), self.decode_steps):
+                started.append(eng.steps_key(B, self.decode_steps))
+        return started
+
     # ---- requests ------------------------------------------------------------------------------------------------
     def submit(self, req: Request):
         """Queue a request; returns its id.

@@ -199,8 +199,9 @@ class _Round:
 
 def compile_ahead_enabled() -> bool:
     """``STRATA_COMPILE_AHEAD`` (default 1): whether `generate` compiles the decode program beside the prefill
-    (`Engine.compile_steps_ahead`); 0 compiles them one after the other (A/B runs of a cold start: the first token
-    comes a little sooner, the whole start later).
+    (`Engine.compile_steps_ahead`), and strata-serve's warm-up its programs of several steps beside its other
+    programs (`BatchScheduler.compile_steps_ahead`); 0 compiles them one after the other (A/B runs of a cold
+    start: the first token comes a little sooner, the whole start later).
 
     Raises:
       UnsupportedError: another value."""
@@ -268,7 +269,7 @@ def generate(engine: Engine, prompt_ids: list[int], *, max_new_tokens: int = 256
     P = len(prompt_ids)
     budget = min(max_new_tokens - 1, engine.max_context - 1 - P)
     if ahead and budget >= 1 and runs_steps(P, budget):
-        engine.compile_steps_ahead(slot, RowSampling.make([sampling]), steps)
+        engine.compile_steps_ahead([slot], RowSampling.make([sampling]), steps)
     first, prefill_logits = engine.prefill(slot, list(prompt_ids), sampling, all_logits=dump_logits,
                                            on_chunk=on_prefill_chunk)
     stats.prefill_seconds = time.perf_counter() - t0

@@ -36,6 +36,7 @@ class CompileCache:
       compile_seconds: total seconds spent in first calls (trace + compile + first run; for a function compiled
         `ahead`, the wait for that compile and the first run).
       ahead_started: `ahead` compiles started.
+      ahead_used: functions of ``compiles`` whose program an `ahead` compile started (their first call was fetched).
     """
 
     def __init__(self, capacity: int = 32, notify: Callable | None = None, notice_after: float = 1.0):
@@ -51,6 +52,7 @@ class CompileCache:
         self._generation = 0  # bumped by `clear`: a first call begun before it does not store its function
         self._ahead: dict[Hashable, tuple] = {}  # key -> (thread, jitted) of `ahead` compiles not yet called
         self.ahead_started = 0   # `ahead` compiles started
+        self.ahead_used = 0      # of them, fetched by `get` (counted in compiles)
 
     def ahead(self, key: Hashable, build: Callable[[], Callable], args: tuple) -> bool:
         """Start compiling the function ``build()`` for ``key`` with arguments like ``args`` (only their shapes,
@@ -106,6 +108,7 @@ class CompileCache:
             return fn
         pending = self._ahead.pop(key, None)
         ahead, jitted = pending if pending is not None else (None, build())
+        self.ahead_used += pending is not None
         cache = self
         generation = self._generation
 
