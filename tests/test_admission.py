@@ -62,11 +62,12 @@ def _slot_state(eng, slot):
     return out
 
 
-def _run_recorded(eng, res, reqs, prefill_chunks):
-    """Run ``reqs``; returns (results, events, scheduler, the long request's slot state at its first token).
-    Events: ("chunk", rid) per prefill chunk the engine reads, ("launch", k) per decode launch on stage k (a window
-    or step on a stage), ("tok", rid) per streamed token."""
-    sch = BatchScheduler(eng, res, prefill_chunks=prefill_chunks)
+def _run_recorded(eng, res, reqs, prefill_chunks, decode_steps=1):
+    """Run ``reqs`` (``decode_steps`` steps per program where the scheduler may); returns (results, events,
+    scheduler, the long request's slot state at its first token). Events: ("chunk", rid) per prefill chunk the
+    engine reads, ("launch", k) per decode launch on stage k (a window or step on a stage), ("tok", rid) per
+    streamed token."""
+    sch = BatchScheduler(eng, res, prefill_chunks=prefill_chunks, decode_steps=decode_steps)
     events, snap = [], {}
     by_slot = lambda s: next(r.rid for r in sch.results.values() if r.slot == s and not r.stop_reason)  # noqa: E731
     run, run_stage = eng.run, eng.run_stage
@@ -161,6 +162,56 @@ def test_long_prompt_read_between_serial_windows(engine_for, monkeypatch, prefil
     sch = _check(eng, res, _requests(eng, 1), prefill_chunks, {"d0"})
     if prefill_chunks:
         assert sch.decode_beside_prefill() is not None and sch.decode_beside_prefill() > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("decode_steps", [1, 3])
+def test_long_prompt_admitted_beside_chained_serial_steps(engine_for, monkeypatch, decode_steps):
+    """Two requests decode in chained serial steps on 3 slots (each step launched from the previous one's picks,
+    with a dummy row on the idle slot) when the long prompt takes that idle slot: its read must not run beside a
+    step chained from a window planned before it began (that window's dummy row on the slot would write into the
+    half-read prompt). Every request's tokens equal its solo decode and the slot's state after the read equals a
+    one-go prefill. Then the same with the long request cancelled mid-read: the steps after it run the layouts a
+    fresh plan has (`BatchScheduler.step_program_rows`, those strata-serve's warm-up compiles), not the read's
+    narrower one."""
+    eng = _engine(engine_for, n_slots=3)
+    monkeypatch.setattr(eng, "prefill_chunk", CHUNK)
+    res = resolve_groups(3, 1)
+    V = eng.cfg.vocab_size
+    reqs = [Request([t % V for t in BASE[:12 + 2 * i]], 16, bx.GREEDY, rid=f"d{i}") for i in range(2)]
+    long = [(t * 7 + 3 * i) % V for i, t in enumerate(BASE * 4)][:60]
+    reqs.append(Request(long, 6, bx.GREEDY, arrival_round=3, rid="long"))
+    key = (id(eng), CHUNK, "chained")
+    if key not in _SOLO:
+        _SOLO[key] = [bx.solo_tokens(eng, r) for r in reqs]
+    solo = _SOLO[key]
+    results, events, sch, snap = _run_recorded(eng, res, reqs, 1, decode_steps)
+    assert sch.stats["chained"] > 0 and sch.stats["prefill_chunks"] == 2 + 4
+    for r, ref in zip(results, solo):
+        assert r.tokens == ref, (decode_steps, r.rid, r.tokens, ref)
+    eng.prefill(0, list(long), bx.GREEDY)
+    ref_state = _slot_state(eng, 0)
+    assert snap is not None and len(snap) == len(ref_state)
+    assert all(np.array_equal(a, b) for a, b in zip(snap, ref_state)), "the read slot's state differs from a prefill"
+    # the long request cancelled between two chunks of its read
+    rows = []
+    run_steps = eng.run_steps
+
+    def recording_run_steps(token, rows_, sampling, n_steps):
+        rows.append(int(np.shape(token)[0]))
+        return run_steps(token, rows_, sampling, n_steps)
+
+    cancel = [copy.copy(r) for r in reqs]
+    cancel[2].cancel_round = 5
+    sch = BatchScheduler(eng, res, decode_steps=decode_steps)
+    eng.run_steps = recording_run_steps
+    try:
+        got = {r.rid: r for r in sch.run(cancel)}
+    finally:
+        del eng.run_steps  # the method is back
+    assert got["long"].stop_reason == "cancelled" and 0 < got["long"].prefill_chunks < 4
+    assert got["d0"].tokens == solo[0] and got["d1"].tokens == solo[1]
+    assert (rows != []) == (decode_steps > 1) and set(rows) <= set(sch.step_program_rows), rows
 
 
 @pytest.mark.slow

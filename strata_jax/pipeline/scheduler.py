@@ -675,8 +675,10 @@ class BatchScheduler:
     def _chain(self, prev: WindowPlan, lone: bool) -> WindowPlan | None:
         """The window after ``prev`` launched from ``prev``'s picks on the device, or None when it cannot be (see
         `_serial_round`): ``prev`` is a plain step (one row per slot) whose live requests are exactly the active
-        ones, on the layout the next plan would have. A row whose request ends in ``prev`` for certain (no budget
-        left for a second token) is a dummy row."""
+        ones, on the layout the next plan would have: none of its slots is being read (a prompt read that began
+        after ``prev`` was planned, on a slot of its dummy rows: a row there would write into the half-read state)
+        and it has the next plan's rows (not the narrower window of a read since cancelled or failed). A row whose
+        request ends in ``prev`` for certain (no budget left for a second token) is a dummy row."""
         if prev.kind != "step" or prev.out is None or prev.solo != lone:
             return None
         live = [a for a in prev.active if a is not None]
@@ -686,6 +688,8 @@ class BatchScheduler:
             if self.solo_props:
                 return None
         elif self.mode == "batch_mtp" or len(self.active) > min(self.engine.n_slots, MAX_WINDOW):
+            return None
+        elif len(prev.slots) != self._serial_rows() or any(s in self.admitting for s in prev.slots):
             return None
         segs, pos0, samp = [], [], []
         prev_pos = np.asarray(prev.rows.pos0)
@@ -735,13 +739,18 @@ class BatchScheduler:
         slots = sorted(self.active)
         # dummy rows go to idle slots only: one on an admitting slot would write into its half-read state
         free = [s for s in range(self.engine.n_slots) if s not in self.active and s not in self.admitting]
-        B = min(len(slots) + len(free), MAX_WINDOW // (1 + P))
+        B = self._serial_rows(P)   # len(slots) + len(free), at most MAX_WINDOW // (1 + P)
         if len(slots) > B:
             k = self._rr % len(slots)
             slots = (slots[k:] + slots[:k])[:B]
             self._rr += B
         segs = [self.active[s] for s in slots]
         return self._plan(slots + free[:B - len(slots)], segs + [None] * (B - len(slots)), P)
+
+    def _serial_rows(self, P: int = 0) -> int:
+        """Rows of the serial window `_plan_serial` plans now with P proposals per slot: one per slot not being
+        read (active, or idle with a dummy row), at most ``MAX_WINDOW // (1 + P)``."""
+        return min(self.engine.n_slots - len(self.admitting), MAX_WINDOW // (1 + P))
 
     def _plan_solo(self, a: _Active) -> WindowPlan:
         """A lone slot on the solo path: [1, 1 + P] with its proposals, or a one-row step when it has none (the
