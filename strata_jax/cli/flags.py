@@ -78,9 +78,9 @@ flags.DEFINE_string("xla_cache_dir", None, "JAX's persistent compilation cache: 
                     "and read back by later runs of the same model and shapes (the stats line counts the programs "
                     "read and written). Default: <cache>/xla (see --cache_dir). Empty string: off.")
 flags.DEFINE_bool("gpu_graphs", True, "On a GPU: replay each step's kernel launches as CUDA graphs (XLA command "
-                  "buffers; independent kernels overlap, CONCURRENT scheduling), and pin XLA's autotuning choices in <xla cache>/autotune (off with --xla_cache_dir '') so a "
-                  "second start compiles the same programs. --nogpu_graphs launches kernels one by one (for profiles). "
-                  "No effect on a CPU.")
+                  "buffers; independent kernels overlap, CONCURRENT scheduling), and pin XLA's autotuning choices in "
+                  "<xla cache>/autotune (off with --xla_cache_dir '') so a second start compiles the same programs. "
+                  "--nogpu_graphs launches kernels one by one (for profiles). No effect on a CPU.")
 flags.DEFINE_bool("verbose", False, "Log compiles (and JAX's own logs) to stderr, each record on a line of its own, "
                   "and show tracebacks.")
 

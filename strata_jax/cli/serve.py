@@ -114,7 +114,7 @@ def _warmup(loop, engine, tokenizer) -> list:
     greedy rows as the warm-up's are: they compile beside the rounds' prefill, step and window programs instead of
     one after another at their first calls (on a GPU a cold compile of the 48-layer model's program takes 40-70 s;
     XLA releases the GIL while it compiles). Nothing is submitted yet, so the loop's thread is idle while the
-    engine is read here. Returns the compile cache keys compiled ahead."""
+    engine is read here. Returns the compile cache keys whose compile it started."""
     from strata_jax.pipeline.scheduler import Request
     from strata_jax.pipeline.solo import compile_ahead_enabled
     from strata_jax.sampling import SamplingParams
