@@ -179,8 +179,9 @@ def test_compile_cache_ahead_compiles_once_for_the_first_call():
     x = np.ones((2, 3), np.float32)
     cache = CompileCache(4)
     assert cache.ahead("k", build, (state, x, 2.0)) and not cache.ahead("k", build, (state, x, 2.0))
-    assert cache.ahead_started == 1
+    assert cache.ahead_started == 1 and cache.ahead_used == 0
     fn = cache.get("k", build)
+    assert cache.ahead_used == 1 and cache.compiles == 1   # the first call fetched: one function, built ahead
     threading.Timer(0.2, gate.set).start()
     out, s = fn(state, x, 2.0)
     assert np.allclose(out, np.arange(6.0).reshape(2, 3) + 2.0) and float(s) == 6.0
@@ -188,6 +189,9 @@ def test_compile_cache_ahead_compiles_once_for_the_first_call():
     out2, _ = cache.get("k", build)(out, x, 2.0)
     assert np.allclose(out2, np.arange(6.0).reshape(2, 3) + 4.0) and len(traces) == 1
     assert not cache.ahead("k", build, (out2, x, 2.0)) and cache.ahead_started == 1   # built
+    assert cache.ahead_used == 1 and cache.compiles == 1
+    cache.get("other", build)   # a function not compiled ahead
+    assert cache.ahead_used == 1 and cache.compiles == 2
 
 
 def test_load_progress_counts_every_trunk_tensor():

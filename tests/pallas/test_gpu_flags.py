@@ -20,6 +20,23 @@ def test_flags_and_merge():
     got = gpu_flags.merged(user, on).split()
     assert "--xla_gpu_autotune_level=4" in got and "--xla_gpu_autotune_level=0" not in got
     assert got[:2] == user.split() and len(got) == 5
+    # a user's scheduling mode wins (LHS: XLA's default, the old order)
+    got = gpu_flags.merged("--xla_gpu_command_buffer_scheduling_mode=LHS", on).split()
+    assert [f for f in got if "scheduling_mode" in f] == ["--xla_gpu_command_buffer_scheduling_mode=LHS"]
+
+
+def test_flags_parse_in_this_jaxlib():
+    """This jaxlib's XLA knows every flag and value `xla_flags` sets (an unknown flag or value in XLA_FLAGS aborts
+    the process at backend start, on a CPU too: XLA parses its GPU flags there as well)."""
+    import os
+    import subprocess
+    import sys
+
+    for flags in (gpu_flags.xla_flags(True, "off"), gpu_flags.xla_flags(False, "cache:/tmp/at")):
+        env = {**os.environ, "XLA_FLAGS": " ".join(flags)}
+        proc = subprocess.run([sys.executable, "-c", "import jax; print(int(jax.numpy.ones(2).sum()))"], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and proc.stdout.strip() == "2", (flags, proc.stderr[-2000:])
 
 
 def test_apply_after_backend_start_refuses():
