@@ -592,7 +592,7 @@ def test_warmup_compiles_what_a_lone_request_runs(served, monkeypatch, n_steps):
     loop = EngineLoop(sch).start()
     metrics = Metrics(loop)
     try:
-        _warmup(loop, eng, tok)
+        _warmup(loop, eng, tok, sampled=False)
         warm, n_warm = set(eng.cache._fns), eng.cache.compiles
         assert any(k[1] == "step" and k[2] == 1 for k in warm) and any(k[1] == "step" and k[2] == 2 for k in warm)
         steps = {k[2] for k in warm if k[1] == "steps"}
@@ -610,6 +610,55 @@ def test_warmup_compiles_what_a_lone_request_runs(served, monkeypatch, n_steps):
         assert f"strata_step_programs_total {float(n_sp)}" in metrics.text()[0].decode()
     finally:
         assert loop.close(timeout=60)
+
+
+@pytest.mark.slow
+def test_warmup_sampled_rounds(served, monkeypatch):
+    """strata-serve's warm-up (--decode_steps 3, 2 slots) with its sampled rounds (the default, --warmup_sampled)
+    leaves no XLA compile for sampled requests after it -- one alone, two at once, a greedy one beside a sampled
+    one -- while greedy rounds alone leave the sampled programs to the first sampled request (what the flag is
+    for). The sampled rounds' tokens do not leak into the requests after them: a seeded request gives the same
+    tokens either way."""
+    import jax
+
+    from strata_jax.cli.serve import _warmup
+    from strata_jax.pipeline.groups import resolve_groups
+    from strata_jax.pipeline.loop import EngineLoop
+    from strata_jax.pipeline.scheduler import BatchScheduler, Request
+    from strata_jax.pipeline.windows import CompileCache
+
+    eng, tok = served.engine, served.tok
+    compiles = []
+
+    def on_duration(event, secs, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(kw.get("fun_name"))
+
+    ids = _prompt_ids(tok, "chat", "Name a color.")
+    other = _prompt_ids(tok, "completion", "Once upon a time")
+
+    def warm_and_ask(sampled: bool):
+        monkeypatch.setattr(eng, "cache", CompileCache(eng.cache.capacity))
+        loop = EngineLoop(BatchScheduler(eng, resolve_groups(2, 1), decode_steps=3)).start()
+        jax.monitoring.register_event_duration_secs_listener(on_duration)
+        try:
+            _warmup(loop, eng, tok, sampled=sampled)
+            compiles.clear()
+            alone = loop.submit(Request(ids, 9, _seeded(21))).wait(300).tokens
+            both = [x.wait(300).tokens for x in loop.submit_all([Request(other, 9, _seeded(22)),
+                                                                 Request(ids, 9, _seeded(21))])]
+            mixed = [x.wait(300).tokens for x in loop.submit_all([Request(other, 9, DEFAULT),
+                                                                  Request(ids, 9, _seeded(21))])]
+            return list(compiles), [alone, *both, *mixed]
+        finally:
+            jax.monitoring.unregister_event_duration_listener(on_duration)
+            assert loop.close(timeout=60)
+
+    after_sampled, out = warm_and_ask(True)
+    assert after_sampled == [], after_sampled
+    after_greedy, out0 = warm_and_ask(False)
+    assert any(f == "jit(fn)" for f in after_greedy), after_greedy   # the sampled programs compiled only now
+    assert out == out0 and all(out) and out[0] == out[2] == out[4], (out, out0)   # seeded: the same tokens
 
 
 @pytest.mark.slow
@@ -672,7 +721,7 @@ def test_warmup_compiles_the_step_programs_ahead(served, monkeypatch):
         loop = EngineLoop(sch).start()
         jax.monitoring.register_event_duration_secs_listener(on_duration)
         try:
-            started = _warmup(loop, eng, tok)
+            started = _warmup(loop, eng, tok, sampled=False)
             warm_traces, warm_compiles, n_warm = list(traces), list(compiles), eng.cache.compiles
             summary = shared.compile_summary([eng.cache])
             alone = loop.submit(Request(ids, 9, DEFAULT)).wait(300).tokens
@@ -712,9 +761,10 @@ def test_serve_warmup_compiles_the_step_programs(model_path, tmp_path):
 
     xla = str(tmp_path / "xla")
     for run in range(2):
-        proc, url, lines = _start_serve(model_path("smollm2-135m"), "--decode_steps", "3", "--xla_cache_dir", xla)
+        proc, url, lines = _start_serve(model_path("smollm2-135m"), "--decode_steps", "3", "--xla_cache_dir", xla,
+                                        "--nowarmup_sampled")   # greedy rounds only (test_warmup_sampled_rounds)
         try:
-            assert "warming up: 1 request of 5 tokens, then 2 at once of 6 tokens ...\n" in lines, lines
+            assert "warming up: 1 request of 5 tokens, then 2 at once of 6 tokens, greedy ...\n" in lines, lines
             warm = next(ln for ln in lines if ln.startswith("warmed up in "))
             m = re.search(r": built (\d+) functions \(2 ahead\) in [\d.]+ s; XLA cache: (\d+) read, (\d+) compiled "
                           r"and written$", warm.strip())

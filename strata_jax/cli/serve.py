@@ -43,6 +43,10 @@ flags.DEFINE_bool("warmup", True, "Before listening, decode one short request al
                   "first requests do not wait for the prefill and window compiles (nor for the programs of "
                   "several steps, --decode_steps: these compile in background threads beside the others; "
                   "STRATA_COMPILE_AHEAD=0 compiles them one after another).")
+flags.DEFINE_bool("warmup_sampled", True, "With --warmup, decode the same rounds again with sampled requests "
+                  "(temperature > 0): greedy and sampled rows run different programs (a window with any sampled row "
+                  "runs the sampled one), so without this the first sampled request compiles its own. "
+                  "--nowarmup_sampled shortens the warm-up of a server whose clients decode greedily.")
 
 
 def _draining_server_class():
@@ -103,10 +107,15 @@ def _warmup_rounds(sch) -> list[tuple[int, int]]:
     return [(k, 3 if N == 1 else N + k + 1) for k in [1] + ([n] if n > 1 else [])]
 
 
-def _warmup(loop, engine, tokenizer) -> list:
+WARMUP_SAMPLED = dict(temperature=1.0, top_k=40, seed=1)   # the sampled rounds' requests
+
+
+def _warmup(loop, engine, tokenizer, sampled: bool = True) -> list:
     """`_warmup_rounds` on ``loop`` before the first client's request: the prefill and the solo path's decode
     shapes (a lone request's), then the batch window shapes, each with its program of several decode steps when
-    the scheduler runs them; the requests of a round reach the scheduler together.
+    the scheduler runs them; the requests of a round reach the scheduler together. With ``sampled`` the rounds run
+    again with sampled requests (`WARMUP_SAMPLED`): whether every row is greedy is part of each program
+    (`RowSampling.all_greedy`), so greedy rounds leave a sampled request's programs uncompiled.
 
     Before the rounds, those programs of several steps (for one row and for a row per slot:
     `BatchScheduler.step_program_rows`) start compiling in background threads
@@ -124,9 +133,11 @@ def _warmup(loop, engine, tokenizer) -> list:
     rounds = _warmup_rounds(loop.sch)
     most = max(k for _, k in rounds)
     ids = list(tokenizer.encode("Hello"))[: max(1, engine.max_context - 1 - most)] or [0]
-    for r, (n, k) in enumerate(rounds):
-        for s in loop.submit_all([Request(ids, k, greedy, rid=f"warmup-{r}-{i}") for i in range(n)]):
-            s.wait()
+    kinds = [("", greedy)] + ([("sampled-", SamplingParams(**WARMUP_SAMPLED))] if sampled else [])
+    for name, params in kinds:
+        for r, (n, k) in enumerate(rounds):
+            for s in loop.submit_all([Request(ids, k, params, rid=f"warmup-{name}{r}-{i}") for i in range(n)]):
+                s.wait()
     return ahead
 
 
@@ -179,9 +190,10 @@ def main(argv) -> int:
     if FLAGS.warmup:
         what = ", then ".join(f"{'1 request' if n == 1 else f'{n} at once'} of {k} tokens"
                               for n, k in _warmup_rounds(sch))
+        what += ", greedy then sampled" if FLAGS.warmup_sampled else ", greedy"
         shared.CONSOLE.note(f"warming up: {what} ...")
         t0 = time.perf_counter()
-        _warmup(loop, engine, tok)
+        _warmup(loop, engine, tok, sampled=FLAGS.warmup_sampled)
         shared.CONSOLE.note(f"warmed up in {time.perf_counter() - t0:.1f} s: {shared.compile_summary(caches)}")
     app = create_app(loop, tok, model_id=_model_id(), max_context=engine.max_context,
                      vocab_size=engine.cfg.vocab_size,
