@@ -473,6 +473,52 @@ def _start_serve(model, *args):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signals_before_serving_and_twice(model_path, sig):
+    """A real strata-serve process: SIGINT / SIGTERM during the warm-up exits at once with 128 + the signal and one
+    line ('interrupted' / 'terminated'; Python's Ctrl-C had been lost in a JAX gc callback, SIGTERM had said
+    nothing); while serving, the signal twice exits at once (the first starts the drain) with no traceback,
+    instead of decoding every open request to its end."""
+    model = model_path("smollm2-135m")
+    word = "interrupted" if sig == signal.SIGINT else "terminated"
+    proc = subprocess.Popen([sys.executable, "-m", "strata_jax.cli.serve", "--model", model, "--max_context", "64",
+                             "--port", "0", "--xla_cache_dir", ""], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        lines = []
+        while not lines or not lines[-1].startswith("warming up"):
+            lines.append(proc.stderr.readline())
+            assert lines[-1], "".join(lines)
+        proc.send_signal(sig)
+        t0 = time.time()
+        rc = proc.wait(60)
+        rest = proc.stderr.read()
+        assert rc == 128 + sig and time.time() - t0 < 10, (rc, rest)
+        assert rest.strip().splitlines()[-1] == word and "Traceback" not in rest, rest
+    finally:
+        proc.kill()
+        proc.wait()
+    proc, url, _ = _start_serve(model, "--nowarmup", "--xla_cache_dir", "")
+    try:
+        body = {"prompt": "Once upon a time", "max_tokens": 40, "stream": True}
+        with httpx.Client(timeout=300) as c, c.stream("POST", f"http://{url}/v1/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):   # the request is decoding
+                    proc.send_signal(sig)
+                    time.sleep(0.3)
+                    proc.send_signal(sig)
+                    t0 = time.time()
+                    break
+        rc = proc.wait(60)
+        rest = proc.stderr.read()
+        assert rc == 128 + sig and time.time() - t0 < 10, (rc, rest)
+        assert "again: exiting without finishing the open requests" in rest and "Traceback" not in rest, rest
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow
 def test_sigterm_drains_and_exits(model_path, tmp_path):
     """A real strata-serve process: SIGTERM while a stream runs lets it finish (every token, [DONE]), refuses new
     connections, and exits with status 0."""

@@ -524,6 +524,20 @@ def flag_error_text(e: Exception) -> str:
     return f"--{name} {value}: {why}"
 
 
+def exit_now(code: int, message: str | None = None):
+    """End the process with status ``code`` at once, after ``message`` (a line of its own on stderr) and flushing
+    stdout / stderr: ``os._exit``, no interpreter shutdown (which can crash while XLA compiles) and no wait for a
+    compile running in a background thread. Never returns."""
+    if message:
+        CONSOLE.note(message)
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def run_command(main, module_name: str, doc: str) -> None:
     """Run a command's ``main(argv) -> status`` under absl: bad flags and `StrataError` print one ``error:`` line
     and exit with status 2 (``--verbose`` shows the traceback), ``--help`` lists the command's flags and these,
@@ -565,12 +579,7 @@ def run_command(main, module_name: str, doc: str) -> None:
         from strata_jax.pipeline.windows import compiles_ahead_running
 
         if now or compiles_ahead_running():
-            for f in (sys.stdout, sys.stderr):
-                try:
-                    f.flush()
-                except (OSError, ValueError):
-                    pass
-            os._exit(0 if code is None else code if isinstance(code, int) else 1)
+            exit_now(0 if code is None else code if isinstance(code, int) else 1)
         sys.exit(code)
 
     def guarded(argv):

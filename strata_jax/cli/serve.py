@@ -14,7 +14,8 @@ exactly the tokens strata-generate gives for the same prompt and settings, whate
 a request leaves out take the flags' values (--temperature, --top_k, --top_p, --min_p, --seed, --max_new_tokens);
 without --seed, a sampled request that gives no seed draws a fresh one. The model must carry a usable tokenizer
 (checked from the file's header before the weights load). Bad requests get a 400 with an OpenAI-style error naming
-the field; a body over --max_request_mb a 413; a full queue (--max_queue) a 429 with Retry-After. SIGTERM (or Ctrl-C) stops accepting connections, lets the running requests finish, and exits.
+the field; a body over --max_request_mb a 413; a full queue (--max_queue) a 429 with Retry-After. SIGTERM (or Ctrl-C) stops accepting connections, lets the running requests finish, and exits; a second one exits
+at once. Before it listens (loading, warming up) either exits at once (status 130 / 143).
 """
 
 from __future__ import annotations
@@ -58,7 +59,15 @@ def _draining_server_class():
     class DrainingServer(uvicorn.Server):
         """uvicorn's server, whose SIGTERM / SIGINT handler starts the graceful shutdown (stop accepting, let the
         open requests finish) and, unlike uvicorn's own, does not raise the signal again afterwards: the command
-        then exits with status 0. A second Ctrl-C forces the exit."""
+        then exits with status 0. A second SIGINT / SIGTERM exits at once (status 128 + the signal), without the
+        open requests: uvicorn's own second Ctrl-C cancelled the handlers and then still waited for the engine to
+        finish every request, logging a traceback per token."""
+
+        def handle_exit(self, sig, frame):
+            if self.should_exit:
+                shared.exit_now(128 + sig, f"strata-serve: {signal.Signals(sig).name} again: exiting without "
+                                           "finishing the open requests")
+            super().handle_exit(sig, frame)
 
         @contextlib.contextmanager
         def capture_signals(self):
@@ -70,6 +79,15 @@ def _draining_server_class():
                     signal.signal(s, h)
 
     return DrainingServer
+
+
+def _exit_on_signal(sig, frame) -> None:
+    """SIGINT / SIGTERM while nothing is served (the model loading, the warm-up, the last drain): leave at once
+    with status 128 + the signal. Python's own Ctrl-C was lost when its KeyboardInterrupt landed in one of JAX's
+    gc callbacks (the server then loaded and served), and SIGTERM ended the process without a word."""
+    import signal
+
+    shared.exit_now(128 + sig, "interrupted" if sig == signal.SIGINT else "terminated")
 
 
 def _model_id() -> str:
@@ -151,6 +169,10 @@ def main(argv) -> int:
     if extra:
         fail(f"unexpected argument{'s' if len(extra) > 1 else ''} {' '.join(repr(a) for a in extra)}: each flag "
              f"takes one value")
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):   # uvicorn installs its own while it serves, and restores these
+        signal.signal(sig, _exit_on_signal)
     shared.check_spec_flag()
     shared.check_shared_flags(batch=True)
     from strata_jax.pipeline.solo import compile_ahead_enabled
