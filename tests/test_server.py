@@ -430,6 +430,10 @@ def test_models_health_metrics_and_api_key(served):
 
     models = served.client.models.list()
     assert [m.id for m in models.data] == ["smollm2-135m"]
+    one = served.client.models.retrieve("smollm2-135m")
+    assert one.id == "smollm2-135m" and one.model_dump() == models.data[0].model_dump()
+    r = httpx.get(served.url + "/v1/models/org/other")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
     h = httpx.get(served.url + "/health").json()
     assert h["status"] == "ok" and h["slots"] == 2
     head = httpx.head(served.url + "/health")   # load balancers probe with HEAD

@@ -6,16 +6,17 @@ Examples:
   curl -s localhost:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16}'
   strata-serve --model ./model.gguf --layer_split 24 --batch 4 --piped_mtp 3 --host 0.0.0.0 --api_key "$KEY"
 
-Routes: POST /v1/chat/completions, POST /v1/completions (streaming with "stream": true), GET /v1/models, GET
-/health, GET /metrics (Prometheus). Requests are admitted into free slots as they arrive (continuous batching; the
-batch mode comes from the same flags as strata-generate's: --batch, --batch_groups, --batch_mtp, --piped_mtp, and a
-request alone decodes on the solo path with --draft's proposals up to --spec). A greedy or seeded request gets
-exactly the tokens strata-generate gives for the same prompt and settings, whatever runs beside it; sampling fields
-a request leaves out take the flags' values (--temperature, --top_k, --top_p, --min_p, --seed, --max_new_tokens);
-without --seed, a sampled request that gives no seed draws a fresh one. The model must carry a usable tokenizer
-(checked from the file's header before the weights load). Bad requests get a 400 with an OpenAI-style error naming
-the field; a body over --max_request_mb a 413; a full queue (--max_queue) a 429 with Retry-After. SIGTERM (or Ctrl-C) stops accepting connections, lets the running requests finish, and exits; a second one exits
-at once. Before it listens (loading, warming up) either exits at once (status 130 / 143).
+Routes: POST /v1/chat/completions, POST /v1/completions (streaming with "stream": true), GET /v1/models (and
+/v1/models/ID), GET /health, GET /metrics (Prometheus). Requests are admitted into free slots as they arrive
+(continuous batching; the batch mode comes from the same flags as strata-generate's: --batch, --batch_groups,
+--batch_mtp, --piped_mtp, and a request alone decodes on the solo path with --draft's proposals up to --spec). A
+greedy or seeded request gets exactly the tokens strata-generate gives for the same prompt and settings, whatever
+runs beside it; sampling fields a request leaves out take the flags' values (--temperature, --top_k, --top_p,
+--min_p, --seed, --max_new_tokens); without --seed, a sampled request that gives no seed draws a fresh one. The
+model must carry a usable tokenizer (checked from the file's header before the weights load). Bad requests get a 400
+with an OpenAI-style error naming the field; a body over --max_request_mb a 413; a full queue (--max_queue) a 429
+with Retry-After. SIGTERM (or Ctrl-C) stops accepting connections, lets the running requests finish, and exits; a
+second one exits at once. Before it listens (loading, warming up) either exits at once (status 130 / 143).
 """
 
 from __future__ import annotations

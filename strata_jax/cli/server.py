@@ -1,8 +1,8 @@
 """The HTTP server of ``strata-serve``: an OpenAI-compatible API (FastAPI) over an `EngineLoop`.
 
 Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or server-sent events with ``"stream":
-true``; bodies checked by `strata_jax.cli.openai_api.parse_request`), ``GET /v1/models``, ``GET /health`` (200 while
-the engine loop runs, else 503) and ``GET /metrics`` (Prometheus text: requests by outcome, prompt and generated
+true``; bodies checked by `strata_jax.cli.openai_api.parse_request`), ``GET /v1/models`` (and
+``/v1/models/{id}``), ``GET /health`` (200 while the engine loop runs, else 503) and ``GET /metrics`` (Prometheus text: requests by outcome, prompt and generated
 tokens, queue depth, busy slots, proposals offered / accepted, programs of several decode steps, window latency by
 mode, scheduler step latency, time to first token, request latency). With ``api_key`` the ``/v1`` routes need
 ``Authorization: Bearer KEY`` (401 otherwise).
@@ -223,12 +223,21 @@ def create_app(loop: EngineLoop, tokenizer, *, model_id: str, max_context: int, 
         body, ctype = metrics.text()
         return Response(body, media_type=ctype)
 
+    def model_card(m: str) -> dict:
+        return {"id": m, "object": "model", "created": started, "owned_by": "strata_jax", "max_model_len": max_context}
+
     @app.get("/v1/models")
     async def models(request: HttpRequest):
         check_key(request)
-        return {"object": "list", "data": [{"id": m, "object": "model", "created": started,
-                                            "owned_by": "strata_jax", "max_model_len": max_context}
-                                           for m in model_ids]}
+        return {"object": "list", "data": [model_card(m) for m in model_ids]}
+
+    @app.get("/v1/models/{model:path}")   # the openai client's models.retrieve (an id may hold '/')
+    async def model(model: str, request: HttpRequest):
+        check_key(request)
+        if model not in model_ids:
+            raise oa.ApiError(404, f"The model {model!r} does not exist: this server serves {model_id!r}",
+                              param="model", code="model_not_found")
+        return model_card(model)
 
     async def read_body(request: HttpRequest) -> bytes:
         """The body, refused with 413 past ``max_request_bytes`` (by its Content-Length before reading, or as it
