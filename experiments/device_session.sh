@@ -39,7 +39,8 @@
 # cold_ab (only when named in PARTS: strata-generate on the 1.5B file from an empty XLA cache, the decode program
 # compiled beside the prefill against after it, STRATA_COMPILE_AHEAD=1 / 0, two rounds; COLD_S per run),
 # xla_ab (only when named in PARTS, with XLA_AB set: XLA flag variants of the same Flash-Next steps, one process each as XLA reads its flags once: XLA_AB
-# "NAME:--flag=v --flag2=v;NAME2:..." against the engine's flags ("base"), rounds alternating; XLA_AB_ROUNDS,
+# "NAME:--flag=v --flag2=v;NAME2:..." against the engine's flags ("base": CONCURRENT command-buffer scheduling since
+# 2026-12-07g; "lhs:--xla_gpu_command_buffer_scheduling_mode=LHS" is the old order), rounds alternating; XLA_AB_ROUNDS,
 # XLA_AB_S per process; ms per token from each process's untraced timed programs, the traced run's kernel overlap),
 # batch_gen (strata-generate --batch N, aggregate tok/s; BATCH_NS) and anchor_batched
 # (llama-batched-bench on the same file). The real file path at full size (after fullsize; issue 12 item 8):
