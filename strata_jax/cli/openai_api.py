@@ -8,12 +8,13 @@ an OpenAI-style body ``{"error": {"message", "type", "param", "code"}}`` naming 
   with the model's chat template as ``strata-generate --chat`` renders it), ``prompt`` (completions: text as is, or
   token ids), ``max_tokens`` / ``max_completion_tokens`` (refused when the context cannot hold that many after the
   prompt, as OpenAI's API refuses it; left out: up to the context's end), ``temperature`` (0..2, OpenAI's range),
-  ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop`` (a string or a list), ``stream``, ``stream_options.include_usage``; ``return_token_ids``
-  (an extension, as vLLM's) adds the generated ids to each choice. Missing sampling fields take the server's flag
-  values (``--temperature`` ...), so a request without them decodes as ``strata-generate`` does; each value follows
-  the command line's rule (`strata_jax.cli.requests.check_request_values`). One exception: a sampled request
-  without a ``seed`` on a server started without ``--seed`` draws a fresh random seed (`Defaults.fresh_seeds`),
-  so unseeded requests vary as OpenAI clients expect; a ``seed`` makes a request reproducible.
+  ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop`` (a string or a list), ``stream``,
+  ``stream_options.include_usage``; ``return_token_ids`` (an extension, as vLLM's) adds the generated ids to each
+  choice. Missing sampling fields take the server's flag values (``--temperature`` ...), so a request without them
+  decodes as ``strata-generate`` does; each value follows the command line's rule
+  (`strata_jax.cli.requests.check_request_values`). One exception: a sampled request without a ``seed`` on a server
+  started without ``--seed`` draws a fresh random seed (`Defaults.fresh_seeds`), so unseeded requests vary as OpenAI
+  clients expect; a ``seed`` makes a request reproducible.
 * Known but not honoured, refused with 400 when set to anything but their neutral value: ``n`` > 1, ``logprobs``,
   ``top_logprobs``, ``tools`` / ``tool_choice`` / ``functions`` / ``function_call``, non-zero
   ``frequency_penalty`` / ``presence_penalty``, ``repetition_penalty`` != 1, ``logit_bias``, a non-text

@@ -1,11 +1,11 @@
 """The HTTP server of ``strata-serve``: an OpenAI-compatible API (FastAPI) over an `EngineLoop`.
 
 Routes: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or server-sent events with ``"stream":
-true``; bodies checked by `strata_jax.cli.openai_api.parse_request`), ``GET /v1/models`` (and
-``/v1/models/{id}``), ``GET /health`` (200 while the engine loop runs, else 503) and ``GET /metrics`` (Prometheus text: requests by outcome, prompt and generated
-tokens, queue depth, busy slots, proposals offered / accepted, programs of several decode steps, window latency by
-mode, scheduler step latency, time to first token, request latency). With ``api_key`` the ``/v1`` routes need
-``Authorization: Bearer KEY`` (401 otherwise).
+true``; bodies checked by `strata_jax.cli.openai_api.parse_request`), ``GET /v1/models`` (and ``/v1/models/{id}``),
+``GET /health`` (200 while the engine loop runs, else 503) and ``GET /metrics`` (Prometheus text: requests by
+outcome, prompt and generated tokens, queue depth, busy slots, proposals offered / accepted, programs of several
+decode steps, window latency by mode, scheduler step latency, time to first token, request latency). With
+``api_key`` the ``/v1`` routes need ``Authorization: Bearer KEY`` (401 otherwise).
 
 A request is read (413 past `max_request_bytes`), tokenized and checked here (in a worker thread, so a long
 prompt does not hold up the other streams), then submitted to the loop (a full queue: 429 with ``Retry-After``). The

@@ -66,8 +66,8 @@ class CompileCache:
         The thread is not a daemon: a daemon thread inside XLA at interpreter exit aborts the process. A command
         that ends while one runs (an error, Ctrl-C, a sequence that stopped before its first decode call) leaves
         with ``os._exit`` instead of waiting for it (`strata_jax.cli.flags.run_command`, `compiles_ahead_running`).
-        Returns whether a thread was started: not when ``key`` is built or started already. A failure in the thread is logged and left to the first call, which
-        then compiles as it would have (and raises what is wrong)."""
+        Returns whether a thread was started: not when ``key`` is built or started already. A failure in the thread
+        is logged and left to the first call, which then compiles as it would have (and raises what is wrong)."""
         import jax
 
         if key in self:
