@@ -35,7 +35,8 @@
 # compile_steps (compile_probe.py --profile_top 30 on COMPILE_KINDS, default steps4x4, at COMPILE_LAYERS, default 48:
 # where the cold compile of a full-size program goes; COMPILE_S; COMPILE_XLA: compile_probe's --xla_variants),
 # ab_full_steps (profile_step.py --ab on the Flash-Next steps: AB_VARIANTS, e.g. "x:STRATA_ROW_MAP=xla", each
-# variant recompiled on one engine, rounds alternating; AB_S, AB_STEPS, AB_ROUNDS),
+# variant recompiled on one engine, rounds alternating; AB_S, AB_STEPS, AB_ROUNDS), ab_steps (the same on the 1.5B
+# file's decode steps, only when named in PARTS),
 # cold_ab (only when named in PARTS: strata-generate on the 1.5B file from an empty XLA cache, the decode program
 # compiled beside the prefill against after it, STRATA_COMPILE_AHEAD=1 / 0, two rounds; COLD_S per run),
 # xla_ab (only when named in PARTS, with XLA_AB set: XLA flag variants of the same Flash-Next steps, one process each as XLA reads its flags once: XLA_AB
@@ -168,6 +169,14 @@ case "$MODE" in
       part decode_stacked ${DECODE_S:-200} $NEW STRATA_STACK_LAYERS=1 STRATA_QMATMUL=${GEN_QMATMUL:-planar} \
         python3 experiments/bench_decode.py --model $MODEL --prompt_tokens 64 --decode_tokens 32 \
         --out "$OUT/decode_stacked.json"
+    fi
+    # A/B of STRATA_* variants on the 1.5B file's decode steps (only when named in PARTS, with AB_VARIANTS set:
+    # "NAME:VAR=v ...;NAME2:..." against the defaults; one engine, each variant recompiled, rounds alternating)
+    if [[ " $PARTS " == *" ab_steps "* ]]; then
+      if [ -z "${AB_VARIANTS:-}" ]; then echo "=== ab_steps skipped: AB_VARIANTS not set"; else
+      part ab_steps ${AB_S:-240} $NEW python3 experiments/profile_step.py --model $MODEL --kind steps --decode_steps 4 \
+        --steps ${AB_STEPS:-40} --warmup 3 --prompt_tokens 64 --command_buffers 1 --ab_rounds ${AB_ROUNDS:-2} \
+        --ab "$AB_VARIANTS" --out "$OUT/ab_steps.json"; fi
     fi
     part decode_new ${DECODE_S:-200} $NEW python3 experiments/bench_decode.py --model $MODEL --prompt_tokens 64 \
       --decode_tokens 64 --decode_steps ${DECODE_STEPS:-2,4,8} --out "$OUT/decode_new.json"

@@ -35,7 +35,9 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from strata_jax.errors import StrataError, UnsupportedError
 from strata_jax.gguf import blocks
+from strata_jax.pallas import dispatch
 from strata_jax.pallas.quant_matmul import dequantize_weight, prepare_weight, qmatmul, qmatmul_shared
+from strata_jax.pallas.quant_matmul.gemv import Partials
 from strata_jax.state import Rows
 
 _FLOAT_DTYPES = {Q.F32: np.float32, Q.F16: np.float16}
@@ -280,7 +282,7 @@ class QLinear(nnx.Module):
         w = jnp.concatenate([w, jnp.zeros((w.shape[0], n_in - self.n_in), w.dtype)], axis=1)
         return QLinear(w, self.qtype, self.n_out, n_in, self.b[...] if self.b is not None else None, self.precise)
 
-    def __call__(self, x: jax.Array, exact_rows: bool = True) -> jax.Array:
+    def __call__(self, x: jax.Array, exact_rows: bool = True, partial: bool = False) -> jax.Array:
         """x float [..., n_in] -> float32 [..., n_out].
 
         Each row's arithmetic is independent of the other rows and of the row count (`qmatmul`'s contract), which
@@ -288,14 +290,34 @@ class QLinear(nnx.Module):
         kernel path, more than 8 rows (windows of several segments) run as 8-row groups of the kernel, so every row
         gets the bits of the row alone; ``False`` (prefill chunks): the GEMM at any row count (at the precision
         ``precise`` picks), so the head's last prompt rows (``head_logits``' "last") get the bits they get among all
-        of a chunk's rows ("all")."""
+        of a chunk's rows ("all"). ``partial`` (a map without a bias whose output feeds a residual add and norm,
+        `residual_partials`): where `qmatmul` takes the float32 GEMV, its `Partials` over the ``prod(lead)`` rows
+        instead of the array (`strata_jax.pallas.rows.add_rms_norm` adds the K splits)."""
         lead = x.shape[:-1]
         y = qmatmul(x.reshape(-1, self.n_in), self.w[...], self.qtype, self.n_out, self.n_in, row_groups=exact_rows,
-                    precise=self.precise, prefill=not exact_rows)
+                    precise=self.precise, prefill=not exact_rows, partial=partial and self.b is None)
+        if isinstance(y, Partials):
+            return y
         y = y.reshape(*lead, self.n_out)
         if self.b is not None:
             y = y + self.b[...]
         return y
+
+
+def residual_partials() -> bool:
+    """``STRATA_RESIDUAL_PARTIALS``: ``1`` (default) lets a projection whose output a residual add and RMSNorm
+    consume (the attention output, the MLP's down) hand its GEMV's K-split partial sums to the norm's kernel, which
+    adds them (`QLinear.__call__`'s ``partial``): one launch instead of an XLA fusion and the norm's, the same
+    bits; ``0``: the sums formed first (for A/B timings). Read when a call is traced.
+
+    Raises:
+      UnsupportedError: another value."""
+    return dispatch.env_choice("STRATA_RESIDUAL_PARTIALS", "1", ("0", "1")) == "1"
+
+
+def pending_value(y, like: jax.Array) -> jax.Array:
+    """A residual term as an array shaped like ``like``: a `Partials` summed (its `value`), an array as is."""
+    return y.value().reshape(like.shape) if isinstance(y, Partials) else y
 
 
 def project_shared(x: jax.Array, linears, exact_rows: bool = True) -> tuple:

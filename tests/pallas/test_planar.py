@@ -654,3 +654,41 @@ def test_model_program_structure_planar(monkeypatch):
         assert any(n.startswith("qmatmul_planar_Q8_0") or n.startswith("qmatmul_tc_Q8_0") for n in names), names
         assert not rep.xla_while and not rep.xla_scan and rep.barriers == 0, (kind, rep.summary())
         assert not rep.sliced_operands, (kind, rep.sliced_operands)
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_partials_add_norm(impl, rng, monkeypatch):
+    """A GEMV's K splits added by the residual add and norm behind it (`qmatmul(partial=True)` ->
+    `rows.add_rms_norm`): the same bits as the summed product added and normed, for 1 / 3 / 8 rows and 13 rows
+    in two 8-row groups, formats on the plane path (Q4_K, several splits) and the decoder path (Q6_K), outputs
+    poisoned first; a row of 13 has the bits of the row alone; a shape that does not match is refused."""
+    from strata_jax.pallas import rows
+    from strata_jax.errors import UnsupportedError
+    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    n_out, k_in = 48, 1024
+    nw = jnp.asarray(rng.uniform(0.5, 1.5, n_out).astype(np.float32))
+    for qtype in (Q.Q4_K, Q.Q6_K):
+        w, w64 = _weight(rng, qtype, n_out, k_in)
+        assert gemv.tiling(qtype, n_out, k_in, gemv.choose_config(qtype, n_out, k_in))["split"] > 1
+        X = jnp.asarray(rng.standard_normal((13, k_in)).astype(np.float32))
+        H = jnp.asarray(rng.standard_normal((13, n_out)).astype(np.float32))
+        alone = None
+        for M in (1, 3, 8, 13):
+            with dispatch.poison_outputs():
+                p = qmatmul(X[:M], w, qtype, n_out, k_in, impl=impl, row_groups=True, partial=True)
+                assert isinstance(p, gemv.Partials) and p.shape == (M, n_out)
+                y = qmatmul(X[:M], w, qtype, n_out, k_in, impl=impl, row_groups=True)
+                assert_bits_equal(p.value(), y, f"{qtype.name} M={M} value")
+                h1, n1 = rows.add_rms_norm(H[:M], p, nw, 1e-6, impl=impl)
+                h2, n2 = rows.add_rms_norm(H[:M], y, nw, 1e-6, impl=impl)
+            assert_bits_equal(h1, h2, f"{qtype.name} M={M} sum")
+            assert_bits_equal(n1, n2, f"{qtype.name} M={M} norm")
+            f64_check(np.asarray(h1) - np.asarray(H[:M]), np.asarray(X[:M]), w64, 1e-5, f"{qtype.name} M={M}")
+            alone = n1[:1] if alone is None else alone
+            assert_bits_equal(n1[:1], alone, f"{qtype.name} row 0 of {M}")
+        with pytest.raises(UnsupportedError, match="differ"):
+            rows.add_rms_norm(H[:3], p, nw, 1e-6, impl=impl)
+    # the reference path and the GEMM (prefill rows) give arrays
+    assert not isinstance(qmatmul(X[:3], w, qtype, n_out, k_in, impl="reference", partial=True), gemv.Partials)
+    assert not isinstance(qmatmul(X[:3], w, qtype, n_out, k_in, impl=impl, prefill=True, partial=True),
+                          gemv.Partials)

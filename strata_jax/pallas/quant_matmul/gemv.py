@@ -417,7 +417,7 @@ def _m_run(M: int, interpret: bool) -> int:
 
 
 def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, interpret: bool,
-                 cfg: Config | None = None, split_units: int = 1):
+                 cfg: Config | None = None, split_units: int = 1, partial: bool = False):
     """For each slot u: x (or x[u]) [M, K] times the matrix ``w_stacked[slot_expert[u]]`` [n_out, K]^T.
 
     Args:
@@ -431,9 +431,12 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
         would change the summation order, so a row's bits, with the row count. 1 for dense weights; the experts
         per token (top-k) for routed experts, so a decode step's tiling is the one measured.
     Returns: float32 [U, M, n_out] (a tuple of them for a tuple of stacks; each the bits of its own call). Each
-    matrix a slot names is read once; rows never mix. Not jitted.
+    matrix a slot names is read once; rows never mix. ``partial`` (one stack, the same rows for every slot or x
+    per slot): a `Partials` of the launch's output instead (rows ``U * M``, slot by slot). Not jitted.
     """
     fused = isinstance(w_stacked, (tuple, list))
+    if partial and fused:
+        raise ValueError("grouped_gemv: partial takes one stack")
     stacks = tuple(w_stacked) if fused else (w_stacked,)
     x_per_slot = x.ndim == 3
     U_in = slot_expert.shape[0]
@@ -484,29 +487,81 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
         interpret=interpret, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         name=f"qmatmul_planar_{getattr(qtype, 'name', qtype)}" + (f"_x{n_mats}" if fused else "") + cfg.tag)
     parts = call(slot_expert, *(w.reshape(-1) for w in stacks), *xr, *tabs)
-    outs = []
-    for part in parts:
-        out = part[:, 0]
-        for j in range(1, t["split"]):  # fixed order: row-independent
-            out = out + part[:, j]
-        outs.append(jnp.swapaxes(out[:U_in, :n_out, :M_in], 1, 2))
+    if partial:
+        return Partials(parts[0], n_out=n_out, rows=U_in * M_in, rows_per_slot=M)
+    outs = [sum_splits(part)[:U_in, :n_out, :M_in].swapaxes(1, 2) for part in parts]
     return tuple(outs) if fused else outs[0]
 
 
-def gemv(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, cfg: Config | None = None):
+def sum_splits(part):
+    """float32 [U, n_pad, M]: a GEMV's K-split partial sums [U, split, n_pad, M] added in split order (fixed: a
+    row's bits do not depend on the other rows)."""
+    out = part[:, 0]
+    for j in range(1, part.shape[1]):
+        out = out + part[:, j]
+    return out
+
+
+@jax.tree_util.register_pytree_node_class
+class Partials:
+    """A GEMV's output before its K splits are added: ``parts`` float32 [U, split, n_pad, M] (`grouped_gemv`'s
+    launch output; slot u holds rows ``u * M .. u * M + M - 1``), to be summed by the kernel that consumes it
+    (`strata_jax.pallas.rows.add_rms_norm`: the residual add and the norm behind a projection in one launch,
+    without the XLA fusion that would add the splits first). `value` gives the [rows, n_out] product, the bits
+    of the summed call.
+
+    Attributes: parts; n_out; rows (the product's rows); rows_per_slot (M: the padded rows of a slot)."""
+
+    def __init__(self, parts, *, n_out: int, rows: int, rows_per_slot: int):
+        self.parts = parts
+        self.n_out, self.rows, self.rows_per_slot = int(n_out), int(rows), int(rows_per_slot)
+
+    @property
+    def split(self) -> int:
+        return int(self.parts.shape[1])
+
+    @property
+    def shape(self) -> tuple:
+        return (self.rows, self.n_out)
+
+    def value(self):
+        """float32 [rows, n_out]: the splits added as `grouped_gemv` adds them."""
+        U, _, n_pad, M = self.parts.shape
+        out = sum_splits(self.parts).swapaxes(1, 2).reshape(U * M, n_pad)
+        return out[:self.rows, :self.n_out]
+
+    def tree_flatten(self):
+        return (self.parts,), (self.n_out, self.rows, self.rows_per_slot)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(children[0], n_out=aux[0], rows=aux[1], rows_per_slot=aux[2])
+
+
+def gemv(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, cfg: Config | None = None,
+         partial: bool = False):
     """x [M, K] times one weight [n_out, K]^T -> float32 [M, n_out]; M <= 8, or any M as 8-row groups in one
     launch (the weight read once per group), each row with the instructions of the row alone. ``w`` a tuple of
     weights of one format and shape: a tuple of outputs from one launch (`grouped_gemv`'s tuple of stacks, each
-    output the bits of its own call). Not jitted."""
+    output the bits of its own call). ``partial`` (one weight): the `Partials` of the launch instead, M rows.
+    Not jitted."""
     M = x.shape[0]
     fused = isinstance(w, (tuple, list))
+    if partial and fused:
+        raise ValueError("gemv: partial takes one weight")
     w1 = tuple(wi[None] for wi in w) if fused else w[None]
     if M <= M_MAX:
-        y = grouped_gemv(x, w1, jnp.zeros((1,), jnp.int32), qtype, n_out, k_in, interpret=interpret, cfg=cfg)
+        y = grouped_gemv(x, w1, jnp.zeros((1,), jnp.int32), qtype, n_out, k_in, interpret=interpret, cfg=cfg,
+                         partial=partial)
+        if partial:
+            return y
         return tuple(yi[0] for yi in y) if fused else y[0]
     G = -(-M // M_MAX)
     xg = jnp.pad(x, [(0, G * M_MAX - M), (0, 0)]).reshape(G, M_MAX, k_in)
-    y = grouped_gemv(xg, w1, jnp.zeros((G,), jnp.int32), qtype, n_out, k_in, interpret=interpret, cfg=cfg)
+    y = grouped_gemv(xg, w1, jnp.zeros((G,), jnp.int32), qtype, n_out, k_in, interpret=interpret, cfg=cfg,
+                     partial=partial)
+    if partial:
+        return Partials(y.parts, n_out=n_out, rows=M, rows_per_slot=M_MAX)
     ys = y if fused else (y,)
     out = tuple(yi.reshape(G * M_MAX, n_out)[:M] for yi in ys)
     return out if fused else out[0]

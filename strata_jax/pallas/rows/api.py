@@ -42,6 +42,7 @@ import jax.numpy as jnp
 
 from strata_jax.errors import UnsupportedError
 from strata_jax.pallas import dispatch
+from strata_jax.pallas.quant_matmul.gemv import Partials
 from strata_jax.pallas.rows import kernel as _k
 from strata_jax.pallas.rows import reference as _ref
 
@@ -105,16 +106,32 @@ def _add_rms_norm(x, r, w, *, eps, path, poison):
         return h.reshape(x.shape), y.reshape(x.shape)
 
 
+@functools.partial(jax.jit, static_argnames=("eps", "path", "poison"))
+def _add_partials_rms_norm(x, r, w, *, eps, path, poison):
+    if path == "reference":
+        return _add_rms_norm(x, r.value().reshape(x.shape), w, eps=eps, path=path, poison=poison)
+    with dispatch.poison_outputs(poison):
+        h, y = _k.add_partials_rms_norm(_rows(x).astype(jnp.float32), r.parts, w, eps,
+                                        rows_per_slot=r.rows_per_slot, interpret=path == "interpret")
+        return h.reshape(x.shape), y.reshape(x.shape)
+
+
 def add_rms_norm(x, r, w, eps: float, *, impl: str = "auto"):
     """(h, y), float32 [..., n] each: the residual sum ``h = x + r`` and ``rms_norm(h, w, eps)``, in one launch
-    on the kernel path (the bits of the add and of `rms_norm` of h). ``r`` has x's shape.
+    on the kernel path (the bits of the add and of `rms_norm` of h). ``r`` has x's shape, or is a GEMV's
+    `strata_jax.pallas.quant_matmul.gemv.Partials` of x's rows (``qmatmul(partial=True)``): its K splits are
+    added in the same launch, in the GEMV's order (the bits of ``add_rms_norm(x, r.value())``).
 
     Raises:
       UnsupportedError: as `rms_norm`, or r's shape differs from x's."""
-    if r.shape != x.shape:
-        raise UnsupportedError(f"rows.add_rms_norm: x {x.shape} and r {r.shape} differ")
+    partials = isinstance(r, Partials)
+    r_shape = (*x.shape[:-1], r.n_out) if partials else r.shape
+    if tuple(r_shape) != tuple(x.shape) or (partials and r.rows != math.prod(x.shape[:-1])):
+        raise UnsupportedError(f"rows.add_rms_norm: x {x.shape} and r {tuple(r.shape)} differ")
     path = dispatch.resolve("rows.rms_norm", impl, _why_not(x))
     w = _norm_weight(x, w)
+    if partials:
+        return _add_partials_rms_norm(x, r, w, eps=float(eps), path=path, poison=dispatch.poisoning())
     return _add_rms_norm(x, r, w, eps=float(eps), path=path, poison=dispatch.poisoning())
 
 

@@ -60,9 +60,14 @@ def _row_base(src, n, addr):
 
 
 def _lanes(cc, addr):
-    """The lane offsets of a row's load: ``cc``, or 0 for every lane when ``addr``'s fifth entry is False (one
-    value per row, broadcast over the tile: a per-row scale)."""
-    return cc if addr is None or len(addr) < 5 or addr[4] else cc * 0
+    """The lane offsets of a row's load: ``cc``, 0 for every lane when ``addr``'s fifth entry is False (one value
+    per row, broadcast over the tile: a per-row scale), or ``cc`` times ``addr``'s sixth entry (the row's values
+    that far apart: a GEMV's [n, M] output read by row)."""
+    if addr is None or len(addr) < 5:
+        return cc
+    if not addr[4]:
+        return cc * 0
+    return cc * addr[5] if len(addr) > 5 else cc
 
 
 def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_out, extra_rows, heads, interpret,
@@ -181,6 +186,27 @@ def add_rms_norm(x2, r2, w, eps, *, interpret):
     k = functools.partial(_add_norm_kernel, eps=float(eps), n=float(x2.shape[1]))
     return _launch(k, x2, 0.0, interpret=interpret, rows_in=(r2,), extra=() if w is None else (w,), n_out=2,
                    name="rows_add_rms_norm")
+
+
+def _add_parts_norm_kernel(x, *rest, eps, n, split):
+    r = rest[0]
+    for p in rest[1:split]:   # the K splits in order: `gemv.sum_splits`' adds
+        r = r + p
+    return _add_norm_kernel(x, r, *rest[split:], eps=eps, n=n)
+
+
+def add_partials_rms_norm(x2, parts, w, eps, *, rows_per_slot, interpret):
+    """`add_rms_norm` of rows x2 [N, n] and a GEMV's K-split partial sums ``parts`` float32 [U, split, n_pad, M]
+    (`strata_jax.pallas.quant_matmul.gemv.Partials`: row i in slot i // M, column i % M; ``M`` =
+    ``rows_per_slot``): each program adds its row's splits in split order, then x, then the norm -- the bits of
+    `gemv.sum_splits`, the add and the norm, in one launch instead of an XLA fusion and this one."""
+    N, n = x2.shape
+    U, split, n_pad, M = parts.shape
+    assert M == rows_per_slot and N <= U * M and n <= n_pad
+    addrs = (None,) + tuple((M, split * n_pad * M, s * n_pad * M, 1, True, M) for s in range(split))
+    k = functools.partial(_add_parts_norm_kernel, eps=float(eps), n=float(n), split=split)
+    return _launch(k, x2, 0.0, interpret=interpret, rows_in=(parts,) * split, extra=() if w is None else (w,),
+                   n_out=2, packed=((N, n), addrs), name="rows_add_partials_rms_norm")
 
 
 def _sum_kernel(x, *w, fn=None):
