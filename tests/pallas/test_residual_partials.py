@@ -1,6 +1,6 @@
 """`STRATA_RESIDUAL_PARTIALS` on a dense model (issue 13 item 4: the residual add and norm behind a projection take
-its GEMV's K splits): a tiny qwen2 file of fresh random Q4_K / Q6_K blocks (`strata_jax.testing.blocks`, written with gguf-py), its stage on
-the kernel path in Pallas' interpreter. With the switch on, the window's program hands the attention output's and
+its GEMV's K splits): a tiny qwen2 file of fresh random Q4_K / Q6_K blocks (`strata_jax.testing.blocks`, written
+with gguf-py), its stage on the kernel path in Pallas' interpreter. With the switch on, the window's program hands the attention output's and
 the down projection's split partial sums to the norm kernels (``rows_add_partials_rms_norm``) and no longer holds
 the XLA sums; the hidden rows and logits are the bits of the switch off, in a verify window and a prefill chunk."""
 
