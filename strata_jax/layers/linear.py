@@ -315,6 +315,28 @@ def residual_partials() -> bool:
     return dispatch.env_choice("STRATA_RESIDUAL_PARTIALS", "1", ("0", "1")) == "1"
 
 
+def norm_planes_for(linears, exact_rows: bool) -> tuple | None:
+    """``STRATA_NORM_PLANES=1`` (default ``0``: not yet timed on a GPU): the plane widths the norm in front of
+    ``linears`` should form in its launch (`strata_jax.layers.norms.RMSNorm`'s ``planes``) -- those of the first
+    linear whose float32 GEMV takes the plane path (`gemv.uses_planes`) -- in window rows (``exact_rows``) with the
+    float32 GEMV in use; else None. The planes are then formed once per norm, not by an XLA fusion before each
+    GEMV launch that reads them.
+
+    Raises:
+      UnsupportedError: another value of the variable."""
+    from strata_jax.pallas.quant_matmul import api as qapi
+    from strata_jax.pallas.quant_matmul import gemv
+
+    if dispatch.env_choice("STRATA_NORM_PLANES", "0", ("0", "1")) != "1" or not exact_rows:
+        return None
+    if qapi.gemv_variant() != "fma":
+        return None
+    for lin in linears:
+        if qapi.uses_planar_kernels(lin.w[...], lin.qtype, lin.n_in) and gemv.uses_planes(lin.qtype):
+            return gemv.plane_bits(lin.qtype)
+    return None
+
+
 def pending_value(y, like: jax.Array) -> jax.Array:
     """A residual term as an array shaped like ``like``: a `Partials` summed (its `value`), an array as is."""
     return y.value().reshape(like.shape) if isinstance(y, Partials) else y

@@ -23,8 +23,8 @@ from flax import nnx
 from strata_jax.config import MAX_LAYERS, MAX_WIDTH, ModelConfig, base_fields, shape_dims
 from strata_jax.gguf.metadata import get_int
 from strata_jax.layers.attention import attend_prefill, attend_window
-from strata_jax.layers.linear import (Embedding, QLinear, head_logits, load_f32, pending_value, project_shared,
-                                     residual_partials)
+from strata_jax.layers.linear import (Embedding, QLinear, head_logits, load_f32, norm_planes_for, pending_value,
+                                     project_shared, residual_partials)
 from strata_jax.layers.mlp import GatedMLP, make_ffn
 from strata_jax.layers.norms import RMSNorm
 from strata_jax.layers.rope import apply_rope
@@ -82,10 +82,11 @@ class DenseBlock(nnx.Module):
         B, T, _ = h.shape
         ex = mode == "window"  # row-exact matmuls in windows; prefill chunks take the GEMM
         fuse = residual_partials()
+        planes = norm_planes_for((self.wq, self.wk, self.wv), ex)
         if pending is None:
-            a = self.attn_norm(h)
+            a = self.attn_norm(h, planes)
         else:
-            h, a = self.attn_norm.add_norm(h, pending)
+            h, a = self.attn_norm.add_norm(h, pending, planes)
         q, k, v = project_shared(a, (self.wq, self.wk, self.wv), ex)
         q = q.reshape(B, T, cfg.n_head, cfg.head_dim)
         k = k.reshape(B, T, cfg.n_head_kv, cfg.head_dim)
@@ -107,8 +108,9 @@ class DenseBlock(nnx.Module):
         o = self.wo(o.reshape(B, T, cfg.n_head * cfg.head_dim), ex, partial=fuse and self.post_attn_norm is None)
         if self.post_attn_norm is not None:
             o = self.post_attn_norm(o)
-        h, a = self.ffn_norm.add_norm(h, o)
-        if isinstance(self.ffn, GatedMLP):
+        mlp = isinstance(self.ffn, GatedMLP)
+        h, a = self.ffn_norm.add_norm(h, o, norm_planes_for((self.ffn.gate, self.ffn.up), ex) if mlp else None)
+        if mlp:
             y = self.ffn(a, ex, partial=fuse and defer and self.post_ffw_norm is None)
         else:
             y = self.ffn(a, ex)

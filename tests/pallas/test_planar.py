@@ -692,3 +692,54 @@ def test_partials_add_norm(impl, rng, monkeypatch):
     assert not isinstance(qmatmul(X[:3], w, qtype, n_out, k_in, impl="reference", partial=True), gemv.Partials)
     assert not isinstance(qmatmul(X[:3], w, qtype, n_out, k_in, impl=impl, prefill=True, partial=True),
                           gemv.Partials)
+
+
+@pytest.mark.parametrize("impl", KERNEL_IMPLS)
+def test_norm_planes(impl, rng, monkeypatch):
+    """`rows.rms_norm_planes`: the norm's launch forms its rows' plane-path GEMV inputs (`gemv.PlaneRows`): h
+    and y the bits of `add_rms_norm` / `rms_norm` (r a plain row, a GEMV's `Partials`, or none), the planes the
+    bits of `gemv.plane_inputs` (2- and 4-bit widths) and its 16-value sums within 2 ulp (the kernel may contract
+    a product into the first adds); a row has the bits of the row alone (1, 3 and 13 rows), and a plane-path GEMV
+    reading the planes (Q4_K, Q2_K; 13 rows in 8-row groups) is within 1e-6 of the GEMV forming them itself; a
+    decoder-path format (Q6_K) reads y."""
+    from strata_jax.pallas import rows
+    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    K, n_out = 512, 40
+    nw = jnp.asarray(rng.uniform(0.5, 1.5, K).astype(np.float32))
+    X = jnp.asarray(rng.standard_normal((13, K)).astype(np.float32))
+    R = jnp.asarray(rng.standard_normal((13, K)).astype(np.float32))
+    wp, _ = _weight(rng, Q.Q4_K, K, 256)
+    ws = {q: _weight(rng, q, n_out, K)[0] for q in (Q.Q4_K, Q.Q2_K, Q.Q6_K)}
+    first = {}
+    for M in (1, 3, 13):
+        x, r = X[:M], R[:M]
+        part = qmatmul(x[:, :256], wp, Q.Q4_K, K, 256, impl=impl, row_groups=True, partial=True)
+        for kind, rr in (("none", None), ("rows", r), ("partials", part)):
+            for qtype in (Q.Q4_K, Q.Q2_K):
+                bits = gemv.plane_bits(qtype)
+                what = f"{kind} M={M} {qtype.name}"
+                with dispatch.poison_outputs():
+                    h, y = rows.rms_norm_planes(x, rr, nw, 1e-6, bits, impl=impl)
+                    if rr is None:
+                        h2, y2 = x, rows.rms_norm(x, nw, 1e-6, impl=impl)
+                    else:
+                        h2, y2 = rows.add_rms_norm(x, rr, nw, 1e-6, impl=impl)
+                assert isinstance(y, gemv.PlaneRows) and y.bits == bits, (kind, type(y))
+                assert_bits_equal(h, h2, f"{what} h")
+                assert_bits_equal(y.y, y2, f"{what} y")
+                want = [a.reshape(M, -1) for a in gemv.plane_inputs(y2, qtype)]
+                got = np.asarray(y.planes)
+                assert_bits_equal(got[:, :K * len(bits)], jnp.concatenate(want[:-1], axis=1), f"{what} planes")
+                sums, ref = got[:, K * len(bits):], np.asarray(want[-1])
+                scale = np.abs(np.asarray(y2)).reshape(M, K // 16, 16).sum(-1)
+                assert np.all(np.abs(sums - ref) <= 2 * np.finfo(np.float32).eps * scale), f"{what} sums"
+                prev = first.setdefault((kind, qtype), (np.asarray(y.planes)[:1], np.asarray(y.y)[:1]))
+                assert_bits_equal(np.asarray(y.planes)[:1], prev[0], f"{what}: row 0's planes vs the row alone")
+                y_fused = qmatmul(y, ws[qtype], qtype, n_out, K, impl=impl, row_groups=True)
+                y_plain = qmatmul(y2, ws[qtype], qtype, n_out, K, impl=impl, row_groups=True)
+                np.testing.assert_allclose(y_fused, y_plain, rtol=0, atol=1e-6 * float(np.abs(y_plain).max()),
+                                           err_msg=what)
+                first.setdefault((kind, qtype, "gemv"), np.asarray(y_fused)[:1])
+                assert_bits_equal(np.asarray(y_fused)[:1], first[(kind, qtype, "gemv")], f"{what} GEMV row 0")
+        assert_bits_equal(qmatmul(y, ws[Q.Q6_K], Q.Q6_K, n_out, K, impl=impl, row_groups=True),
+                          qmatmul(y2, ws[Q.Q6_K], Q.Q6_K, n_out, K, impl=impl, row_groups=True), f"M={M} Q6_K")

@@ -2,7 +2,9 @@
 its GEMV's K splits): a tiny qwen2 file of fresh random Q4_K / Q6_K blocks (`strata_jax.testing.blocks`, written
 with gguf-py), its stage on the kernel path in Pallas' interpreter. With the switch on, the window's program hands the attention output's and
 the down projection's split partial sums to the norm kernels (``rows_add_partials_rms_norm``) and no longer holds
-the XLA sums; the hidden rows and logits are the bits of the switch off, in a verify window and a prefill chunk."""
+the XLA sums; the hidden rows and logits are the bits of the switch off, in a verify window and a prefill chunk.
+With ``STRATA_NORM_PLANES=1`` the window's norms form the GEMVs' plane inputs (``rows_norm_planes``), within float32
+rounding of the default."""
 
 from __future__ import annotations
 
@@ -75,20 +77,26 @@ def test_residual_partials_same_bits(mode, T, tmp_path, rng, monkeypatch):
     toks = jnp.asarray(rng.integers(0, VOCAB, (2, T)).astype(np.int32))
     rows = Rows.make([0, 1], [4, 9], [T, T - 1])
     results, kernels = {}, {}
-    for on in ("1", "0"):
-        monkeypatch.setenv("STRATA_RESIDUAL_PARTIALS", on)
+    for name, env in (("on", ("1", "0")), ("off", ("0", "0")), ("planes", ("1", "1"))):
+        monkeypatch.setenv("STRATA_RESIDUAL_PARTIALS", env[0])
+        monkeypatch.setenv("STRATA_NORM_PLANES", env[1])
         jax.clear_caches()
         state = stage.init_state(2, MC)
         fn = lambda st, x: stage(st, x, rows, mode, MC)[0]   # noqa: E731
         jaxpr = jax.make_jaxpr(fn)(state, toks)
-        kernels[on] = set(structure.jaxpr_report(jaxpr.jaxpr, [len(jax.tree.leaves(state)), 1]).kernels)
-        results[on] = jax.tree.map(np.asarray, fn(state, toks))
-    fused = {n for n in kernels["1"] if n.startswith("rows_add_partials")}
+        kernels[name] = set(structure.jaxpr_report(jaxpr.jaxpr, [len(jax.tree.leaves(state)), 1]).kernels)
+        results[name] = jax.tree.map(np.asarray, fn(state, toks))
+    fused = {n for n in kernels["on"] if n.startswith("rows_add_partials")}
     if mode == "window":
-        assert fused == {"rows_add_partials_rms_norm"}, sorted(kernels["1"])
+        assert fused == {"rows_add_partials_rms_norm"}, sorted(kernels["on"])
+        assert "rows_norm_planes" in kernels["planes"], sorted(kernels["planes"])
     else:
         assert not fused, "prefill rows take the GEMM: no partials"
-    assert not {n for n in kernels["0"] if n.startswith("rows_add_partials")}
+        assert "rows_norm_planes" not in kernels["planes"], "prefill rows take the GEMM: no planes"
+    assert not {n for n in kernels["off"] if n.startswith("rows_add_partials")}
     for k in ("hidden", "logits"):
-        np.testing.assert_array_equal(results["1"][k].view(np.uint32), results["0"][k].view(np.uint32), k)
-    assert np.isfinite(results["1"]["logits"]).all()
+        np.testing.assert_array_equal(results["on"][k].view(np.uint32), results["off"][k].view(np.uint32), k)
+        # the norm's launch forms the 16-value sums with its own contractions: within float32 rounding
+        np.testing.assert_allclose(results["planes"][k], results["on"][k], rtol=2e-5,
+                                   atol=2e-5 * float(np.abs(results["on"][k]).max()), err_msg=k)
+    assert np.isfinite(results["on"]["logits"]).all()

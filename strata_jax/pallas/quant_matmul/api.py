@@ -183,9 +183,12 @@ def check_args(x, w_raw, qtype, n_out, k_in, op="quant_matmul.qmatmul"):
                                              "gemm_kernel", "partial"))
 def _qmatmul_planar(x, w, *, qtype, n_out, k_in, path, gemm, poison, gemv, prec, gemm_kernel, partial=False):
     if path == "reference":
-        return _ref.matmul_rows(x, _ref.dequantize_weight(_as_float_weight(w, qtype, k_in), qtype, k_in))
+        return _ref.matmul_rows(_gemv.rows_of(x), _ref.dequantize_weight(_as_float_weight(w, qtype, k_in), qtype,
+                                                                         k_in))
     interpret = path == "interpret"
     w = _as_float_weight(w, qtype, k_in)
+    if gemm or gemv != "fma":
+        x = _gemv.rows_of(x)   # a PlaneRows' planes serve the float32 GEMV only
     with dispatch.poison_outputs(poison):
         if gemm:
             return _gemm.gemm(x, w, qtype, n_out, k_in, interpret=interpret, precision=prec, variant=gemm_kernel)
@@ -257,7 +260,9 @@ def qmatmul(x, w_raw, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_g
             precise: bool = False, prefill: bool = False, partial: bool = False):
     """float32 [M, n_out] = x [M, k_in] @ dequantize(w_raw).T. See the module docstring for the full contract.
     ``partial``: where the call takes the planar float32 GEMV, return its `gemv.Partials` (the K splits not yet
-    added; ``.value()`` is this result) for a consumer that adds them itself; other paths return the array."""
+    added; ``.value()`` is this result) for a consumer that adds them itself; other paths return the array.
+    ``x`` may be a `gemv.PlaneRows` (rows whose plane inputs their norm formed): the float32 GEMV's plane path
+    reads its planes, every other path its rows."""
     qtype = check_args(x, w_raw, qtype, n_out, k_in)
     if uses_planar_kernels(w_raw, qtype, k_in):
         path = dispatch.resolve("quant_matmul.qmatmul", impl,
@@ -268,6 +273,7 @@ def qmatmul(x, w_raw, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_g
                                poison=dispatch.poisoning(), gemv=gemv, prec=precision(gemm, precise),
                                gemm_kernel=gemm_variant(),
                                partial=partial and not gemm and gemv == "fma" and path != "reference")
+    x = _gemv.rows_of(x)
     path = dispatch.resolve(
         "quant_matmul.qmatmul", impl,
         lambda: _k.why_not(qtype, x.shape[0], n_out, k_in, x.dtype, getattr(w_raw, "dtype", jnp.uint8),

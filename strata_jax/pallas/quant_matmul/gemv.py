@@ -296,6 +296,45 @@ def plane_inputs(x, qtype):
     return tuple(outs)
 
 
+def plane_layout(bits: tuple, k_in: int) -> tuple:
+    """(offsets of each plane width's values and of the 16-value sums in a row of `plane_inputs` side by side,
+    the row's width): widths ``bits`` (`plane_bits`) over K = ``k_in`` values."""
+    offs = tuple(i * k_in for i in range(len(bits))) + (len(bits) * k_in,)
+    return offs, len(bits) * k_in + k_in // 16
+
+
+@jax.tree_util.register_pytree_node_class
+class PlaneRows:
+    """Activation rows with their plane-path inputs already formed (by the norm that produced them:
+    `strata_jax.pallas.rows.add_rms_norm`'s ``planes``), so that a plane-path GEMV reading them does not form
+    them again (the XLA fusion before each such GEMV). ``y`` float32 [..., K] (what any other path reads);
+    ``planes`` float32 [rows, width]: per row, `plane_inputs`' arrays for plane widths ``bits`` flattened side by
+    side (`plane_layout`), the bits `plane_inputs` gives. Behaves as ``y`` for ``shape`` / ``ndim`` / ``reshape``
+    (a reshape keeps the rows' order, so the planes stay valid)."""
+
+    def __init__(self, y, planes, bits: tuple):
+        self.y, self.planes, self.bits = y, planes, tuple(int(b) for b in bits)
+
+    shape = property(lambda self: self.y.shape)
+    ndim = property(lambda self: self.y.ndim)
+    dtype = property(lambda self: self.y.dtype)
+
+    def reshape(self, *shape):
+        return PlaneRows(self.y.reshape(*shape), self.planes, self.bits)
+
+    def tree_flatten(self):
+        return (self.y, self.planes), self.bits
+
+    @classmethod
+    def tree_unflatten(cls, bits, children):
+        return cls(*children, bits)
+
+
+def rows_of(x):
+    """The activation array of ``x`` (a `PlaneRows` or an array)."""
+    return x.y if isinstance(x, PlaneRows) else x
+
+
 class _UnitSource(D.Source):
     """A decoder's view for the plane path's scales: one value axis, ``ax[0]`` the format's first value axis at
     values ``v0`` (int32 [1, 1, n]) of each group; the decoder's codes are not used (dead code)."""
@@ -421,7 +460,8 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
     """For each slot u: x (or x[u]) [M, K] times the matrix ``w_stacked[slot_expert[u]]`` [n_out, K]^T.
 
     Args:
-      x: [M, K] (the same rows for every slot) or [U, M, K]; M <= 8; float32 / bfloat16 / float16.
+      x: [M, K] (the same rows for every slot) or [U, M, K]; M <= 8; float32 / bfloat16 / float16; or a
+        `PlaneRows` of such rows (of x's ``M`` rows, or all ``U * M``): the plane path reads its planes.
       w_stacked: [E, n_out, row_words] uint32 planar, or [E, n_out, K] float for F32 / F16 / BF16; or a tuple of
         such stacks of one format and shape (e.g. the experts' gate and up), read by the same programs, which
         share the activation loads and one launch.
@@ -437,6 +477,11 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
     fused = isinstance(w_stacked, (tuple, list))
     if partial and fused:
         raise ValueError("grouped_gemv: partial takes one stack")
+    pre = None   # the rows' plane inputs, formed by their producer (PlaneRows), when this call takes them
+    if isinstance(x, PlaneRows):
+        if uses_planes(qtype) and plane_bits(qtype) == x.bits:
+            pre = x.planes
+        x = x.y
     stacks = tuple(w_stacked) if fused else (w_stacked,)
     x_per_slot = x.ndim == 3
     U_in = slot_expert.shape[0]
@@ -462,7 +507,11 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
     U_x = x.shape[0] if x_per_slot else 1
     planes = uses_planes(qtype)
     x_offs = ()
-    if planes:
+    if planes and pre is not None:   # rows in order u * M + m, as x's; the padded rows are zeros as x's
+        x_offs, width = plane_layout(plane_bits(qtype), k_in)
+        xr = (jnp.pad(pre, [(0, U_x * M - pre.shape[0]), (0, 0)]).reshape(-1),)
+        x_sizes = (width,)
+    elif planes:
         # one array (a concatenate XLA fuses with the ops that compute its pieces): one launch before the GEMV
         # instead of a transpose and a reduce (2026-12-04b, 1.5B steps HLO: 7 of a layer's ~20 launches)
         xp = [a.reshape(U_x * M, -1) for a in plane_inputs(x, qtype)]
@@ -544,7 +593,7 @@ def gemv(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, cfg: Config | N
     launch (the weight read once per group), each row with the instructions of the row alone. ``w`` a tuple of
     weights of one format and shape: a tuple of outputs from one launch (`grouped_gemv`'s tuple of stacks, each
     output the bits of its own call). ``partial`` (one weight): the `Partials` of the launch instead, M rows.
-    Not jitted."""
+    ``x`` may be a `PlaneRows` [M, K] (its planes used where the format's plane widths match). Not jitted."""
     M = x.shape[0]
     fused = isinstance(w, (tuple, list))
     if partial and fused:
@@ -557,7 +606,9 @@ def gemv(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, cfg: Config | N
             return y
         return tuple(yi[0] for yi in y) if fused else y[0]
     G = -(-M // M_MAX)
-    xg = jnp.pad(x, [(0, G * M_MAX - M), (0, 0)]).reshape(G, M_MAX, k_in)
+    xg = jnp.pad(rows_of(x), [(0, G * M_MAX - M), (0, 0)]).reshape(G, M_MAX, k_in)
+    if isinstance(x, PlaneRows):
+        xg = PlaneRows(xg, x.planes, x.bits)
     y = grouped_gemv(xg, w1, jnp.zeros((G,), jnp.int32), qtype, n_out, k_in, interpret=interpret, cfg=cfg,
                      partial=partial)
     if partial:

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 
 from strata_jax.errors import UnsupportedError
 from strata_jax.pallas import dispatch
-from strata_jax.pallas.quant_matmul.gemv import Partials
+from strata_jax.pallas.quant_matmul.gemv import Partials, PlaneRows
 from strata_jax.pallas.rows import kernel as _k
 from strata_jax.pallas.rows import reference as _ref
 
@@ -133,6 +133,44 @@ def add_rms_norm(x, r, w, eps: float, *, impl: str = "auto"):
     if partials:
         return _add_partials_rms_norm(x, r, w, eps=float(eps), path=path, poison=dispatch.poisoning())
     return _add_rms_norm(x, r, w, eps=float(eps), path=path, poison=dispatch.poisoning())
+
+
+@functools.partial(jax.jit, static_argnames=("eps", "bits", "path", "poison"))
+def _norm_planes(x, r, w, *, eps, bits, path, poison):
+    partials = isinstance(r, Partials)
+    with dispatch.poison_outputs(poison):
+        h, y, planes = _k.norm_planes(_rows(x).astype(jnp.float32), r.parts if partials else
+                                      (None if r is None else _rows(r).astype(jnp.float32)), w, eps, bits=bits,
+                                      interpret=path == "interpret",
+                                      parts_rows=r.rows_per_slot if partials else None)
+    return (x if h is None else h.reshape(x.shape)), PlaneRows(y.reshape(x.shape), planes, bits)
+
+
+def rms_norm_planes(x, r, w, eps: float, bits: tuple, *, impl: str = "auto"):
+    """(h, y): ``h = x + r`` (x when ``r`` is None; ``r`` as `add_rms_norm` takes it, a GEMV's `Partials`
+    included) and ``y = rms_norm(h, w, eps)`` as a `strata_jax.pallas.quant_matmul.gemv.PlaneRows` holding y's
+    plane-path GEMV inputs for plane widths ``bits`` (`gemv.plane_bits`), formed in the norm's launch so the GEMVs
+    that read y take them instead of an XLA fusion forming them before each (`STRATA_NORM_PLANES`). The bits of
+    `add_rms_norm` / `rms_norm` and of `gemv.plane_inputs`. On the reference path (or for rows whose width is not
+    a multiple of 32, or a [k, n] weight) y is the plain array.
+
+    Raises:
+      UnsupportedError: as `add_rms_norm`."""
+    if r is None:
+        path = dispatch.resolve("rows.rms_norm", impl, _why_not(x))
+        wn = _norm_weight(x, w)
+        if path == "reference" or x.shape[-1] % 32 or (wn is not None and wn.ndim != 1):
+            return x, rms_norm(x, w, eps, impl=impl)
+        return _norm_planes(x, None, wn, eps=float(eps), bits=tuple(bits), path=path, poison=dispatch.poisoning())
+    partials = isinstance(r, Partials)
+    r_shape = (*x.shape[:-1], r.n_out) if partials else r.shape
+    if tuple(r_shape) != tuple(x.shape) or (partials and r.rows != math.prod(x.shape[:-1])):
+        raise UnsupportedError(f"rows.add_rms_norm: x {x.shape} and r {tuple(r.shape)} differ")
+    path = dispatch.resolve("rows.rms_norm", impl, _why_not(x))
+    wn = _norm_weight(x, w)
+    if path == "reference" or x.shape[-1] % 32 or (wn is not None and wn.ndim != 1):
+        return add_rms_norm(x, r, w, eps, impl=impl)
+    return _norm_planes(x, r, wn, eps=float(eps), bits=tuple(bits), path=path, poison=dispatch.poisoning())
 
 
 @functools.partial(jax.jit, static_argnames=("eps", "path", "poison"))

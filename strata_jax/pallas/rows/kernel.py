@@ -209,6 +209,119 @@ def add_partials_rms_norm(x2, parts, w, eps, *, rows_per_slot, interpret):
                    n_out=2, packed=((N, n), addrs), name="rows_add_partials_rms_norm")
 
 
+def _norm_planes_program(x_ref, *refs, N, n, Dp, Dq, bits, r_kind, split, M, n_pad, has_w, eps, W, Wp,
+                         interpret):
+    """Program i: row i's ``h`` (x, plus r's row: a plain row or a GEMV's K splits added in split order), its
+    RMSNorm ``y`` (`_norm_kernel`'s tile, reduction and products: the bits of `add_rms_norm` / `rms_norm`) and
+    the plane-path GEMV inputs of y (`strata_jax.pallas.quant_matmul.gemv.plane_inputs`, side by side as
+    `gemv.plane_layout` puts them). The planes' values are y's recomputed at the lanes each output position reads
+    (the same elementwise arithmetic from the same row scale, so the same bits; a gather, not a shuffle of the
+    registers), the 16-value sums a halves tree over 16 such tiles (`strata_jax.layers.exact.pairwise_sum`)."""
+    k = 0
+    r_ref = refs[0] if r_kind else None
+    k += bool(r_kind)
+    w_ref = refs[k] if has_w else None
+    outs = refs[k + has_w:]
+    h_out = outs[0] if r_kind else None
+    y_out, p_out = outs[-2], outs[-1]
+    i = pl.program_id(0)
+    r = jnp.minimum(i, N - 1)
+
+    def h_at(lanes):
+        v = x_ref[r * n + lanes].astype(jnp.float32)
+        if r_kind == "rows":
+            v = v + r_ref[r * n + lanes].astype(jnp.float32)
+        elif r_kind == "partials":
+            u, mm = r // M, r % M
+            acc = None
+            for s in range(split):
+                p = r_ref[((u * split + s) * n_pad + lanes) * M + mm]
+                acc = p if acc is None else acc + p
+            v = v + acc
+        return v
+
+    col = lax.broadcasted_iota(jnp.int32, (1, Dp), 1)
+    live = col < n
+    cc = jnp.minimum(col, n - 1)
+    h = jnp.where(live, h_at(cc), 0.0)
+    ss = jnp.sum(h * h, axis=1, keepdims=True) / jnp.float32(n)
+    rs = lax.rsqrt(ss + eps)
+
+    def y_at(lanes, hv):
+        y = hv * rs
+        return y * w_ref[lanes] if has_w else y
+
+    y = y_at(cc, h)
+
+    def store(ref, width, base, lanes, v, ok):
+        if interpret:   # the interpreter's masked store writes every lane: a whole padded segment per row
+            ref[i * width + base + lanes] = v
+        else:
+            plt.store(ref.at[r * width + base + jnp.where(ok, lanes, 0)], v, mask=ok)
+
+    if r_kind:
+        store(h_out, Dp if interpret else n, 0, col, h, live)
+    store(y_out, Dp if interpret else n, 0, col, y, live)
+    g32 = n // 32
+    for bi, b in enumerate(bits):
+        per_word, per_half = 32 // b, 16 // b
+        nn, rem = col // (g32 * b), col % (g32 * b)
+        src = jnp.where(live, (rem // b) * 32 + (rem % b) * per_word + nn, 0)
+        scale = lax.bitcast_convert_type(((150 - b * (nn % per_half)) << 23).astype(jnp.int32), jnp.float32)
+        v = jnp.where(live, y_at(src, h_at(src)) * scale, 0.0)
+        store(p_out, Wp if interpret else W, bi * (Dp if interpret else n), col, v, live)
+    jj = lax.broadcasted_iota(jnp.int32, (1, Dq), 1)
+    live_q = jj < n // 16
+    vals = []
+    for t in range(16):
+        src = jnp.where(live_q, 16 * jj + t, 0)
+        vals.append(jnp.where(live_q, y_at(src, h_at(src)), 0.0))
+    while len(vals) > 1:
+        half = len(vals) // 2
+        vals = [vals[t] + vals[t + half] for t in range(half)]
+    store(p_out, Wp if interpret else W, len(bits) * (Dp if interpret else n), jj, vals[0], live_q)
+
+
+def norm_planes(x2, r, w, eps, *, bits, interpret, parts_rows=None):
+    """(h, y, planes) of rows x2 [N, n]: ``h = x2 + r`` (``r`` float32 [N, n], or a GEMV's K-split partials
+    [U, split, n_pad, M] with ``parts_rows`` = M, as `add_partials_rms_norm` reads them; None: h is x2 and is not
+    returned), ``y`` its RMSNorm times ``w`` ([n] or None), and ``planes`` float32 [N, width]: y's plane-path GEMV
+    inputs for plane widths ``bits`` (`strata_jax.pallas.quant_matmul.gemv.plane_inputs` side by side,
+    `gemv.plane_layout`), one launch (`_norm_planes_program`). n must be a multiple of 32."""
+    from strata_jax.pallas.quant_matmul.gemv import plane_layout
+
+    N, n = x2.shape
+    if n % 32:
+        raise ValueError(f"norm_planes: rows of {n} values (not a multiple of 32)")
+    Dp, Dq = padded_width(n), padded_width(n // 16)
+    _, W = plane_layout(tuple(bits), n)
+    Wp = len(bits) * Dp + Dq
+    r_kind = None if r is None else ("partials" if parts_rows else "rows")
+    split, M, n_pad = (r.shape[1], r.shape[3], r.shape[2]) if r_kind == "partials" else (1, 1, n)
+    rows = max(N, 2) if interpret else N
+    outs = ([(rows * Dp,) if interpret else (N * n,)] * (2 if r_kind else 1)
+            + [(rows * Wp,) if interpret else (N * W,)])
+    call = dispatch.pallas_call(
+        functools.partial(_norm_planes_program, N=N, n=n, Dp=Dp, Dq=Dq, bits=tuple(bits), r_kind=r_kind,
+                          split=split, M=M, n_pad=n_pad, has_w=w is not None, eps=float(eps), W=W, Wp=Wp,
+                          interpret=interpret),
+        out_shape=[jax.ShapeDtypeStruct(s, jnp.float32) for s in outs], grid=(rows,),
+        in_specs=[pl.no_block_spec] * (1 + bool(r_kind) + (w is not None)), out_specs=[pl.no_block_spec] * len(outs),
+        interpret=interpret, num_warps=4, num_stages=1, name="rows_norm_planes")
+    res = call(x2.reshape(-1), *(() if r is None else (r.reshape(-1),)),
+               *(() if w is None else (w.reshape(-1),)))
+    if interpret:
+        rowsof = lambda o: o.reshape(rows, Dp)[:N, :n]   # noqa: E731
+        p = res[-1].reshape(rows, Wp)[:N]
+        planes = jnp.concatenate([p[:, b * Dp:b * Dp + n] for b in range(len(bits))]
+                                 + [p[:, len(bits) * Dp:len(bits) * Dp + n // 16]], axis=1)
+    else:
+        rowsof = lambda o: o.reshape(N, n)   # noqa: E731
+        planes = res[-1].reshape(N, W)
+    h = rowsof(res[0]) if r_kind else None
+    return h, rowsof(res[-2]), planes
+
+
 def _sum_kernel(x, *w, fn=None):
     s = jnp.broadcast_to(jnp.sum(x * w[0] if w else x, axis=1, keepdims=True), x.shape)
     return s if fn is None else _map_kernel(s, fn=fn)
