@@ -124,15 +124,20 @@ def add_rms_norm(x, r, w, eps: float, *, impl: str = "auto"):
 
     Raises:
       UnsupportedError: as `rms_norm`, or r's shape differs from x's."""
+    _check_residual(x, r)
+    path = dispatch.resolve("rows.rms_norm", impl, _why_not(x))
+    w = _norm_weight(x, w)
+    if isinstance(r, Partials):
+        return _add_partials_rms_norm(x, r, w, eps=float(eps), path=path, poison=dispatch.poisoning())
+    return _add_rms_norm(x, r, w, eps=float(eps), path=path, poison=dispatch.poisoning())
+
+
+def _check_residual(x, r):
+    """Raises UnsupportedError unless ``r`` (an array or a GEMV's `Partials`) holds x's rows and width."""
     partials = isinstance(r, Partials)
     r_shape = (*x.shape[:-1], r.n_out) if partials else r.shape
     if tuple(r_shape) != tuple(x.shape) or (partials and r.rows != math.prod(x.shape[:-1])):
         raise UnsupportedError(f"rows.add_rms_norm: x {x.shape} and r {tuple(r.shape)} differ")
-    path = dispatch.resolve("rows.rms_norm", impl, _why_not(x))
-    w = _norm_weight(x, w)
-    if partials:
-        return _add_partials_rms_norm(x, r, w, eps=float(eps), path=path, poison=dispatch.poisoning())
-    return _add_rms_norm(x, r, w, eps=float(eps), path=path, poison=dispatch.poisoning())
 
 
 @functools.partial(jax.jit, static_argnames=("eps", "bits", "path", "poison"))
@@ -156,20 +161,12 @@ def rms_norm_planes(x, r, w, eps: float, bits: tuple, *, impl: str = "auto"):
 
     Raises:
       UnsupportedError: as `add_rms_norm`."""
-    if r is None:
-        path = dispatch.resolve("rows.rms_norm", impl, _why_not(x))
-        wn = _norm_weight(x, w)
-        if path == "reference" or x.shape[-1] % 32 or (wn is not None and wn.ndim != 1):
-            return x, rms_norm(x, w, eps, impl=impl)
-        return _norm_planes(x, None, wn, eps=float(eps), bits=tuple(bits), path=path, poison=dispatch.poisoning())
-    partials = isinstance(r, Partials)
-    r_shape = (*x.shape[:-1], r.n_out) if partials else r.shape
-    if tuple(r_shape) != tuple(x.shape) or (partials and r.rows != math.prod(x.shape[:-1])):
-        raise UnsupportedError(f"rows.add_rms_norm: x {x.shape} and r {tuple(r.shape)} differ")
+    if r is not None:
+        _check_residual(x, r)
     path = dispatch.resolve("rows.rms_norm", impl, _why_not(x))
     wn = _norm_weight(x, w)
     if path == "reference" or x.shape[-1] % 32 or (wn is not None and wn.ndim != 1):
-        return add_rms_norm(x, r, w, eps, impl=impl)
+        return (x, rms_norm(x, w, eps, impl=impl)) if r is None else add_rms_norm(x, r, w, eps, impl=impl)
     return _norm_planes(x, r, wn, eps=float(eps), bits=tuple(bits), path=path, poison=dispatch.poisoning())
 
 
