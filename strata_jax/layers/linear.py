@@ -282,8 +282,9 @@ class QLinear(nnx.Module):
         w = jnp.concatenate([w, jnp.zeros((w.shape[0], n_in - self.n_in), w.dtype)], axis=1)
         return QLinear(w, self.qtype, self.n_out, n_in, self.b[...] if self.b is not None else None, self.precise)
 
-    def __call__(self, x: jax.Array, exact_rows: bool = True, partial: bool = False) -> jax.Array:
-        """x float [..., n_in] -> float32 [..., n_out].
+    def __call__(self, x: jax.Array, exact_rows: bool = True, partial: bool = False):
+        """x float [..., n_in] (or a `PlaneRows`) -> float32 [..., n_out] (or with ``partial``, a `Partials` of
+        ``prod(lead)`` rows: ``.value()`` is float32 [rows, n_out]).
 
         Each row's arithmetic is independent of the other rows and of the row count (`qmatmul`'s contract), which
         makes verify windows and batch rows exact. ``exact_rows`` (verify windows; the default): on the Pallas
@@ -308,7 +309,8 @@ def residual_partials() -> bool:
     """``STRATA_RESIDUAL_PARTIALS``: ``1`` (default) lets a projection whose output a residual add and RMSNorm
     consume (the attention output, the MLP's down) hand its GEMV's K-split partial sums to the norm's kernel, which
     adds them (`QLinear.__call__`'s ``partial``): one launch instead of an XLA fusion and the norm's, the same
-    bits; ``0``: the sums formed first (for A/B timings). Read when a call is traced.
+    bits; ``0``: the sums formed first (for A/B timings). Read when a call is traced. (The hybrid blocks run the
+    residual add and the FFN norm as one launch either way; there ``0`` only forms the mixer's sums first.)
 
     Raises:
       UnsupportedError: another value."""

@@ -743,3 +743,20 @@ def test_norm_planes(impl, rng, monkeypatch):
                 assert_bits_equal(np.asarray(y_fused)[:1], first[(kind, qtype, "gemv")], f"{what} GEMV row 0")
         assert_bits_equal(qmatmul(y, ws[Q.Q6_K], Q.Q6_K, n_out, K, impl=impl, row_groups=True),
                           qmatmul(y2, ws[Q.Q6_K], Q.Q6_K, n_out, K, impl=impl, row_groups=True), f"M={M} Q6_K")
+    # a width that is not a power of two (the padded lanes of the row and of the 16-value sums)
+    for Kw in (96, 160):
+        x = jnp.asarray(rng.standard_normal((3, Kw)).astype(np.float32))
+        r = jnp.asarray(rng.standard_normal((3, Kw)).astype(np.float32))
+        w1 = jnp.asarray(rng.uniform(0.5, 1.5, Kw).astype(np.float32))
+        with dispatch.poison_outputs():
+            h, y = rows.rms_norm_planes(x, r, w1, 1e-6, (4,), impl=impl)
+            h2, y2 = rows.add_rms_norm(x, r, w1, 1e-6, impl=impl)
+        assert_bits_equal(y.y, y2, f"K={Kw} y")
+        want = [a.reshape(3, -1) for a in gemv.plane_inputs(y2, Q.Q4_K)]
+        assert_bits_equal(np.asarray(y.planes)[:, :Kw], want[0], f"K={Kw} planes")
+        np.testing.assert_allclose(np.asarray(y.planes)[:, Kw:], want[1], rtol=1e-6, atol=1e-6, err_msg=f"K={Kw}")
+    # rows are numbered u * M + m over the padded slots: several slots of fewer rows than M are refused
+    x3 = jnp.asarray(rng.standard_normal((2, 3, K)).astype(np.float32))
+    with pytest.raises(ValueError, match="one slot or full slots"):
+        gemv.grouped_gemv(x3, ws[Q.Q4_K][None], jnp.zeros((2,), jnp.int32), Q.Q4_K, n_out, K,
+                          interpret=impl == "interpret", partial=True)

@@ -64,7 +64,8 @@ def _write_qwen2(path, rng):
     w.close()
 
 
-@pytest.mark.parametrize("mode,T", [("window", 3), ("prefill", 5)])
+@pytest.mark.parametrize("mode,T", [("window", 3), ("window", 5), ("prefill", 5)],
+                         ids=["window_6_rows", "window_10_rows_in_8_row_groups", "prefill"])
 def test_residual_partials_same_bits(mode, T, tmp_path, rng, monkeypatch):
     path = tmp_path / "tiny_qwen2.gguf"
     _write_qwen2(path, rng)
@@ -100,3 +101,33 @@ def test_residual_partials_same_bits(mode, T, tmp_path, rng, monkeypatch):
         np.testing.assert_allclose(results["planes"][k], results["on"][k], rtol=2e-5,
                                    atol=2e-5 * float(np.abs(results["on"][k]).max()), err_msg=k)
     assert np.isfinite(results["on"]["logits"]).all()
+
+
+def test_hybrid_mixer_partials_same_bits(monkeypatch):
+    """The hybrid blocks (qwen35 fixture: GDN and gated attention): the mixer's output projection hands its K
+    splits to the FFN norm (``rows_add_partials_rms_norm`` in a window: once per layer whose projection takes the
+    float32 GEMV, 3 of the fixture's 4), the window's hidden rows
+    and logits the bits of the switch off."""
+    from pathlib import Path
+    fix = Path(__file__).resolve().parents[1] / "fixtures" / "hybrid" / "qwen35_q8_0.gguf"
+    if not fix.exists():
+        pytest.fail(f"committed fixture {fix.name} is missing (experiments/parity/make_hybrid_fixtures.py makes it)")
+    monkeypatch.setenv("STRATA_PALLAS_IMPL", "interpret")
+    monkeypatch.setenv("STRATA_QMATMUL", "planar")
+    g = open_gguf(str(fix))
+    cfg = config_from_gguf(g)
+    stage = build_stage(g, cfg, 0, cfg.n_layer)
+    rng = np.random.default_rng(5)
+    toks = jnp.asarray(rng.integers(0, 64, (3, 4)).astype(np.int32))
+    rows = Rows.make([0, 1, 2], [4, 9, 2], [4, 3, 4])
+    out = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("STRATA_RESIDUAL_PARTIALS", on)
+        jax.clear_caches()
+        state = stage.init_state(3, MC)
+        fn = lambda st, x: stage(st, x, rows, "window", MC)[0]   # noqa: E731
+        n = str(jax.make_jaxpr(fn)(state, toks)).count("rows_add_partials_rms_norm")
+        assert (0 < n <= cfg.n_layer) if on == "1" else n == 0, (on, n, cfg.n_layer)
+        out[on] = jax.tree.map(np.asarray, fn(state, toks))
+    for k in out["1"]:
+        np.testing.assert_array_equal(out["1"][k].view(np.uint32), out["0"][k].view(np.uint32), k)

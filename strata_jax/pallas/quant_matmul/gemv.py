@@ -320,7 +320,13 @@ class PlaneRows:
     dtype = property(lambda self: self.y.dtype)
 
     def reshape(self, *shape):
-        return PlaneRows(self.y.reshape(*shape), self.planes, self.bits)
+        """The rows reshaped (the last axis kept: the planes are per row of K values).
+
+        Raises: ValueError: a shape that changes the last axis."""
+        y = self.y.reshape(*shape)
+        if y.shape[-1] != self.y.shape[-1]:
+            raise ValueError(f"PlaneRows.reshape: {self.y.shape} -> {y.shape} changes the rows' width")
+        return PlaneRows(y, self.planes, self.bits)
 
     def tree_flatten(self):
         return (self.y, self.planes), self.bits
@@ -461,7 +467,7 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
 
     Args:
       x: [M, K] (the same rows for every slot) or [U, M, K]; M <= 8; float32 / bfloat16 / float16; or a
-        `PlaneRows` of such rows (of x's ``M`` rows, or all ``U * M``): the plane path reads its planes.
+        `PlaneRows` of such rows (its planes [M or U * M, width]): the plane path reads its planes.
       w_stacked: [E, n_out, row_words] uint32 planar, or [E, n_out, K] float for F32 / F16 / BF16; or a tuple of
         such stacks of one format and shape (e.g. the experts' gate and up), read by the same programs, which
         share the activation loads and one launch.
@@ -471,8 +477,13 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
         would change the summation order, so a row's bits, with the row count. 1 for dense weights; the experts
         per token (top-k) for routed experts, so a decode step's tiling is the one measured.
     Returns: float32 [U, M, n_out] (a tuple of them for a tuple of stacks; each the bits of its own call). Each
-    matrix a slot names is read once; rows never mix. ``partial`` (one stack, the same rows for every slot or x
-    per slot): a `Partials` of the launch's output instead (rows ``U * M``, slot by slot). Not jitted.
+    matrix a slot names is read once; rows never mix. ``partial`` (one stack; one slot or slots of M rows, no
+    padded rows between slots): a `Partials` of the launch's output instead (rows ``U * M``, slot by slot). Not
+    jitted.
+
+    Raises:
+      ValueError: ``partial`` with a tuple of stacks, or ``partial`` / a `PlaneRows` x over several slots of
+        fewer rows than the padded M.
     """
     fused = isinstance(w_stacked, (tuple, list))
     if partial and fused:
@@ -495,6 +506,10 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
     U = slot_expert.shape[0]
     M_in = x.shape[-2]
     M = _m_run(M_in, interpret)
+    if (partial or pre is not None) and not (U_in == 1 or M_in == M):
+        # rows are numbered u * M + m over the padded slots: only one slot, or full slots, keep them in order
+        raise ValueError(f"grouped_gemv: partial / PlaneRows need one slot or full slots ({U_in} slots of {M_in} "
+                         f"rows, padded to {M})")
     if M_in < M:
         pad = [(0, 0)] * x.ndim
         pad[-2] = (0, M - M_in)
@@ -515,10 +530,9 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
         # one array (a concatenate XLA fuses with the ops that compute its pieces): one launch before the GEMV
         # instead of a transpose and a reduce (2026-12-04b, 1.5B steps HLO: 7 of a layer's ~20 launches)
         xp = [a.reshape(U_x * M, -1) for a in plane_inputs(x, qtype)]
-        widths = [a.shape[1] for a in xp]
-        x_offs = tuple(int(o) for o in np.cumsum([0] + widths[:-1]))
+        x_offs, width = plane_layout(plane_bits(qtype), k_in)
         xr = (jnp.concatenate(xp, axis=1).reshape(-1),)
-        x_sizes = (sum(widths),)
+        x_sizes = (width,)
     else:
         xr = (x.reshape(U_x, M, k_in // P.GROUP, *vs),)
         x_sizes = (k_in,)
@@ -537,7 +551,7 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
         name=f"qmatmul_planar_{getattr(qtype, 'name', qtype)}" + (f"_x{n_mats}" if fused else "") + cfg.tag)
     parts = call(slot_expert, *(w.reshape(-1) for w in stacks), *xr, *tabs)
     if partial:
-        return Partials(parts[0], n_out=n_out, rows=U_in * M_in, rows_per_slot=M)
+        return Partials(parts[0], n_out=n_out, rows=U_in * M_in)
     outs = [sum_splits(part)[:U_in, :n_out, :M_in].swapaxes(1, 2) for part in parts]
     return tuple(outs) if fused else outs[0]
 
@@ -559,15 +573,11 @@ class Partials:
     without the XLA fusion that would add the splits first). `value` gives the [rows, n_out] product, the bits
     of the summed call.
 
-    Attributes: parts; n_out; rows (the product's rows); rows_per_slot (M: the padded rows of a slot)."""
+    Attributes: parts; n_out; rows (the product's rows: row i in slot i // M, column i % M of ``parts``)."""
 
-    def __init__(self, parts, *, n_out: int, rows: int, rows_per_slot: int):
+    def __init__(self, parts, *, n_out: int, rows: int):
         self.parts = parts
-        self.n_out, self.rows, self.rows_per_slot = int(n_out), int(rows), int(rows_per_slot)
-
-    @property
-    def split(self) -> int:
-        return int(self.parts.shape[1])
+        self.n_out, self.rows = int(n_out), int(rows)
 
     @property
     def shape(self) -> tuple:
@@ -580,11 +590,11 @@ class Partials:
         return out[:self.rows, :self.n_out]
 
     def tree_flatten(self):
-        return (self.parts,), (self.n_out, self.rows, self.rows_per_slot)
+        return (self.parts,), (self.n_out, self.rows)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(children[0], n_out=aux[0], rows=aux[1], rows_per_slot=aux[2])
+        return cls(children[0], n_out=aux[0], rows=aux[1])
 
 
 def gemv(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, cfg: Config | None = None,
@@ -612,7 +622,7 @@ def gemv(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, cfg: Config | N
     y = grouped_gemv(xg, w1, jnp.zeros((G,), jnp.int32), qtype, n_out, k_in, interpret=interpret, cfg=cfg,
                      partial=partial)
     if partial:
-        return Partials(y.parts, n_out=n_out, rows=M, rows_per_slot=M_MAX)
+        return Partials(y.parts, n_out=n_out, rows=M)
     ys = y if fused else (y,)
     out = tuple(yi.reshape(G * M_MAX, n_out)[:M] for yi in ys)
     return out if fused else out[0]

@@ -112,7 +112,7 @@ def _add_partials_rms_norm(x, r, w, *, eps, path, poison):
         return _add_rms_norm(x, r.value().reshape(x.shape), w, eps=eps, path=path, poison=poison)
     with dispatch.poison_outputs(poison):
         h, y = _k.add_partials_rms_norm(_rows(x).astype(jnp.float32), r.parts, w, eps,
-                                        rows_per_slot=r.rows_per_slot, interpret=path == "interpret")
+                                        interpret=path == "interpret")
         return h.reshape(x.shape), y.reshape(x.shape)
 
 
@@ -147,7 +147,7 @@ def _norm_planes(x, r, w, *, eps, bits, path, poison):
         h, y, planes = _k.norm_planes(_rows(x).astype(jnp.float32), r.parts if partials else
                                       (None if r is None else _rows(r).astype(jnp.float32)), w, eps, bits=bits,
                                       interpret=path == "interpret",
-                                      parts_rows=r.rows_per_slot if partials else None)
+                                      r_kind="partials" if partials else None if r is None else "rows")
     return (x if h is None else h.reshape(x.shape)), PlaneRows(y.reshape(x.shape), planes, bits)
 
 
@@ -155,8 +155,10 @@ def rms_norm_planes(x, r, w, eps: float, bits: tuple, *, impl: str = "auto"):
     """(h, y): ``h = x + r`` (x when ``r`` is None; ``r`` as `add_rms_norm` takes it, a GEMV's `Partials`
     included) and ``y = rms_norm(h, w, eps)`` as a `strata_jax.pallas.quant_matmul.gemv.PlaneRows` holding y's
     plane-path GEMV inputs for plane widths ``bits`` (`gemv.plane_bits`), formed in the norm's launch so the GEMVs
-    that read y take them instead of an XLA fusion forming them before each (`STRATA_NORM_PLANES`). The bits of
-    `add_rms_norm` / `rms_norm` and of `gemv.plane_inputs`. On the reference path (or for rows whose width is not
+    that read y take them instead of an XLA fusion forming them before each (`STRATA_NORM_PLANES`). h and y have
+    the bits of `add_rms_norm` / `rms_norm`, the planes those of `gemv.plane_inputs` except its 16-value sums,
+    which are within float32 rounding of them (the kernel may contract a product into their first adds: a model's
+    outputs then differ from the switch off in the last bits, the same for every row). On the reference path (or for rows whose width is not
     a multiple of 32, or a [k, n] weight) y is the plain array.
 
     Raises:

@@ -60,14 +60,9 @@ def _row_base(src, n, addr):
 
 
 def _lanes(cc, addr):
-    """The lane offsets of a row's load: ``cc``, 0 for every lane when ``addr``'s fifth entry is False (one value
-    per row, broadcast over the tile: a per-row scale), or ``cc`` times ``addr``'s sixth entry (the row's values
-    that far apart: a GEMV's [n, M] output read by row)."""
-    if addr is None or len(addr) < 5:
-        return cc
-    if not addr[4]:
-        return cc * 0
-    return cc * addr[5] if len(addr) > 5 else cc
+    """The lane offsets of a row's load: ``cc``, or 0 for every lane when ``addr``'s fifth entry is False (one
+    value per row, broadcast over the tile: a per-row scale)."""
+    return cc if addr is None or len(addr) < 5 or addr[4] else cc * 0
 
 
 def _row_program(x_ref, *refs, kernel, N, n, Dp, ow, fill, n_extra, n_rows, n_out, extra_rows, heads, interpret,
@@ -188,25 +183,13 @@ def add_rms_norm(x2, r2, w, eps, *, interpret):
                    name="rows_add_rms_norm")
 
 
-def _add_parts_norm_kernel(x, *rest, eps, n, split):
-    r = rest[0]
-    for p in rest[1:split]:   # the K splits in order: `gemv.sum_splits`' adds
-        r = r + p
-    return _add_norm_kernel(x, r, *rest[split:], eps=eps, n=n)
-
-
-def add_partials_rms_norm(x2, parts, w, eps, *, rows_per_slot, interpret):
+def add_partials_rms_norm(x2, parts, w, eps, *, interpret):
     """`add_rms_norm` of rows x2 [N, n] and a GEMV's K-split partial sums ``parts`` float32 [U, split, n_pad, M]
-    (`strata_jax.pallas.quant_matmul.gemv.Partials`: row i in slot i // M, column i % M; ``M`` =
-    ``rows_per_slot``): each program adds its row's splits in split order, then x, then the norm -- the bits of
-    `gemv.sum_splits`, the add and the norm, in one launch instead of an XLA fusion and this one."""
-    N, n = x2.shape
-    U, split, n_pad, M = parts.shape
-    assert M == rows_per_slot and N <= U * M and n <= n_pad
-    addrs = (None,) + tuple((M, split * n_pad * M, s * n_pad * M, 1, True, M) for s in range(split))
-    k = functools.partial(_add_parts_norm_kernel, eps=float(eps), n=float(n), split=split)
-    return _launch(k, x2, 0.0, interpret=interpret, rows_in=(parts,) * split, extra=() if w is None else (w,),
-                   n_out=2, packed=((N, n), addrs), name="rows_add_partials_rms_norm")
+    (`strata_jax.pallas.quant_matmul.gemv.Partials`: row i in slot i // M, column i % M): each program adds its
+    row's splits in split order, then x, then the norm -- the bits of `gemv.sum_splits`, the add and the norm, in
+    one launch instead of an XLA fusion and this one (`_norm_planes_program` without planes)."""
+    h, y, _ = norm_planes(x2, parts, w, eps, bits=None, interpret=interpret, r_kind="partials")
+    return h, y
 
 
 def _norm_planes_program(x_ref, *refs, N, n, Dp, Dq, bits, r_kind, split, M, n_pad, has_w, eps, W, Wp,
@@ -223,7 +206,8 @@ def _norm_planes_program(x_ref, *refs, N, n, Dp, Dq, bits, r_kind, split, M, n_p
     w_ref = refs[k] if has_w else None
     outs = refs[k + has_w:]
     h_out = outs[0] if r_kind else None
-    y_out, p_out = outs[-2], outs[-1]
+    y_out = outs[1 if r_kind else 0]
+    p_out = outs[-1] if bits is not None else None
     i = pl.program_id(0)
     r = jnp.minimum(i, N - 1)
 
@@ -262,6 +246,8 @@ def _norm_planes_program(x_ref, *refs, N, n, Dp, Dq, bits, r_kind, split, M, n_p
     if r_kind:
         store(h_out, Dp if interpret else n, 0, col, h, live)
     store(y_out, Dp if interpret else n, 0, col, y, live)
+    if bits is None:   # the norm alone
+        return
     g32 = n // 32
     for bi, b in enumerate(bits):
         per_word, per_half = 32 // b, 16 // b
@@ -282,44 +268,55 @@ def _norm_planes_program(x_ref, *refs, N, n, Dp, Dq, bits, r_kind, split, M, n_p
     store(p_out, Wp if interpret else W, len(bits) * (Dp if interpret else n), jj, vals[0], live_q)
 
 
-def norm_planes(x2, r, w, eps, *, bits, interpret, parts_rows=None):
-    """(h, y, planes) of rows x2 [N, n]: ``h = x2 + r`` (``r`` float32 [N, n], or a GEMV's K-split partials
-    [U, split, n_pad, M] with ``parts_rows`` = M, as `add_partials_rms_norm` reads them; None: h is x2 and is not
-    returned), ``y`` its RMSNorm times ``w`` ([n] or None), and ``planes`` float32 [N, width]: y's plane-path GEMV
-    inputs for plane widths ``bits`` (`strata_jax.pallas.quant_matmul.gemv.plane_inputs` side by side,
-    `gemv.plane_layout`), one launch (`_norm_planes_program`). n must be a multiple of 32."""
+def norm_planes(x2, r, w, eps, *, bits, interpret, r_kind=None):
+    """(h, y, planes) of rows x2 [N, n], float32, one launch (`_norm_planes_program`): ``h = x2 + r``
+    (``r_kind`` "rows": r float32 [N, n]; "partials": r a GEMV's K-split partial sums [U, split, n_pad, M], row i
+    at slot i // M, column i % M, added in split order; None: no r, h is None), ``y`` the RMSNorm of h (of x2)
+    times ``w`` ([n] or None), and ``planes`` [N, width]: y's plane-path GEMV inputs for plane widths ``bits``
+    (`strata_jax.pallas.quant_matmul.gemv.plane_inputs` side by side, `gemv.plane_layout`; the 16-value sums
+    within float32 rounding of it: the kernel may contract a product into their first adds), or None for
+    ``bits=None`` (the norm alone). With ``bits``, n must be a multiple of 32."""
     from strata_jax.pallas.quant_matmul.gemv import plane_layout
 
     N, n = x2.shape
-    if n % 32:
+    if bits is not None and n % 32:
         raise ValueError(f"norm_planes: rows of {n} values (not a multiple of 32)")
-    Dp, Dq = padded_width(n), padded_width(n // 16)
-    _, W = plane_layout(tuple(bits), n)
-    Wp = len(bits) * Dp + Dq
-    r_kind = None if r is None else ("partials" if parts_rows else "rows")
-    split, M, n_pad = (r.shape[1], r.shape[3], r.shape[2]) if r_kind == "partials" else (1, 1, n)
+    Dp, Dq = padded_width(n), padded_width(max(n // 16, 1))
+    nb = len(bits or ())
+    W = plane_layout(tuple(bits), n)[1] if bits is not None else 0
+    Wp = nb * Dp + Dq
+    if r_kind == "partials":
+        U, split, n_pad, M = r.shape
+        assert N <= U * M and n <= n_pad, (x2.shape, r.shape)
+    else:
+        split, M, n_pad = 1, 1, n
     rows = max(N, 2) if interpret else N
     outs = ([(rows * Dp,) if interpret else (N * n,)] * (2 if r_kind else 1)
-            + [(rows * Wp,) if interpret else (N * W,)])
+            + ([(rows * Wp,) if interpret else (N * W,)] if bits is not None else []))
     call = dispatch.pallas_call(
-        functools.partial(_norm_planes_program, N=N, n=n, Dp=Dp, Dq=Dq, bits=tuple(bits), r_kind=r_kind,
+        functools.partial(_norm_planes_program, N=N, n=n, Dp=Dp, Dq=Dq,
+                          bits=None if bits is None else tuple(bits), r_kind=r_kind,
                           split=split, M=M, n_pad=n_pad, has_w=w is not None, eps=float(eps), W=W, Wp=Wp,
                           interpret=interpret),
         out_shape=[jax.ShapeDtypeStruct(s, jnp.float32) for s in outs], grid=(rows,),
         in_specs=[pl.no_block_spec] * (1 + bool(r_kind) + (w is not None)), out_specs=[pl.no_block_spec] * len(outs),
-        interpret=interpret, num_warps=4, num_stages=1, name="rows_norm_planes")
+        interpret=interpret, num_warps=4, num_stages=1,
+        name="rows_norm_planes" if bits is not None else "rows_add_partials_rms_norm")
     res = call(x2.reshape(-1), *(() if r is None else (r.reshape(-1),)),
                *(() if w is None else (w.reshape(-1),)))
+    planes = None
     if interpret:
         rowsof = lambda o: o.reshape(rows, Dp)[:N, :n]   # noqa: E731
-        p = res[-1].reshape(rows, Wp)[:N]
-        planes = jnp.concatenate([p[:, b * Dp:b * Dp + n] for b in range(len(bits))]
-                                 + [p[:, len(bits) * Dp:len(bits) * Dp + n // 16]], axis=1)
+        if bits is not None:   # the kernel's segments, Dp lanes each, cut to the layout's widths
+            p = res[-1].reshape(rows, Wp)[:N]
+            planes = jnp.concatenate([p[:, b * Dp:b * Dp + n] for b in range(nb)]
+                                     + [p[:, nb * Dp:nb * Dp + n // 16]], axis=1)
     else:
         rowsof = lambda o: o.reshape(N, n)   # noqa: E731
-        planes = res[-1].reshape(N, W)
+        if bits is not None:
+            planes = res[-1].reshape(N, W)
     h = rowsof(res[0]) if r_kind else None
-    return h, rowsof(res[-2]), planes
+    return h, rowsof(res[1 if r_kind else 0]), planes
 
 
 def _sum_kernel(x, *w, fn=None):
