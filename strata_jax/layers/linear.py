@@ -306,15 +306,16 @@ class QLinear(nnx.Module):
 
 
 def residual_partials() -> bool:
-    """``STRATA_RESIDUAL_PARTIALS``: ``1`` (default) lets a projection whose output a residual add and RMSNorm
-    consume (the attention output, the MLP's down) hand its GEMV's K-split partial sums to the norm's kernel, which
-    adds them (`QLinear.__call__`'s ``partial``): one launch instead of an XLA fusion and the norm's, the same
-    bits; ``0``: the sums formed first (for A/B timings). Read when a call is traced. (The hybrid blocks run the
-    residual add and the FFN norm as one launch either way; there ``0`` only forms the mixer's sums first.)
+    """``STRATA_RESIDUAL_PARTIALS``: ``1`` lets a projection whose output a residual add and RMSNorm consume (the
+    attention output, the MLP's down) hand its GEMV's K-split partial sums to the norm's kernel, which adds them
+    (`QLinear.__call__`'s ``partial``): one launch instead of an XLA fusion and the norm's, the same bits; ``0``
+    (default until it is timed on a GPU: experiments/results/s2026-12-07h/call1.sh): the sums formed first. Read
+    when a call is traced. (The hybrid blocks run the residual add and the FFN norm as one launch either way;
+    there ``0`` only forms the mixer's sums first.)
 
     Raises:
       UnsupportedError: another value."""
-    return dispatch.env_choice("STRATA_RESIDUAL_PARTIALS", "1", ("0", "1")) == "1"
+    return dispatch.env_choice("STRATA_RESIDUAL_PARTIALS", "0", ("0", "1")) == "1"
 
 
 def norm_planes_for(linears, exact_rows: bool) -> tuple | None:
