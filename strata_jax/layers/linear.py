@@ -321,9 +321,10 @@ def residual_partials() -> bool:
 def norm_planes_for(linears, exact_rows: bool) -> tuple | None:
     """``STRATA_NORM_PLANES=1`` (default ``0``: not yet timed on a GPU): the plane widths the norm in front of
     ``linears`` should form in its launch (`strata_jax.layers.norms.RMSNorm`'s ``planes``) -- those of the first
-    linear whose float32 GEMV takes the plane path (`gemv.uses_planes`) -- in window rows (``exact_rows``) with the
-    float32 GEMV in use; else None. The planes are then formed once per norm, not by an XLA fusion before each
-    GEMV launch that reads them.
+    linear whose float32 GEMV takes the plane path (`gemv.uses_planes`: block-format weights held as blocks, the
+    GPU's default; float32 weights, a CPU's, have no planes) -- in window rows (``exact_rows``) with the float32
+    GEMV in use; else None. The planes are then formed once per norm, not by an XLA fusion before each GEMV launch
+    that reads them.
 
     Raises:
       UnsupportedError: another value of the variable."""
