@@ -309,8 +309,10 @@ def residual_partials() -> bool:
     """``STRATA_RESIDUAL_PARTIALS``: ``1`` lets a projection whose output a residual add and RMSNorm consume (the
     attention output, the MLP's down) hand its GEMV's K-split partial sums to the norm's kernel, which adds them
     (`QLinear.__call__`'s ``partial``): one launch instead of an XLA fusion and the norm's, the same bits; ``0``
-    (default until it is timed on a GPU: experiments/results/s2026-12-07h/call1.sh): the sums formed first. Read
-    when a call is traced. (The hybrid blocks run the residual add and the FFN norm as one launch either way;
+    (default): the sums formed first. Slower on an H100 (2026-12-07h: 1.839 against 1.575 ms per 1.5B token,
+    experiments/RESULTS.md): the norm is one program per row, and a decode row's program then gathers every K
+    split alone (70 of the Q6_K down's) where XLA's sum fusion spreads them over the GPU. Read when a call is
+    traced. (The hybrid blocks run the residual add and the FFN norm as one launch either way;
     there ``0`` only forms the mixer's sums first.)
 
     Raises:
@@ -319,7 +321,8 @@ def residual_partials() -> bool:
 
 
 def norm_planes_for(linears, exact_rows: bool) -> tuple | None:
-    """``STRATA_NORM_PLANES=1`` (default ``0``: not yet timed on a GPU): the plane widths the norm in front of
+    """``STRATA_NORM_PLANES=1`` (default ``0``: not yet timed on a GPU alone; with the partials above its program
+    compiled for 133 s, so a `Partials` residual now gets no planes): the plane widths the norm in front of
     ``linears`` should form in its launch (`strata_jax.layers.norms.RMSNorm`'s ``planes``) -- those of the first
     linear whose float32 GEMV takes the plane path (`gemv.uses_planes`: block-format weights held as blocks, the
     GPU's default; float32 weights, a CPU's, have no planes) -- in window rows (``exact_rows``) with the float32

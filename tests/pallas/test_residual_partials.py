@@ -78,7 +78,7 @@ def test_residual_partials_same_bits(mode, T, tmp_path, rng, monkeypatch):
     toks = jnp.asarray(rng.integers(0, VOCAB, (2, T)).astype(np.int32))
     rows = Rows.make([0, 1], [4, 9], [T, T - 1])
     results, kernels = {}, {}
-    for name, env in (("on", ("1", "0")), ("off", ("0", "0")), ("planes", ("1", "1"))):
+    for name, env in (("on", ("1", "0")), ("off", ("0", "0")), ("planes", ("0", "1"))):
         monkeypatch.setenv("STRATA_RESIDUAL_PARTIALS", env[0])
         monkeypatch.setenv("STRATA_NORM_PLANES", env[1])
         jax.clear_caches()

@@ -159,7 +159,7 @@ def rms_norm_planes(x, r, w, eps: float, bits: tuple, *, impl: str = "auto"):
     the bits of `add_rms_norm` / `rms_norm`, the planes those of `gemv.plane_inputs` except its 16-value sums,
     which are within float32 rounding of them (the kernel may contract a product into their first adds: a model's
     outputs then differ from the switch off in the last bits, the same for every row). On the reference path (or for rows whose width is not
-    a multiple of 32, or a [k, n] weight) y is the plain array.
+    a multiple of 32, a [k, n] weight, or r a `Partials`) y is the plain array.
 
     Raises:
       UnsupportedError: as `add_rms_norm`."""
@@ -167,7 +167,10 @@ def rms_norm_planes(x, r, w, eps: float, bits: tuple, *, impl: str = "auto"):
         _check_residual(x, r)
     path = dispatch.resolve("rows.rms_norm", impl, _why_not(x))
     wn = _norm_weight(x, w)
-    if path == "reference" or x.shape[-1] % 32 or (wn is not None and wn.ndim != 1):
+    if (path == "reference" or x.shape[-1] % 32 or (wn is not None and wn.ndim != 1)
+            or isinstance(r, Partials)):
+        # a Partials r: its K splits gathered again for every plane tile made the 1.5B step compile for 133 s on
+        # an H100 (2026-12-07h, 70 splits of the Q6_K down); y comes without planes then
         return (x, rms_norm(x, w, eps, impl=impl)) if r is None else add_rms_norm(x, r, w, eps, impl=impl)
     return _norm_planes(x, r, wn, eps=float(eps), bits=tuple(bits), path=path, poison=dispatch.poisoning())
 
