@@ -659,7 +659,7 @@ def test_model_program_structure_planar(monkeypatch):
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_partials_add_norm(impl, rng, monkeypatch):
     """A GEMV's K splits added by the residual add and norm behind it (`qmatmul(partial=True)` ->
-    `rows.add_rms_norm`): the same bits as the summed product added and normed, for 1 / 3 / 8 rows and 13 rows
+    `rows.add_rms_norm`): the same bits as the summed product added and normed, for 1 / 3 rows and 13 rows
     in two 8-row groups, formats on the plane path (Q4_K, several splits) and the decoder path (Q6_K), outputs
     poisoned first; a row of 13 has the bits of the row alone; a shape that does not match is refused."""
     from strata_jax.pallas import rows
@@ -673,7 +673,7 @@ def test_partials_add_norm(impl, rng, monkeypatch):
         X = jnp.asarray(rng.standard_normal((13, k_in)).astype(np.float32))
         H = jnp.asarray(rng.standard_normal((13, n_out)).astype(np.float32))
         alone = None
-        for M in (1, 3, 8, 13):
+        for M in (1, 3, 13):
             with dispatch.poison_outputs():
                 p = qmatmul(X[:M], w, qtype, n_out, k_in, impl=impl, row_groups=True, partial=True)
                 assert isinstance(p, gemv.Partials) and p.shape == (M, n_out)
@@ -700,7 +700,7 @@ def test_norm_planes(impl, rng, monkeypatch):
     and y the bits of `add_rms_norm` / `rms_norm` (r a plain row or none; a GEMV's `Partials` gives y without
     planes), the planes the
     bits of `gemv.plane_inputs` (2- and 4-bit widths) and its 16-value sums within 2 ulp (the kernel may contract
-    a product into the first adds); a row has the bits of the row alone (1, 3 and 13 rows), and a plane-path GEMV
+    a product into the first adds); a row has the bits of the row alone (1 and 13 rows), and a plane-path GEMV
     reading the planes (Q4_K, Q2_K; 13 rows in 8-row groups) is within 1e-6 of the GEMV forming them itself; a
     decoder-path format (Q6_K) reads y."""
     from strata_jax.pallas import rows
@@ -712,11 +712,11 @@ def test_norm_planes(impl, rng, monkeypatch):
     wp, _ = _weight(rng, Q.Q4_K, K, 256)
     ws = {q: _weight(rng, q, n_out, K)[0] for q in (Q.Q4_K, Q.Q2_K, Q.Q6_K)}
     first = {}
-    for M in (1, 3, 13):
+    for M in (1, 13):
         x, r = X[:M], R[:M]
         part = qmatmul(x[:, :256], wp, Q.Q4_K, K, 256, impl=impl, row_groups=True, partial=True)
         for kind, rr in (("none", None), ("rows", r), ("partials", part)):
-            for qtype in (Q.Q4_K, Q.Q2_K):
+            for qtype in ((Q.Q4_K, Q.Q2_K) if kind == "rows" else (Q.Q4_K,)):
                 bits = gemv.plane_bits(qtype)
                 what = f"{kind} M={M} {qtype.name}"
                 with dispatch.poison_outputs():

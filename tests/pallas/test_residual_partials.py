@@ -64,8 +64,8 @@ def _write_qwen2(path, rng):
     w.close()
 
 
-@pytest.mark.parametrize("mode,T", [("window", 3), ("window", 5), ("prefill", 5)],
-                         ids=["window_6_rows", "window_10_rows_in_8_row_groups", "prefill"])
+@pytest.mark.parametrize("mode,T", [("window", 5), ("prefill", 5)],
+                         ids=["window_10_rows_in_8_row_groups", "prefill"])
 def test_residual_partials_same_bits(mode, T, tmp_path, rng, monkeypatch):
     path = tmp_path / "tiny_qwen2.gguf"
     _write_qwen2(path, rng)
@@ -78,7 +78,8 @@ def test_residual_partials_same_bits(mode, T, tmp_path, rng, monkeypatch):
     toks = jnp.asarray(rng.integers(0, VOCAB, (2, T)).astype(np.int32))
     rows = Rows.make([0, 1], [4, 9], [T, T - 1])
     results, kernels = {}, {}
-    for name, env in (("on", ("1", "0")), ("off", ("0", "0")), ("planes", ("0", "1"))):
+    settings = (("on", ("1", "0")), ("off", ("0", "0"))) + ((("planes", ("0", "1")),) if mode == "window" else ())
+    for name, env in settings:
         monkeypatch.setenv("STRATA_RESIDUAL_PARTIALS", env[0])
         monkeypatch.setenv("STRATA_NORM_PLANES", env[1])
         jax.clear_caches()
@@ -93,13 +94,12 @@ def test_residual_partials_same_bits(mode, T, tmp_path, rng, monkeypatch):
         assert "rows_norm_planes" in kernels["planes"], sorted(kernels["planes"])
     else:
         assert not fused, "prefill rows take the GEMM: no partials"
-        assert "rows_norm_planes" not in kernels["planes"], "prefill rows take the GEMM: no planes"
     assert not {n for n in kernels["off"] if n.startswith("rows_add_partials")}
     for k in ("hidden", "logits"):
         np.testing.assert_array_equal(results["on"][k].view(np.uint32), results["off"][k].view(np.uint32), k)
-        # the norm's launch forms the 16-value sums with its own contractions: within float32 rounding
-        np.testing.assert_allclose(results["planes"][k], results["on"][k], rtol=2e-5,
-                                   atol=2e-5 * float(np.abs(results["on"][k]).max()), err_msg=k)
+        if "planes" in results:   # the norm's launch forms the 16-value sums with its own contractions
+            np.testing.assert_allclose(results["planes"][k], results["on"][k], rtol=2e-5,
+                                       atol=2e-5 * float(np.abs(results["on"][k]).max()), err_msg=k)
     assert np.isfinite(results["on"]["logits"]).all()
 
 
