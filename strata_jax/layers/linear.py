@@ -37,6 +37,8 @@ from strata_jax.errors import StrataError, UnsupportedError
 from strata_jax.gguf import blocks
 from strata_jax.pallas import dispatch
 from strata_jax.pallas.quant_matmul import dequantize_weight, prepare_weight, qmatmul, qmatmul_shared
+from strata_jax.pallas.quant_matmul import gemv
+from strata_jax.pallas.quant_matmul.api import gemv_variant, uses_planar_kernels
 from strata_jax.pallas.quant_matmul.gemv import Partials
 from strata_jax.state import Rows
 
@@ -331,15 +333,10 @@ def norm_planes_for(linears, exact_rows: bool) -> tuple | None:
 
     Raises:
       UnsupportedError: another value of the variable."""
-    from strata_jax.pallas.quant_matmul import api as qapi
-    from strata_jax.pallas.quant_matmul import gemv
-
-    if dispatch.env_choice("STRATA_NORM_PLANES", "0", ("0", "1")) != "1" or not exact_rows:
-        return None
-    if qapi.gemv_variant() != "fma":
+    if dispatch.env_choice("STRATA_NORM_PLANES", "0", ("0", "1")) != "1" or not exact_rows or gemv_variant() != "fma":
         return None
     for lin in linears:
-        if qapi.uses_planar_kernels(lin.w[...], lin.qtype, lin.n_in) and gemv.uses_planes(lin.qtype):
+        if uses_planar_kernels(lin.w[...], lin.qtype, lin.n_in) and gemv.uses_planes(lin.qtype):
             return gemv.plane_bits(lin.qtype)
     return None
 

@@ -522,16 +522,15 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
     U_x = x.shape[0] if x_per_slot else 1
     planes = uses_planes(qtype)
     x_offs = ()
-    if planes and pre is not None:   # rows in order u * M + m, as x's; the padded rows are zeros as x's
+    if planes:
         x_offs, width = plane_layout(plane_bits(qtype), k_in)
-        xr = (jnp.pad(pre, [(0, U_x * M - pre.shape[0]), (0, 0)]).reshape(-1),)
-        x_sizes = (width,)
-    elif planes:
-        # one array (a concatenate XLA fuses with the ops that compute its pieces): one launch before the GEMV
-        # instead of a transpose and a reduce (2026-12-04b, 1.5B steps HLO: 7 of a layer's ~20 launches)
-        xp = [a.reshape(U_x * M, -1) for a in plane_inputs(x, qtype)]
-        x_offs, width = plane_layout(plane_bits(qtype), k_in)
-        xr = (jnp.concatenate(xp, axis=1).reshape(-1),)
+        if pre is None:
+            # one array (a concatenate XLA fuses with the ops that compute its pieces): one launch before the GEMV
+            # instead of a transpose and a reduce (2026-12-04b, 1.5B steps HLO: 7 of a layer's ~20 launches)
+            pre = jnp.concatenate([a.reshape(U_x * M, -1) for a in plane_inputs(x, qtype)], axis=1)
+        else:   # a PlaneRows' rows, in order u * M + m as x's: its padded rows are zeros as x's
+            pre = jnp.pad(pre, [(0, U_x * M - pre.shape[0]), (0, 0)])
+        xr = (pre.reshape(-1),)
         x_sizes = (width,)
     else:
         xr = (x.reshape(U_x, M, k_in // P.GROUP, *vs),)

@@ -142,12 +142,10 @@ def _check_residual(x, r):
 
 @functools.partial(jax.jit, static_argnames=("eps", "bits", "path", "poison"))
 def _norm_planes(x, r, w, *, eps, bits, path, poison):
-    partials = isinstance(r, Partials)
-    with dispatch.poison_outputs(poison):
-        h, y, planes = _k.norm_planes(_rows(x).astype(jnp.float32), r.parts if partials else
-                                      (None if r is None else _rows(r).astype(jnp.float32)), w, eps, bits=bits,
-                                      interpret=path == "interpret",
-                                      r_kind="partials" if partials else None if r is None else "rows")
+    with dispatch.poison_outputs(poison):   # r: None or an array (`rms_norm_planes` sends a Partials elsewhere)
+        h, y, planes = _k.norm_planes(_rows(x).astype(jnp.float32),
+                                      None if r is None else _rows(r).astype(jnp.float32), w, eps, bits=bits,
+                                      interpret=path == "interpret", r_kind=None if r is None else "rows")
     return (x if h is None else h.reshape(x.shape)), PlaneRows(y.reshape(x.shape), planes, bits)
 
 
@@ -158,8 +156,8 @@ def rms_norm_planes(x, r, w, eps: float, bits: tuple, *, impl: str = "auto"):
     that read y take them instead of an XLA fusion forming them before each (`STRATA_NORM_PLANES`). h and y have
     the bits of `add_rms_norm` / `rms_norm`, the planes those of `gemv.plane_inputs` except its 16-value sums,
     which are within float32 rounding of them (the kernel may contract a product into their first adds: a model's
-    outputs then differ from the switch off in the last bits, the same for every row). On the reference path (or for rows whose width is not
-    a multiple of 32, a [k, n] weight, or r a `Partials`) y is the plain array.
+    outputs then differ from the switch off in the last bits, the same for every row). On the reference path (or
+    for rows whose width is not a multiple of 32, a [k, n] weight, or r a `Partials`) y is the plain array.
 
     Raises:
       UnsupportedError: as `add_rms_norm`."""
