@@ -154,10 +154,9 @@ class GatedDeltaNet(nnx.Module):
             return jnp.tile(a, (1, 1, r, 1))
         return jnp.repeat(a, r, axis=2)
 
-    def __call__(self, x, st, rows: Rows, mode: str, partial: bool = False):
+    def __call__(self, x, st, rows: Rows, mode: str):
         """Args: x float32 [B, T, D]; st this layer's state {"S": [n_slots,Hv,Dk,Dv], "conv": [n_slots,K-1,C]};
-        rows; mode "window" (T <= 8) | "prefill"; partial: the output projection's as `QLinear.__call__`'s (out may
-        then be a GEMV's `Partials` for the residual add and norm behind it).
+        rows; mode "window" (T <= 8) | "prefill".
 
         Returns: (out float32 [B, T, D], new st, pending) -- pending is None in prefill mode (state already
         advanced by the n_valid rows), else {"qkv" [B,T,C], "k" [B,T,Hv,Dk], "v" [B,T,Hv,Dv], "g", "beta" [B,T,Hv]}.
@@ -194,7 +193,7 @@ class GatedDeltaNet(nnx.Module):
         on = rms_norm(o, self.norm_w[...], self.eps)
         act = jax.nn.sigmoid if self.gate_act == "sigmoid" else jax.nn.silu
         y = (on * act(z)).reshape(B, T, self.Hv * self.Dv)
-        return self.wout(y, exact, partial), new_st, pending
+        return qcall(self.wout, y, exact), new_st, pending
 
     def commit(self, st, pending, rows: Rows, keep):
         """Advance each segment's slot by exactly ``keep[b]`` (0..T) rows of the window that made ``pending``.

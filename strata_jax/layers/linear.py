@@ -35,11 +35,7 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from strata_jax.errors import StrataError, UnsupportedError
 from strata_jax.gguf import blocks
-from strata_jax.pallas import dispatch
 from strata_jax.pallas.quant_matmul import dequantize_weight, prepare_weight, qmatmul, qmatmul_shared
-from strata_jax.pallas.quant_matmul import gemv
-from strata_jax.pallas.quant_matmul.api import gemv_variant, uses_planar_kernels
-from strata_jax.pallas.quant_matmul.gemv import Partials
 from strata_jax.state import Rows
 
 _FLOAT_DTYPES = {Q.F32: np.float32, Q.F16: np.float16}
@@ -284,66 +280,22 @@ class QLinear(nnx.Module):
         w = jnp.concatenate([w, jnp.zeros((w.shape[0], n_in - self.n_in), w.dtype)], axis=1)
         return QLinear(w, self.qtype, self.n_out, n_in, self.b[...] if self.b is not None else None, self.precise)
 
-    def __call__(self, x: jax.Array, exact_rows: bool = True, partial: bool = False):
-        """x float [..., n_in] (or a `PlaneRows`) -> float32 [..., n_out] (or with ``partial``, a `Partials` of
-        ``prod(lead)`` rows: ``.value()`` is float32 [rows, n_out]).
+    def __call__(self, x: jax.Array, exact_rows: bool = True) -> jax.Array:
+        """x float [..., n_in] -> float32 [..., n_out].
 
         Each row's arithmetic is independent of the other rows and of the row count (`qmatmul`'s contract), which
         makes verify windows and batch rows exact. ``exact_rows`` (verify windows; the default): on the Pallas
         kernel path, more than 8 rows (windows of several segments) run as 8-row groups of the kernel, so every row
         gets the bits of the row alone; ``False`` (prefill chunks): the GEMM at any row count (at the precision
         ``precise`` picks), so the head's last prompt rows (``head_logits``' "last") get the bits they get among all
-        of a chunk's rows ("all"). ``partial`` (a map without a bias whose output feeds a residual add and norm,
-        `residual_partials`): where `qmatmul` takes the float32 GEMV, its `Partials` over the ``prod(lead)`` rows
-        instead of the array (`strata_jax.pallas.rows.add_rms_norm` adds the K splits)."""
+        of a chunk's rows ("all")."""
         lead = x.shape[:-1]
         y = qmatmul(x.reshape(-1, self.n_in), self.w[...], self.qtype, self.n_out, self.n_in, row_groups=exact_rows,
-                    precise=self.precise, prefill=not exact_rows, partial=partial and self.b is None)
-        if isinstance(y, Partials):
-            return y
+                    precise=self.precise, prefill=not exact_rows)
         y = y.reshape(*lead, self.n_out)
         if self.b is not None:
             y = y + self.b[...]
         return y
-
-
-def residual_partials() -> bool:
-    """``STRATA_RESIDUAL_PARTIALS``: ``1`` lets a projection whose output a residual add and RMSNorm consume (the
-    attention output, the MLP's down) hand its GEMV's K-split partial sums to the norm's kernel, which adds them
-    (`QLinear.__call__`'s ``partial``): one launch instead of an XLA fusion and the norm's, the same bits; ``0``
-    (default): the sums formed first. Slower on an H100 (2026-12-07h: 1.839 against 1.575 ms per 1.5B token,
-    experiments/RESULTS.md): the norm is one program per row, and a decode row's program then gathers every K
-    split alone (70 of the Q6_K down's) where XLA's sum fusion spreads them over the GPU. Read when a call is
-    traced. (The hybrid blocks run the residual add and the FFN norm as one launch either way;
-    there ``0`` only forms the mixer's sums first.)
-
-    Raises:
-      UnsupportedError: another value."""
-    return dispatch.env_choice("STRATA_RESIDUAL_PARTIALS", "0", ("0", "1")) == "1"
-
-
-def norm_planes_for(linears, exact_rows: bool) -> tuple | None:
-    """``STRATA_NORM_PLANES=1`` (default ``0``: not yet timed on a GPU alone; with the partials above its program
-    compiled for 133 s, so a `Partials` residual now gets no planes): the plane widths the norm in front of
-    ``linears`` should form in its launch (`strata_jax.layers.norms.RMSNorm`'s ``planes``) -- those of the first
-    linear whose float32 GEMV takes the plane path (`gemv.uses_planes`: block-format weights held as blocks, the
-    GPU's default; float32 weights, a CPU's, have no planes) -- in window rows (``exact_rows``) with the float32
-    GEMV in use; else None. The planes are then formed once per norm, not by an XLA fusion before each GEMV launch
-    that reads them.
-
-    Raises:
-      UnsupportedError: another value of the variable."""
-    if dispatch.env_choice("STRATA_NORM_PLANES", "0", ("0", "1")) != "1" or not exact_rows or gemv_variant() != "fma":
-        return None
-    for lin in linears:
-        if uses_planar_kernels(lin.w[...], lin.qtype, lin.n_in) and gemv.uses_planes(lin.qtype):
-            return gemv.plane_bits(lin.qtype)
-    return None
-
-
-def pending_value(y, like: jax.Array) -> jax.Array:
-    """A residual term as an array shaped like ``like``: a `Partials` summed (its `value`), an array as is."""
-    return y.value().reshape(like.shape) if isinstance(y, Partials) else y
 
 
 def project_shared(x: jax.Array, linears, exact_rows: bool = True) -> tuple:

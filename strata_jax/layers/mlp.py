@@ -43,11 +43,10 @@ class GatedMLP(nnx.Module):
         self.down = QLinear.from_gguf(g, prefix + "ffn_down.weight", device, shape=(dim, ff))
         self.act = act
 
-    def __call__(self, x: jax.Array, exact_rows: bool, partial: bool = False):
-        """x float32 [..., D] -> float32 [..., D] (a `Partials` of the rows with ``partial``); ``exact_rows`` and
-        ``partial`` (the down projection's) as `QLinear.__call__`."""
+    def __call__(self, x: jax.Array, exact_rows: bool) -> jax.Array:
+        """x float32 [..., D] -> float32 [..., D]; ``exact_rows`` as `QLinear.__call__`."""
         gate, up = project_shared(x, (self.gate, self.up), exact_rows)
-        return self.down(mlp_act(self.act)(gate) * up, exact_rows, partial)
+        return self.down(mlp_act(self.act)(gate) * up, exact_rows)
 
 
 def make_ffn(g, prefix: str, cfg, device=None):

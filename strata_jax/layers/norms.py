@@ -38,17 +38,10 @@ class RMSNorm(nnx.Module):
         self.w = nnx.Param(jnp.asarray(w, jnp.float32))
         self.eps = eps
 
-    def __call__(self, x: jax.Array, planes: tuple | None = None) -> jax.Array:
-        """The norm of x [..., D]; ``planes`` (plane widths, `norm_planes_for`): on the kernel path a
-        `strata_jax.pallas.quant_matmul.gemv.PlaneRows` whose GEMV inputs the same launch formed."""
-        if planes:
-            return row_ops.rms_norm_planes(x, None, self.w[...], self.eps, planes)[1]
+    def __call__(self, x: jax.Array) -> jax.Array:
         return rms_norm(x, self.w[...], self.eps)
 
-    def add_norm(self, x: jax.Array, r, planes: tuple | None = None) -> tuple[jax.Array, jax.Array]:
+    def add_norm(self, x: jax.Array, r: jax.Array) -> tuple[jax.Array, jax.Array]:
         """(``x + r``, the norm of it), float32 [..., D] each: a residual add and this norm in one launch on the
-        kernel path (`strata_jax.pallas.rows.add_rms_norm`; the same bits as the add and `__call__`). ``r``: an
-        array or a GEMV's `Partials`; ``planes`` as `__call__`'s."""
-        if planes:
-            return row_ops.rms_norm_planes(x, r, self.w[...], self.eps, planes)
+        kernel path (`strata_jax.pallas.rows.add_rms_norm`; the same bits as the add and `__call__`)."""
         return row_ops.add_rms_norm(x, r, self.w[...], self.eps)

@@ -135,9 +135,8 @@ class GatedAttention(nnx.Module):
         self.q_norm = RMSNorm(load_f32(g, p + "attn_q_norm.weight", device, shape=(head_dim,)), rms_eps)
         self.k_norm = RMSNorm(load_f32(g, p + "attn_k_norm.weight", device, shape=(head_dim,)), rms_eps)
 
-    def __call__(self, x, kv, rows: Rows, mode: str, max_context: int, partial: bool = False):
-        """x float32 [B, T, D]; kv (k_cache, v_cache[, indexer_cache]). Returns (out float32 [B, T, D], new kv).
-        ``partial``: the output projection's as `QLinear.__call__`'s (out may then be a GEMV's `Partials`)."""
+    def __call__(self, x, kv, rows: Rows, mode: str, max_context: int):
+        """x float32 [B, T, D]; kv (k_cache, v_cache[, indexer_cache]). Returns (out float32 [B, T, D], new kv)."""
         B, T, _ = x.shape
         exact = mode == "window"
         qg, k, v = project_shared(x, (self.wq, self.wk, self.wv), exact)
@@ -162,7 +161,7 @@ class GatedAttention(nnx.Module):
             new_kv = (kc, vc, ic)
             o = self._attend_indexed(q, iq, kc, vc, ic, rows, pos, max_context, mode == "prefill")
         o = (o * jax.nn.sigmoid(gate)).reshape(B, T, self.H * self.hd)
-        return self.wo(o, exact, partial), new_kv
+        return qcall(self.wo, o, exact), new_kv
 
     def _attend_indexed(self, q, iq, kc, vc, ic, rows: Rows, pos, max_context: int, prefill: bool):
         """QSA attention of all B*T rows in one call (`qsa_prefill` for a prefill chunk's segments, else

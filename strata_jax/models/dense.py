@@ -23,9 +23,8 @@ from flax import nnx
 from strata_jax.config import MAX_LAYERS, MAX_WIDTH, ModelConfig, base_fields, shape_dims
 from strata_jax.gguf.metadata import get_int
 from strata_jax.layers.attention import attend_prefill, attend_window
-from strata_jax.layers.linear import (Embedding, QLinear, head_logits, load_f32, norm_planes_for, pending_value,
-                                     project_shared, residual_partials)
-from strata_jax.layers.mlp import GatedMLP, make_ffn
+from strata_jax.layers.linear import Embedding, QLinear, head_logits, load_f32, project_shared
+from strata_jax.layers.mlp import make_ffn
 from strata_jax.layers.norms import RMSNorm
 from strata_jax.layers.rope import apply_rope
 from strata_jax.layers.stack import group_runs
@@ -72,21 +71,13 @@ class DenseBlock(nnx.Module):
         self.ffn = make_ffn(g, p, cfg, device)
         self.post_ffw_norm = norm("post_ffw_norm.weight") if cfg.post_norms else None
 
-    def __call__(self, h, kv, layer, rows: Rows, mode: str, max_context: int, pending=None, defer: bool = False):
+    def __call__(self, h, kv, layer, rows: Rows, mode: str, max_context: int):
         """h float32 [B, T, D]; kv = (k, v) caches [L_run, n_slots, max_context + 1, Hkv, Dh] of this layer's run,
-        ``layer`` its index there. Returns (h, kv). ``pending``: the previous layer's FFN output, not yet added to
-        h (added here with the attention norm, one launch); ``defer``: return ((h, y), kv) with this layer's FFN
-        output y not added (an array or a GEMV's `Partials`, `residual_partials`), for the next layer or
-        `pending_value`."""
+        ``layer`` its index there. Returns (h, kv)."""
         cfg = self.cfg
         B, T, _ = h.shape
         ex = mode == "window"  # row-exact matmuls in windows; prefill chunks take the GEMM
-        fuse = residual_partials()
-        planes = norm_planes_for((self.wq, self.wk, self.wv), ex)
-        if pending is None:
-            a = self.attn_norm(h, planes)
-        else:
-            h, a = self.attn_norm.add_norm(h, pending, planes)
+        a = self.attn_norm(h)
         q, k, v = project_shared(a, (self.wq, self.wk, self.wv), ex)
         q = q.reshape(B, T, cfg.n_head, cfg.head_dim)
         k = k.reshape(B, T, cfg.n_head_kv, cfg.head_dim)
@@ -105,19 +96,13 @@ class DenseBlock(nnx.Module):
         attend = attend_window if mode == "window" else attend_prefill
         window = jnp.where(local, cfg.sliding_window, 0) if cfg.sliding_window else 0
         o = attend(q, kc[layer], vc[layer], rows, scale=cfg.attn_scale, max_context=max_context, window=window)
-        o = self.wo(o.reshape(B, T, cfg.n_head * cfg.head_dim), ex, partial=fuse and self.post_attn_norm is None)
+        o = self.wo(o.reshape(B, T, cfg.n_head * cfg.head_dim), ex)
         if self.post_attn_norm is not None:
             o = self.post_attn_norm(o)
-        mlp = isinstance(self.ffn, GatedMLP)
-        h, a = self.ffn_norm.add_norm(h, o, norm_planes_for((self.ffn.gate, self.ffn.up), ex) if mlp else None)
-        if mlp:
-            y = self.ffn(a, ex, partial=fuse and defer and self.post_ffw_norm is None)
-        else:
-            y = self.ffn(a, ex)
+        h, a = self.ffn_norm.add_norm(h, o)
+        y = self.ffn(a, ex)
         if self.post_ffw_norm is not None:
             y = self.post_ffw_norm(y)
-        if defer:
-            return (h, y), (kc, vc)
         return h + y, (kc, vc)
 
 
@@ -162,27 +147,13 @@ class DenseStage(nnx.Module):
     def __call__(self, state, x, rows: Rows, mode: str, max_context: int, logits: str = "all"):
         h = self.embed(x) if self.first else x.astype(jnp.float32)
         kvs = []
-        pending = None   # the last layer's FFN output, added by the next layer's attention norm (`residual_partials`)
         for run, kv in zip(self.runs, state["kv"]):
-            if run.n == 1 and residual_partials():   # an unrolled layer: the carry may change type
-                def body(blk, carry, i, _):
-                    h, y, kv = carry
-                    (h, y), kv = blk(h, kv, i, rows, mode, max_context, pending=y, defer=True)
-                    return (h, y, kv), None
+            def body(blk, carry, i, _):
+                h, kv = carry
+                return blk(h, kv, i, rows, mode, max_context), None
 
-                (h, pending, kv), _ = run.scan(body, (h, pending, kv))
-            else:
-                if pending is not None:
-                    h, pending = h + pending_value(pending, h), None
-
-                def body(blk, carry, i, _):
-                    h, kv = carry
-                    return blk(h, kv, i, rows, mode, max_context), None
-
-                (h, kv), _ = run.scan(body, (h, kv))
+            (h, kv), _ = run.scan(body, (h, kv))
             kvs.append(kv)
-        if pending is not None:
-            h = h + pending_value(pending, h)
         out = {"hidden": h}
         if self.last:
             out["logits"] = head_logits(self.head, self.out_norm, h, rows, mode, logits)

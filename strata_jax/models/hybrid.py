@@ -47,7 +47,7 @@ from strata_jax.gguf.metadata import get_array, get_int, key_error
 from strata_jax.errors import StrataError, UnsupportedError
 from strata_jax.layers.gdn import GatedDeltaNet, conv_tail
 from strata_jax.layers.hyper import hc_write, hyper_read
-from strata_jax.layers.linear import Embedding, QLinear, check_tensor, head_logits, load_f32, residual_partials
+from strata_jax.layers.linear import Embedding, QLinear, check_tensor, head_logits, load_f32
 from strata_jax.layers.mlp import make_ffn
 from strata_jax.layers.norms import RMSNorm
 from strata_jax.layers.ple import TABLE as PLE_TABLE, PLEBlock, PLETable, dequant_rows
@@ -198,11 +198,10 @@ class HybridBlock(nnx.Module):
 
     def __call__(self, h, st, rows: Rows, mode: str, max_context: int, ple_emb=None):
         a = self.attn_norm(h)
-        partial = residual_partials()   # the mixer's output projection summed by the FFN norm's kernel
         if self.recurrent:
-            y, st, pend = self.mixer(a, st, rows, mode, partial=partial)
+            y, st, pend = self.mixer(a, st, rows, mode)
         else:
-            y, st = self.mixer(a, st, rows, mode, max_context, partial=partial)
+            y, st = self.mixer(a, st, rows, mode, max_context)
             pend = None
         h, a = self.ffn_norm.add_norm(h, y)   # the residual add and the norm: one launch, their bits
         h = h + self.ffn(a, mode == "window")

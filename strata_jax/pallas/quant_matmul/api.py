@@ -180,15 +180,12 @@ def check_args(x, w_raw, qtype, n_out, k_in, op="quant_matmul.qmatmul"):
 
 
 @functools.partial(jax.jit, static_argnames=("qtype", "n_out", "k_in", "path", "gemm", "poison", "gemv", "prec",
-                                             "gemm_kernel", "partial"))
-def _qmatmul_planar(x, w, *, qtype, n_out, k_in, path, gemm, poison, gemv, prec, gemm_kernel, partial=False):
+                                             "gemm_kernel"))
+def _qmatmul_planar(x, w, *, qtype, n_out, k_in, path, gemm, poison, gemv, prec, gemm_kernel):
     if path == "reference":
-        return _ref.matmul_rows(_gemv.rows_of(x), _ref.dequantize_weight(_as_float_weight(w, qtype, k_in), qtype,
-                                                                         k_in))
+        return _ref.matmul_rows(x, _ref.dequantize_weight(_as_float_weight(w, qtype, k_in), qtype, k_in))
     interpret = path == "interpret"
     w = _as_float_weight(w, qtype, k_in)
-    if gemm or gemv != "fma":
-        x = _gemv.rows_of(x)   # a PlaneRows' planes serve the float32 GEMV only
     with dispatch.poison_outputs(poison):
         if gemm:
             return _gemm.gemm(x, w, qtype, n_out, k_in, interpret=interpret, precision=prec, variant=gemm_kernel)
@@ -197,7 +194,7 @@ def _qmatmul_planar(x, w, *, qtype, n_out, k_in, path, gemm, poison, gemv, prec,
                                  variant=gemm_kernel)
         if gemv == "tc16":
             return _tcgemv.gemv(x, w, qtype, n_out, k_in, interpret=interpret, precision=prec)
-        return _gemv.gemv(x, w, qtype, n_out, k_in, interpret=interpret, partial=partial)
+        return _gemv.gemv(x, w, qtype, n_out, k_in, interpret=interpret)
 
 
 def _gemm_rows_tc(x, w, qtype, n_out, k_in, *, interpret, precision, variant):
@@ -257,23 +254,16 @@ def qmatmul_shared(x, ws, qtype, n_out: int, k_in: int, *, impl: str = "auto", r
 
 
 def qmatmul(x, w_raw, qtype, n_out: int, k_in: int, *, impl: str = "auto", row_groups: bool = False,
-            precise: bool = False, prefill: bool = False, partial: bool = False):
-    """float32 [M, n_out] = x [M, k_in] @ dequantize(w_raw).T. See the module docstring for the full contract.
-    ``partial``: where the call takes the planar float32 GEMV, return its `gemv.Partials` (the K splits not yet
-    added; ``.value()`` is this result) for a consumer that adds them itself; other paths return the array.
-    ``x`` may be a `gemv.PlaneRows` (rows whose plane inputs their norm formed): the float32 GEMV's plane path
-    reads its planes, every other path its rows."""
+            precise: bool = False, prefill: bool = False):
+    """float32 [M, n_out] = x [M, k_in] @ dequantize(w_raw).T. See the module docstring for the full contract."""
     qtype = check_args(x, w_raw, qtype, n_out, k_in)
     if uses_planar_kernels(w_raw, qtype, k_in):
         path = dispatch.resolve("quant_matmul.qmatmul", impl,
                                 lambda: _gemv.why_not(qtype, n_out, k_in, w_raw.dtype))
         gemm = (x.shape[0] > _gemv.M_MAX or prefill) and not row_groups
-        gemv = gemv_variant()
         return _qmatmul_planar(x, w_raw, qtype=qtype, n_out=n_out, k_in=k_in, path=path, gemm=gemm,
-                               poison=dispatch.poisoning(), gemv=gemv, prec=precision(gemm, precise),
-                               gemm_kernel=gemm_variant(),
-                               partial=partial and not gemm and gemv == "fma" and path != "reference")
-    x = _gemv.rows_of(x)
+                               poison=dispatch.poisoning(), gemv=gemv_variant(), prec=precision(gemm, precise),
+                               gemm_kernel=gemm_variant())
     path = dispatch.resolve(
         "quant_matmul.qmatmul", impl,
         lambda: _k.why_not(qtype, x.shape[0], n_out, k_in, x.dtype, getattr(w_raw, "dtype", jnp.uint8),

@@ -296,51 +296,6 @@ def plane_inputs(x, qtype):
     return tuple(outs)
 
 
-def plane_layout(bits: tuple, k_in: int) -> tuple:
-    """(offsets of each plane width's values and of the 16-value sums in a row of `plane_inputs` side by side,
-    the row's width): widths ``bits`` (`plane_bits`) over K = ``k_in`` values."""
-    offs = tuple(i * k_in for i in range(len(bits))) + (len(bits) * k_in,)
-    return offs, len(bits) * k_in + k_in // 16
-
-
-@jax.tree_util.register_pytree_node_class
-class PlaneRows:
-    """Activation rows with their plane-path inputs already formed (by the norm that produced them:
-    `strata_jax.pallas.rows.add_rms_norm`'s ``planes``), so that a plane-path GEMV reading them does not form
-    them again (the XLA fusion before each such GEMV). ``y`` float32 [..., K] (what any other path reads);
-    ``planes`` float32 [rows, width]: per row, `plane_inputs`' arrays for plane widths ``bits`` flattened side by
-    side (`plane_layout`), the bits `plane_inputs` gives. Behaves as ``y`` for ``shape`` / ``ndim`` / ``reshape``
-    (a reshape keeps the rows' order, so the planes stay valid)."""
-
-    def __init__(self, y, planes, bits: tuple):
-        self.y, self.planes, self.bits = y, planes, tuple(int(b) for b in bits)
-
-    shape = property(lambda self: self.y.shape)
-    ndim = property(lambda self: self.y.ndim)
-    dtype = property(lambda self: self.y.dtype)
-
-    def reshape(self, *shape):
-        """The rows reshaped (the last axis kept: the planes are per row of K values).
-
-        Raises: ValueError: a shape that changes the last axis."""
-        y = self.y.reshape(*shape)
-        if y.shape[-1] != self.y.shape[-1]:
-            raise ValueError(f"PlaneRows.reshape: {self.y.shape} -> {y.shape} changes the rows' width")
-        return PlaneRows(y, self.planes, self.bits)
-
-    def tree_flatten(self):
-        return (self.y, self.planes), self.bits
-
-    @classmethod
-    def tree_unflatten(cls, bits, children):
-        return cls(*children, bits)
-
-
-def rows_of(x):
-    """The activation array of ``x`` (a `PlaneRows` or an array)."""
-    return x.y if isinstance(x, PlaneRows) else x
-
-
 class _UnitSource(D.Source):
     """A decoder's view for the plane path's scales: one value axis, ``ax[0]`` the format's first value axis at
     values ``v0`` (int32 [1, 1, n]) of each group; the decoder's codes are not used (dead code)."""
@@ -462,12 +417,11 @@ def _m_run(M: int, interpret: bool) -> int:
 
 
 def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, interpret: bool,
-                 cfg: Config | None = None, split_units: int = 1, partial: bool = False):
+                 cfg: Config | None = None, split_units: int = 1):
     """For each slot u: x (or x[u]) [M, K] times the matrix ``w_stacked[slot_expert[u]]`` [n_out, K]^T.
 
     Args:
-      x: [M, K] (the same rows for every slot) or [U, M, K]; M <= 8; float32 / bfloat16 / float16; or a
-        `PlaneRows` of such rows (its planes [M or U * M, width]): the plane path reads its planes.
+      x: [M, K] (the same rows for every slot) or [U, M, K]; M <= 8; float32 / bfloat16 / float16.
       w_stacked: [E, n_out, row_words] uint32 planar, or [E, n_out, K] float for F32 / F16 / BF16; or a tuple of
         such stacks of one format and shape (e.g. the experts' gate and up), read by the same programs, which
         share the activation loads and one launch.
@@ -477,22 +431,9 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
         would change the summation order, so a row's bits, with the row count. 1 for dense weights; the experts
         per token (top-k) for routed experts, so a decode step's tiling is the one measured.
     Returns: float32 [U, M, n_out] (a tuple of them for a tuple of stacks; each the bits of its own call). Each
-    matrix a slot names is read once; rows never mix. ``partial`` (one stack; one slot or slots of M rows, no
-    padded rows between slots): a `Partials` of the launch's output instead (rows ``U * M``, slot by slot). Not
-    jitted.
-
-    Raises:
-      ValueError: ``partial`` with a tuple of stacks, or ``partial`` / a `PlaneRows` x over several slots of
-        fewer rows than the padded M.
+    matrix a slot names is read once; rows never mix. Not jitted.
     """
     fused = isinstance(w_stacked, (tuple, list))
-    if partial and fused:
-        raise ValueError("grouped_gemv: partial takes one stack")
-    pre = None   # the rows' plane inputs, formed by their producer (PlaneRows), when this call takes them
-    if isinstance(x, PlaneRows):
-        if uses_planes(qtype) and plane_bits(qtype) == x.bits:
-            pre = x.planes
-        x = x.y
     stacks = tuple(w_stacked) if fused else (w_stacked,)
     x_per_slot = x.ndim == 3
     U_in = slot_expert.shape[0]
@@ -506,10 +447,6 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
     U = slot_expert.shape[0]
     M_in = x.shape[-2]
     M = _m_run(M_in, interpret)
-    if (partial or pre is not None) and not (U_in == 1 or M_in == M):
-        # rows are numbered u * M + m over the padded slots: only one slot, or full slots, keep them in order
-        raise ValueError(f"grouped_gemv: partial / PlaneRows need one slot or full slots ({U_in} slots of {M_in} "
-                         f"rows, padded to {M})")
     if M_in < M:
         pad = [(0, 0)] * x.ndim
         pad[-2] = (0, M - M_in)
@@ -523,15 +460,13 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
     planes = uses_planes(qtype)
     x_offs = ()
     if planes:
-        x_offs, width = plane_layout(plane_bits(qtype), k_in)
-        if pre is None:
-            # one array (a concatenate XLA fuses with the ops that compute its pieces): one launch before the GEMV
-            # instead of a transpose and a reduce (2026-12-04b, 1.5B steps HLO: 7 of a layer's ~20 launches)
-            pre = jnp.concatenate([a.reshape(U_x * M, -1) for a in plane_inputs(x, qtype)], axis=1)
-        else:   # a PlaneRows' rows, in order u * M + m as x's: its padded rows are zeros as x's
-            pre = jnp.pad(pre, [(0, U_x * M - pre.shape[0]), (0, 0)])
-        xr = (pre.reshape(-1),)
-        x_sizes = (width,)
+        # one array (a concatenate XLA fuses with the ops that compute its pieces): one launch before the GEMV
+        # instead of a transpose and a reduce (2026-12-04b, 1.5B steps HLO: 7 of a layer's ~20 launches)
+        xp = [a.reshape(U_x * M, -1) for a in plane_inputs(x, qtype)]
+        widths = [a.shape[1] for a in xp]
+        x_offs = tuple(int(o) for o in np.cumsum([0] + widths[:-1]))
+        xr = (jnp.concatenate(xp, axis=1).reshape(-1),)
+        x_sizes = (sum(widths),)
     else:
         xr = (x.reshape(U_x, M, k_in // P.GROUP, *vs),)
         x_sizes = (k_in,)
@@ -549,79 +484,29 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
         interpret=interpret, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         name=f"qmatmul_planar_{getattr(qtype, 'name', qtype)}" + (f"_x{n_mats}" if fused else "") + cfg.tag)
     parts = call(slot_expert, *(w.reshape(-1) for w in stacks), *xr, *tabs)
-    if partial:
-        return Partials(parts[0], n_out=n_out, rows=U_in * M_in)
-    outs = [sum_splits(part)[:U_in, :n_out, :M_in].swapaxes(1, 2) for part in parts]
+    outs = []
+    for part in parts:
+        out = part[:, 0]
+        for j in range(1, t["split"]):  # fixed order: row-independent
+            out = out + part[:, j]
+        outs.append(jnp.swapaxes(out[:U_in, :n_out, :M_in], 1, 2))
     return tuple(outs) if fused else outs[0]
 
 
-def sum_splits(part):
-    """float32 [U, n_pad, M]: a GEMV's K-split partial sums [U, split, n_pad, M] added in split order (fixed: a
-    row's bits do not depend on the other rows)."""
-    out = part[:, 0]
-    for j in range(1, part.shape[1]):
-        out = out + part[:, j]
-    return out
-
-
-@jax.tree_util.register_pytree_node_class
-class Partials:
-    """A GEMV's output before its K splits are added: ``parts`` float32 [U, split, n_pad, M] (`grouped_gemv`'s
-    launch output; slot u holds rows ``u * M .. u * M + M - 1``), to be summed by the kernel that consumes it
-    (`strata_jax.pallas.rows.add_rms_norm`: the residual add and the norm behind a projection in one launch,
-    without the XLA fusion that would add the splits first). `value` gives the [rows, n_out] product, the bits
-    of the summed call.
-
-    Attributes: parts; n_out; rows (the product's rows: row i in slot i // M, column i % M of ``parts``)."""
-
-    def __init__(self, parts, *, n_out: int, rows: int):
-        self.parts = parts
-        self.n_out, self.rows = int(n_out), int(rows)
-
-    @property
-    def shape(self) -> tuple:
-        return (self.rows, self.n_out)
-
-    def value(self):
-        """float32 [rows, n_out]: the splits added as `grouped_gemv` adds them."""
-        U, _, n_pad, M = self.parts.shape
-        out = sum_splits(self.parts).swapaxes(1, 2).reshape(U * M, n_pad)
-        return out[:self.rows, :self.n_out]
-
-    def tree_flatten(self):
-        return (self.parts,), (self.n_out, self.rows)
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        return cls(children[0], n_out=aux[0], rows=aux[1])
-
-
-def gemv(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, cfg: Config | None = None,
-         partial: bool = False):
+def gemv(x, w, qtype, n_out: int, k_in: int, *, interpret: bool, cfg: Config | None = None):
     """x [M, K] times one weight [n_out, K]^T -> float32 [M, n_out]; M <= 8, or any M as 8-row groups in one
     launch (the weight read once per group), each row with the instructions of the row alone. ``w`` a tuple of
     weights of one format and shape: a tuple of outputs from one launch (`grouped_gemv`'s tuple of stacks, each
-    output the bits of its own call). ``partial`` (one weight): the `Partials` of the launch instead, M rows.
-    ``x`` may be a `PlaneRows` [M, K] (its planes used where the format's plane widths match). Not jitted."""
+    output the bits of its own call). Not jitted."""
     M = x.shape[0]
     fused = isinstance(w, (tuple, list))
-    if partial and fused:
-        raise ValueError("gemv: partial takes one weight")
     w1 = tuple(wi[None] for wi in w) if fused else w[None]
     if M <= M_MAX:
-        y = grouped_gemv(x, w1, jnp.zeros((1,), jnp.int32), qtype, n_out, k_in, interpret=interpret, cfg=cfg,
-                         partial=partial)
-        if partial:
-            return y
+        y = grouped_gemv(x, w1, jnp.zeros((1,), jnp.int32), qtype, n_out, k_in, interpret=interpret, cfg=cfg)
         return tuple(yi[0] for yi in y) if fused else y[0]
     G = -(-M // M_MAX)
-    xg = jnp.pad(rows_of(x), [(0, G * M_MAX - M), (0, 0)]).reshape(G, M_MAX, k_in)
-    if isinstance(x, PlaneRows):
-        xg = PlaneRows(xg, x.planes, x.bits)
-    y = grouped_gemv(xg, w1, jnp.zeros((G,), jnp.int32), qtype, n_out, k_in, interpret=interpret, cfg=cfg,
-                     partial=partial)
-    if partial:
-        return Partials(y.parts, n_out=n_out, rows=M)
+    xg = jnp.pad(x, [(0, G * M_MAX - M), (0, 0)]).reshape(G, M_MAX, k_in)
+    y = grouped_gemv(xg, w1, jnp.zeros((G,), jnp.int32), qtype, n_out, k_in, interpret=interpret, cfg=cfg)
     ys = y if fused else (y,)
     out = tuple(yi.reshape(G * M_MAX, n_out)[:M] for yi in ys)
     return out if fused else out[0]

@@ -42,7 +42,6 @@ import jax.numpy as jnp
 
 from strata_jax.errors import UnsupportedError
 from strata_jax.pallas import dispatch
-from strata_jax.pallas.quant_matmul.gemv import Partials, PlaneRows
 from strata_jax.pallas.rows import kernel as _k
 from strata_jax.pallas.rows import reference as _ref
 
@@ -106,71 +105,17 @@ def _add_rms_norm(x, r, w, *, eps, path, poison):
         return h.reshape(x.shape), y.reshape(x.shape)
 
 
-@functools.partial(jax.jit, static_argnames=("eps", "path", "poison"))
-def _add_partials_rms_norm(x, r, w, *, eps, path, poison):
-    if path == "reference":
-        return _add_rms_norm(x, r.value().reshape(x.shape), w, eps=eps, path=path, poison=poison)
-    with dispatch.poison_outputs(poison):
-        h, y = _k.add_partials_rms_norm(_rows(x).astype(jnp.float32), r.parts, w, eps,
-                                        interpret=path == "interpret")
-        return h.reshape(x.shape), y.reshape(x.shape)
-
-
 def add_rms_norm(x, r, w, eps: float, *, impl: str = "auto"):
     """(h, y), float32 [..., n] each: the residual sum ``h = x + r`` and ``rms_norm(h, w, eps)``, in one launch
-    on the kernel path (the bits of the add and of `rms_norm` of h). ``r`` has x's shape, or is a GEMV's
-    `strata_jax.pallas.quant_matmul.gemv.Partials` of x's rows (``qmatmul(partial=True)``): its K splits are
-    added in the same launch, in the GEMV's order (the bits of ``add_rms_norm(x, r.value())``).
+    on the kernel path (the bits of the add and of `rms_norm` of h). ``r`` has x's shape.
 
     Raises:
       UnsupportedError: as `rms_norm`, or r's shape differs from x's."""
-    _check_residual(x, r)
+    if r.shape != x.shape:
+        raise UnsupportedError(f"rows.add_rms_norm: x {x.shape} and r {r.shape} differ")
     path = dispatch.resolve("rows.rms_norm", impl, _why_not(x))
     w = _norm_weight(x, w)
-    if isinstance(r, Partials):
-        return _add_partials_rms_norm(x, r, w, eps=float(eps), path=path, poison=dispatch.poisoning())
     return _add_rms_norm(x, r, w, eps=float(eps), path=path, poison=dispatch.poisoning())
-
-
-def _check_residual(x, r):
-    """Raises UnsupportedError unless ``r`` (an array or a GEMV's `Partials`) holds x's rows and width."""
-    partials = isinstance(r, Partials)
-    r_shape = (*x.shape[:-1], r.n_out) if partials else r.shape
-    if tuple(r_shape) != tuple(x.shape) or (partials and r.rows != math.prod(x.shape[:-1])):
-        raise UnsupportedError(f"rows.add_rms_norm: x {x.shape} and r {tuple(r.shape)} differ")
-
-
-@functools.partial(jax.jit, static_argnames=("eps", "bits", "path", "poison"))
-def _norm_planes(x, r, w, *, eps, bits, path, poison):
-    with dispatch.poison_outputs(poison):   # r: None or an array (`rms_norm_planes` sends a Partials elsewhere)
-        h, y, planes = _k.norm_planes(_rows(x).astype(jnp.float32),
-                                      None if r is None else _rows(r).astype(jnp.float32), w, eps, bits=bits,
-                                      interpret=path == "interpret", r_kind=None if r is None else "rows")
-    return (x if h is None else h.reshape(x.shape)), PlaneRows(y.reshape(x.shape), planes, bits)
-
-
-def rms_norm_planes(x, r, w, eps: float, bits: tuple, *, impl: str = "auto"):
-    """(h, y): ``h = x + r`` (x when ``r`` is None; ``r`` as `add_rms_norm` takes it, a GEMV's `Partials`
-    included) and ``y = rms_norm(h, w, eps)`` as a `strata_jax.pallas.quant_matmul.gemv.PlaneRows` holding y's
-    plane-path GEMV inputs for plane widths ``bits`` (`gemv.plane_bits`), formed in the norm's launch so the GEMVs
-    that read y take them instead of an XLA fusion forming them before each (`STRATA_NORM_PLANES`). h and y have
-    the bits of `add_rms_norm` / `rms_norm`, the planes those of `gemv.plane_inputs` except its 16-value sums,
-    which are within float32 rounding of them (the kernel may contract a product into their first adds: a model's
-    outputs then differ from the switch off in the last bits, the same for every row). On the reference path (or
-    for rows whose width is not a multiple of 32, a [k, n] weight, or r a `Partials`) y is the plain array.
-
-    Raises:
-      UnsupportedError: as `add_rms_norm`."""
-    if r is not None:
-        _check_residual(x, r)
-    path = dispatch.resolve("rows.rms_norm", impl, _why_not(x))
-    wn = _norm_weight(x, w)
-    if (path == "reference" or x.shape[-1] % 32 or (wn is not None and wn.ndim != 1)
-            or isinstance(r, Partials)):
-        # a Partials r: its K splits gathered again for every plane tile made the 1.5B step compile for 133 s on
-        # an H100 (2026-12-07h, 70 splits of the Q6_K down); y comes without planes then
-        return (x, rms_norm(x, w, eps, impl=impl)) if r is None else add_rms_norm(x, r, w, eps, impl=impl)
-    return _norm_planes(x, r, wn, eps=float(eps), bits=tuple(bits), path=path, poison=dispatch.poisoning())
 
 
 @functools.partial(jax.jit, static_argnames=("eps", "path", "poison"))
