@@ -67,7 +67,8 @@ def _run_recorded(eng, res, reqs, prefill_chunks, decode_steps=1):
     scheduler, the long request's slot state at its first token). Events: ("chunk", rid) per prefill chunk the
     engine reads, ("launch", k) per decode launch on stage k (a window or step on a stage), ("tok", rid) per
     streamed token."""
-    sch = BatchScheduler(eng, res, prefill_chunks=prefill_chunks, decode_steps=decode_steps)
+    # read_share 1: a chunk before every window, the order (b) checks (the share's own test: test_read_share_*)
+    sch = BatchScheduler(eng, res, prefill_chunks=prefill_chunks, decode_steps=decode_steps, read_share=1.0)
     events, snap = [], {}
     by_slot = lambda s: next(r.rid for r in sch.results.values() if r.slot == s and not r.stop_reason)  # noqa: E731
     run, run_stage = eng.run, eng.run_stage
@@ -235,3 +236,62 @@ def test_prefill_chunks_flag_names_the_chunk(engine_for):
     eng = _engine(engine_for, n_slots=3)
     with pytest.raises(StrataError, match="must be >= 0"):
         BatchScheduler(eng, resolve_groups(3, 1), prefill_chunks=-1)
+
+
+@pytest.mark.parametrize("share,gap", [(0.5, 5), (0.2, 17), (1.0, 1)])
+def test_read_share_gives_the_decoding_slot_its_time(engine_for, monkeypatch, share, gap):
+    """``read_share``: with a clock that advances 1/8 s per prompt chunk and 1/32 s per decode launch, the windows
+    between two chunks of the long read earn the chunk's time x (1 - share) / share: 4 launches at 0.5 and 16 at
+    0.2 after the one of the chunk's own step, none at 1 (a chunk before every window); the decoding slot's tokens
+    are its solo tokens and the stats' rate beside the read is about 1 - share of its rate alone (32 tok/s on this
+    clock). A share outside (0, 1] is refused."""
+    from strata_jax.errors import StrataError
+
+    eng = _engine(engine_for, n_slots=2)
+    monkeypatch.setattr(eng, "prefill_chunk", CHUNK)
+    res = resolve_groups(2, 1)
+    V = eng.cfg.vocab_size
+    long = [(t * 7 + 3 * i) % V for i, t in enumerate(BASE * 4)][:64]
+    reqs = [Request([t % V for t in BASE[:12]], 4 + 4 * gap, bx.GREEDY, rid="d0"),
+            Request(long, 2, bx.GREEDY, arrival_round=2, rid="long")]
+    now = [0.0]
+    events = []
+    run, run_stage = eng.run, eng.run_stage
+
+    def timed_run(kind, tokens, rows, sampling, logits="all"):
+        if kind == "prefill":
+            now[0] += 0.125
+            events.append("chunk")
+        return run(kind, tokens, rows, sampling, logits)
+
+    def timed_run_stage(index, kind, *args, **kw):
+        if kind != "prefill":
+            now[0] += 0.03125
+            events.append("launch")
+        return run_stage(index, kind, *args, **kw)
+
+    key = (id(eng), CHUNK, "share", gap)
+    if key not in _SOLO:
+        _SOLO[key] = [bx.solo_tokens(eng, r) for r in reqs]
+    eng.run, eng.run_stage = timed_run, timed_run_stage
+    try:
+        for warm in (True, False):   # the first run compiles the 2-slot windows (a compiling step earns nothing)
+            events.clear()
+            sch = BatchScheduler(eng, res, read_share=share, clock=lambda: now[0])
+            got = {r.rid: r for r in sch.run([copy.copy(r) for r in reqs])}
+    finally:
+        del eng.run, eng.run_stage
+    assert [got[r.rid].tokens for r in reqs] == _SOLO[key]
+    chunks = [i for i, e in enumerate(events) if e == "chunk"]
+    assert len(chunks) == 1 + 64 // CHUNK, events   # d0's prompt, then the long one's 4 chunks
+    chunks = chunks[1:]
+    gaps = [b - a - 1 for a, b in zip(chunks, chunks[1:])]
+    assert all(g == gap for g in gaps), (share, gaps, events)
+    st = sch.stats
+    assert st["beside_prefill_steps"] >= len(gaps) * gap
+    if gaps and share < 1:   # the decoding slot's rate beside the read: ~1 - share of its 32 tok/s
+        assert sch.decode_beside_prefill() >= 32 * (1 - share) * 0.8, (st, sch.decode_beside_prefill())
+    with pytest.raises(StrataError, match="read_share"):
+        BatchScheduler(eng, res, read_share=0.0)
+    with pytest.raises(StrataError, match="read_share"):
+        BatchScheduler(eng, res, read_share=1.5)

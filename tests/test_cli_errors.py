@@ -141,6 +141,8 @@ def _jsonl(tmp_path, *lines, name="reqs.jsonl"):
     (["--prompt", "hi", "--batch_mtp"], ["--batch_mtp needs --prompts_file"]),
     (["--prompt", "hi", "--batch_prefill_chunks", "2"], ["--batch_prefill_chunks needs --prompts_file"]),
     (["--prompts_file", "x.jsonl", "--batch_prefill_chunks", "-1"], ["--batch_prefill_chunks -1"]),
+    (["--prompt", "hi", "--batch_read_share", "0.3"], ["--batch_read_share needs --prompts_file"]),
+    (["--prompts_file", "x.jsonl", "--batch_read_share", "0"], ["--batch_read_share 0"]),
     (["--prompt", "hi", "--top_k", "5000"], ["--top_k 5000", "0..1024"]),
     (["--prompt", "hi", "--spec", "6"], ["--spec 6 needs --draft"]),
     (["--prompt", "hi", "--temperature", "nan"], ["--temperature nan", "finite"]),

@@ -120,6 +120,12 @@ flags.DEFINE_integer("batch_prefill_chunks", 1, "Batch slots: prompt chunks (--p
                      "(oldest request first), so they keep streaming during a long read; 0 = each prompt whole "
                      "before the next window (they wait). Every request's tokens are the same either way.",
                      lower_bound=0)
+flags.DEFINE_float("batch_read_share", 0.5, "Batch slots: while slots decode, the largest fraction of the device "
+                   "time a new request's prompt read takes: after each chunk the decoding slots' windows run until "
+                   "they have had the chunk's time x (1 - share) / share, so they keep about 1 - share of their rate "
+                   "or more during a long read, which takes about 1 / share as long. 1 = a chunk before every window "
+                   "(the read ends soonest, the streams slow most). Every request's tokens are the same either way.",
+                   lower_bound=0.01, upper_bound=1.0)
 flags.DEFINE_float("memory_limit_gib", None, "Device memory per stage for the batch-fit check (default: the "
                    "device's own limit where known).")
 
@@ -483,6 +489,7 @@ def batch_scheduler(engine, *, solo_spec: bool = False, n_requests: int | None =
     CONSOLE.note(f"batch: {res.message}{extra}")
     sch = BatchScheduler(engine, res, proposer_factory=factory, spec_min_p=FLAGS.spec_min_p, solo_spec=spec,
                          spec_policy=bool(spec), prefill_chunks=FLAGS.batch_prefill_chunks,
+                         read_share=FLAGS.batch_read_share,
                          decode_steps=FLAGS.decode_steps or default_decode_steps(engine.stages[0].device), **kwargs)
     note_steps_unused(sch.steps_unavailable)
     return sch, res, pname

@@ -85,7 +85,8 @@ def _check_flags(argv) -> dict:
         for name, on in (("out_jsonl", FLAGS.out_jsonl is not None), ("batch_mtp", FLAGS.batch_mtp),
                          ("piped_mtp", FLAGS.piped_mtp != 0), ("batch_groups", FLAGS["batch_groups"].present > 0),
                          ("memory_limit_gib", FLAGS.memory_limit_gib is not None),
-                         ("batch_prefill_chunks", FLAGS["batch_prefill_chunks"].present > 0)):
+                         ("batch_prefill_chunks", FLAGS["batch_prefill_chunks"].present > 0),
+                         ("batch_read_share", FLAGS["batch_read_share"].present > 0)):
             if on:
                 fail(f"--{name} needs --prompts_file (batch mode)"
                      + (": for one prompt use --stats_json" if name == "out_jsonl" else ""))
@@ -578,6 +579,7 @@ def run_batch(engine, lines, tok=None) -> int:
              **{k: v for k, v in sch.stats.items()},
              "ttft_s": {"median": statistics.median(ttfts), "max": ttfts[-1]} if ttfts else None,
              "decode_beside_prefill_tok_s": beside_rate(beside, st), "batch_prefill_chunks": FLAGS.batch_prefill_chunks,
+             "batch_read_share": FLAGS.batch_read_share,
              "proposed": prop, "accepted": acc, "model": str(FLAGS.model),
              "load_seconds": engine.load_seconds, "compiles": n_compiles(),
              "compile_seconds": sum(c.compile_seconds for c in caches),

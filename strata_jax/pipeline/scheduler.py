@@ -38,7 +38,11 @@ Admission: a request whose arrival has come takes a free slot (submission order)
 the other slots keep their state; pipelined modes drain first (every group finishes its window in flight, whose
 dummy rows may sit on the free slot). A long prompt does not stall the decoding slots: each step reads at most
 ``prefill_chunks`` chunks, oldest admission first, then runs the decoding slots' window (or pipeline tick), so they
-keep streaming while it is read; several slots may be admitting at once, each waiting its turn. The chunks are the
+keep streaming while it is read; several slots may be admitting at once, each waiting its turn. The read's share
+of the device time beside decoding slots is capped (``read_share``): after a chunk, the decoding slots' windows run
+until their time has earned the chunk's (a 512-row chunk of the 48-layer Qwen3.8-Flash-Next file takes ~145 ms on
+an H100, ~20 one-row steps; with a chunk before every window the decoding slot kept 5.5 of its 136.5 tok/s,
+2026-12-07). The chunks are the
 ones `Engine.prefill` reads in one go (same shapes, same order), and no window touches an admitting slot (its rows
 are left out, so a window beside an admission may be narrower than ``--batch``), so the slot ends its read in the
 one-go state and every token is still the solo token. While nobody decodes, chunks are read without pause. A slot
@@ -79,6 +83,9 @@ from strata_jax.state import Rows
 log = logging.getLogger("strata_jax")
 
 _DUMMY = SamplingParams(0.0)
+# The default cap on prompt reads' share of the device time beside decoding slots (issue 14: a decoding slot keeps
+# >= 50% of its rate while a long prompt is read beside it).
+READ_SHARE = 0.5
 
 
 @dataclasses.dataclass
@@ -256,6 +263,10 @@ class BatchScheduler:
       prefill_chunks: prompt chunks (``engine.prefill_chunk`` rows each) read between two windows of the decoding
         slots while a prompt is read beside them, oldest admission first (>= 0; 0 = every waiting prompt whole before
         the next window: the decoding slots wait).
+      read_share: while slots decode, the largest fraction of the device time prompt reads take (0 < share <= 1):
+        after a chunk of c seconds the windows run until they have taken ``c * (1 - share) / share`` seconds (the
+        time of steps that compiled counts for neither), so the decoding slots keep about ``1 - share`` of their rate
+        or more; 1 = the chunks as ``prefill_chunks`` allows, before every window (the read ends soonest).
       clock: seconds (default ``time.perf_counter``).
       decode_steps: plain steps of serial / solo windows run as this many steps per device program
         (`Engine.run_steps`; 1 where `steps_unavailable`) while no request waits for a slot or is being read, no
@@ -265,20 +276,22 @@ class BatchScheduler:
     prompt being read), results, order; stats: counts of ``windows``, ``solo_windows``, ``admissions``, ``drains``,
     ``ticks``, ``errors``, ``prefill_chunks``, ``step_programs`` (plain steps run as ``decode_steps`` steps in one
     program), and the decode beside prompt reads (`decode_beside_prefill`):
-    ``beside_prefill_steps`` (steps that read a chunk while slots decoded, nothing compiled), their
-    ``beside_prefill_tokens`` (tokens of the slots decoding when the step began) and ``beside_prefill_seconds``
-    (the whole step: chunks and window), and ``beside_prefill_compiled_steps`` (such steps during which something
-    compiled, left out of the three).
+    ``beside_prefill_steps`` (steps while a prompt was being read and slots decoded, nothing compiled: with or
+    without a chunk of the read), their ``beside_prefill_tokens`` (tokens of the slots decoding when the step began)
+    and ``beside_prefill_seconds`` (the whole step: chunks and window), and ``beside_prefill_compiled_steps`` (such
+    steps during which something compiled, left out of the three).
 
     Raises:
       StrataError: the engine's slot count does not match the resolution's groups, a pipelined mode without a
-        layer split, ``solo_spec`` outside 0 and 2..8, or a negative ``prefill_chunks``.
+        layer split, ``solo_spec`` outside 0 and 2..8, a negative ``prefill_chunks``, or ``read_share`` outside
+        (0, 1].
     """
 
     def __init__(self, engine: Engine, resolution: Resolution, *, proposer_factory: Callable | None = None,
                  solo_return: bool = True, spec_min_p: float = 0.0, solo_spec: int = 0, spec_policy: bool = False,
                  on_window: Callable[[WindowRecord], None] | None = None, prefill_chunks: int = 1,
-                 clock: Callable[[], float] = time.perf_counter, decode_steps: int = 1):
+                 read_share: float = READ_SHARE, clock: Callable[[], float] = time.perf_counter,
+                 decode_steps: int = 1):
         self.engine = engine
         self.res = resolution
         self.mode = resolution.mode
@@ -294,6 +307,10 @@ class BatchScheduler:
         if int(prefill_chunks) < 0:
             raise StrataError(f"--batch_prefill_chunks {prefill_chunks}: must be >= 0 (0 = each prompt whole)")
         self.prefill_chunks = int(prefill_chunks)
+        if not 0.0 < float(read_share) <= 1.0:
+            raise StrataError(f"--batch_read_share {read_share}: must lie in (0, 1] (1 = a chunk before every window)")
+        self.read_share = float(read_share)
+        self._read_credit = 0.0   # seconds of chunks the windows beside a read have earned (< 0: windows first)
         self.groups = [list(range(g * (N // G), (g + 1) * (N // G))) for g in range(G)]
         self.props_per_window = {"batch_mtp": 1, "piped_mtp": resolution.piped_mtp}.get(self.mode, 0)
         self.solo_props = solo_spec - 1 if solo_spec else self.props_per_window
@@ -488,21 +505,27 @@ class BatchScheduler:
         self._recover()
 
     def _read_prompts(self) -> int:
-        """Read the admitting slots' prompts, oldest admission first: at most ``prefill_chunks`` chunks while any
-        slot decodes (its window comes next), every chunk while none does (nobody waits). A finished read makes its
-        slot active with its first token (`_activate`). Returns the chunks read."""
+        """Read the admitting slots' prompts, oldest admission first: while any slot decodes (its window comes
+        next), at most ``prefill_chunks`` chunks and none before the windows have earned the last chunk's time
+        (``read_share``); every chunk while none decodes (nobody waits). A finished read makes its slot active with
+        its first token (`_activate`). Returns the chunks read."""
         n = counted = 0
         while self.admitting:
             if self.active and self.prefill_chunks and counted >= self.prefill_chunks:
                 break
+            if self.active and self.prefill_chunks and self.read_share < 1.0 and self._read_credit < 0.0:
+                break
             adm = next(iter(self.admitting.values()))
             counted += bool(self.active)
+            t, c0 = self.clock(), self._compiles()
             try:
                 done = adm.read.step()
             except Exception as e:
                 self.admitting.pop(adm.slot, None)
                 self._prefill_failed(adm.req, adm.res, e)
                 continue
+            if self.active and self._compiles() == c0:   # a chunk that compiled costs the windows nothing
+                self._read_credit -= self.clock() - t
             n += 1
             adm.res.prefill_chunks += 1
             if done:
@@ -599,17 +622,23 @@ class BatchScheduler:
         self._admit()
         t, c0 = self.clock(), self._compiles()
         decoding = [(a, len(a.res.tokens)) for a in self.active.values()]
+        reading = bool(self.admitting)
         n_read = self._read_prompts()
         # a slot joined (its read done) or left: the next step cannot be chained from the picks in flight
         changed = len(self.active) != n_active or self.stats["admissions"] != n_admitted
         self._decode(changed)
-        if n_read and decoding:
+        if not self.admitting:
+            self._read_credit = 0.0
+        if reading and decoding:
             if self._compiles() != c0:
                 self.stats["beside_prefill_compiled_steps"] += 1
             else:
+                dt = self.clock() - t
                 self.stats["beside_prefill_steps"] += 1
                 self.stats["beside_prefill_tokens"] += sum(len(a.res.tokens) - k for a, k in decoding)
-                self.stats["beside_prefill_seconds"] += self.clock() - t
+                self.stats["beside_prefill_seconds"] += dt
+                if not n_read and self.admitting and self.read_share < 1.0:
+                    self._read_credit += dt * self.read_share / (1.0 - self.read_share)
 
     def _decode(self, changed: bool) -> None:
         """The window part of a step: one serial window, one pipeline tick or one solo window of the active slots
