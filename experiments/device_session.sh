@@ -49,7 +49,8 @@
 # Flash-Next shape with random blocks, REAL_LAYERS layers (48: 53.6 GB, ~2 min); a file already there from an earlier
 # call on a warm machine is reused unless REAL_REWRITE=1), realfile_generate (strata-generate --model on it, 64 tokens,
 # --decode_steps as the GPU's default), realfile_batch (--batch 4 --max_context 8192: 4 requests of 64 tokens),
-# realfile_longread (--batch 2: a decoding slot's rate while an 8,192-token prompt is read beside it),
+# realfile_longread (--batch 2: a decoding slot's rate while an 8,192-token prompt is read beside it; LONGREAD_SHARE,
+# LONGREAD_SHARES: --batch_read_share for it and for runs after it),
 # realfile_prefill (bench_prefill.py on it: REAL_PROMPTS in chunks of REAL_CHUNKS, default 512) and
 # realfile_anchor (llama-bench on the same file, REPS=2; the llama.cpp build starts at the top of the call); each
 # under REALFILE_S; only when named in PARTS. ANCHOR_WAIT_EARLY=0 lets the parts after pallas run beside the llama.cpp
@@ -293,7 +294,15 @@ print(json.dumps({'prompt_ids': [1 + (53 * i + 7) % 9000 for i in range(8192)], 
           > "$OUT/realfile_longread.jsonl"
       fi
       part realfile_longread ${REALFILE_S:-300} $NEW python3 -m strata_jax.cli.generate --model $REAL --batch 2 \
-        --prompts_file "$OUT/realfile_longread.jsonl" --max_context 8448 --stats_json "$OUT/realfile_longread.json"
+        --prompts_file "$OUT/realfile_longread.jsonl" --max_context 8448 --stats_json "$OUT/realfile_longread.json" \
+        ${LONGREAD_SHARE:+--batch_read_share $LONGREAD_SHARE}
+      # the same at other --batch_read_share values (LONGREAD_SHARES, e.g. "1 0.3"; the XLA cache of the run above
+      # makes these compile nothing), one part each: realfile_longread_<share>
+      for sh in ${LONGREAD_SHARES:-}; do
+        want realfile_longread && PARTS="$PARTS realfile_longread_$sh" part realfile_longread_$sh ${REALFILE_S:-300} \
+          $NEW python3 -m strata_jax.cli.generate --model $REAL --batch 2 --prompts_file "$OUT/realfile_longread.jsonl" \
+          --max_context 8448 --batch_read_share $sh --stats_json "$OUT/realfile_longread_$sh.json"
+      done
       # prompt reading on the same file (issue 14's Flash-Next ratio): REAL_PROMPTS in chunks of REAL_CHUNKS
       part realfile_prefill ${REALFILE_S:-300} $NEW python3 experiments/bench_prefill.py --model $REAL \
         --prompts ${REAL_PROMPTS:-512,2048} --chunks ${REAL_CHUNKS:-512} --repeats 2 --budget_s $(( ${REALFILE_S:-300} - 20 )) \
