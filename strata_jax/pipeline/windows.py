@@ -232,16 +232,18 @@ class XlaCacheStats:
         self.path = path
         self.requests = self.hits = self.written = 0
         self.hit_at = self.written_at = float("-inf")
+        self._lock = threading.Lock()   # the events also fire in the threads that compile ahead
 
     def _on_event(self, event: str, **kwargs) -> None:
-        if event == "/jax/compilation_cache/compile_requests_use_cache":
-            self.requests += 1
-        elif event == "/jax/compilation_cache/cache_hits":
-            self.hits += 1
-            self.hit_at = time.perf_counter()
-        elif event == "/jax/compilation_cache/cache_misses":
-            self.written += 1
-            self.written_at = time.perf_counter()
+        with self._lock:
+            if event == "/jax/compilation_cache/compile_requests_use_cache":
+                self.requests += 1
+            elif event == "/jax/compilation_cache/cache_hits":
+                self.hits += 1
+                self.hit_at = time.perf_counter()
+            elif event == "/jax/compilation_cache/cache_misses":
+                self.written += 1
+                self.written_at = time.perf_counter()
 
     def only_read_since(self, t0: float) -> bool:
         """Programs were read since ``t0`` (a `time.perf_counter` value) and none was compiled and written."""
