@@ -295,3 +295,50 @@ def test_read_share_gives_the_decoding_slot_its_time(engine_for, monkeypatch, sh
         BatchScheduler(eng, res, read_share=0.0)
     with pytest.raises(StrataError, match="read_share"):
         BatchScheduler(eng, res, read_share=1.5)
+
+
+def test_read_share_lets_steps_programs_run_while_the_read_waits(engine_for, monkeypatch):
+    """With ``decode_steps`` 3, the decoding slot runs programs of 3 steps while the read waits for its share (its
+    window has the one row a lone request's program has); its tokens and the long request's are their solo tokens."""
+    eng = _engine(engine_for, n_slots=2)
+    monkeypatch.setattr(eng, "prefill_chunk", CHUNK)
+    res = resolve_groups(2, 1)
+    V = eng.cfg.vocab_size
+    long = [(t * 7 + 3 * i) % V for i, t in enumerate(BASE * 4)][:64]
+    reqs = [Request([t % V for t in BASE[:12]], 40, bx.GREEDY, rid="d0"),
+            Request(long, 2, bx.GREEDY, arrival_round=2, rid="long")]
+    now = [0.0]
+    events = []
+    run, run_stage, run_steps = eng.run, eng.run_stage, eng.run_steps
+
+    def timed_run(kind, tokens, rows, sampling, logits="all"):
+        if kind == "prefill":
+            now[0] += 0.125
+            events.append("chunk")
+        return run(kind, tokens, rows, sampling, logits)
+
+    def timed_run_stage(index, kind, *args, **kw):
+        if kind != "prefill":
+            now[0] += 0.03125
+            events.append("launch")
+        return run_stage(index, kind, *args, **kw)
+
+    def timed_run_steps(token, rows, sampling, n_steps):
+        now[0] += 0.03125 * n_steps
+        events.append(("steps", sch.admitting != {}))
+        return run_steps(token, rows, sampling, n_steps)
+
+    key = (id(eng), CHUNK, "share_steps")
+    if key not in _SOLO:
+        _SOLO[key] = [bx.solo_tokens(eng, r) for r in reqs]
+    eng.run, eng.run_stage, eng.run_steps = timed_run, timed_run_stage, timed_run_steps
+    try:
+        sch = BatchScheduler(eng, res, read_share=0.5, decode_steps=3, clock=lambda: now[0])
+        got = {r.rid: r for r in sch.run([copy.copy(r) for r in reqs])}
+    finally:
+        del eng.run, eng.run_stage, eng.run_steps
+    assert [got[r.rid].tokens for r in reqs] == _SOLO[key]
+    chunks = [i for i, e in enumerate(events) if e == "chunk"][1:]   # after d0's own prompt: the long one's 4
+    assert len(chunks) == 4, events
+    during = events[chunks[0]:chunks[-1]]
+    assert ("steps", True) in during, events   # programs of 3 steps while the read waited

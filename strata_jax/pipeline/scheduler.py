@@ -269,8 +269,9 @@ class BatchScheduler:
         or more; 1 = the chunks as ``prefill_chunks`` allows, before every window (the read ends soonest).
       clock: seconds (default ``time.perf_counter``).
       decode_steps: plain steps of serial / solo windows run as this many steps per device program
-        (`Engine.run_steps`; 1 where `steps_unavailable`) while no request waits for a slot or is being read, no
-        slot has proposals and every slot's budget holds them; the tokens are those of one step per window.
+        (`Engine.run_steps`; 1 where `steps_unavailable`) while no request waits for a slot or is being read (or
+        the read waits for its ``read_share``), no slot has proposals and every slot's budget holds them; the tokens
+        are those of one step per window.
 
     Attributes (besides the arguments): queue, active (slot -> busy slot), admitting (slot -> `_Admission`: its
     prompt being read), results, order; stats: counts of ``windows``, ``solo_windows``, ``admissions``, ``drains``,
@@ -359,9 +360,10 @@ class BatchScheduler:
     def step_program_rows(self) -> list[int]:
         """The row counts B of the programs of ``decode_steps`` steps this scheduler runs (`Engine.run_steps`,
         ascending; none with ``decode_steps`` 1): 1 for a lone request on the solo path (``solo_return``), and the
-        serial window's rows, ``min(n_slots, MAX_WINDOW)``: a plain step runs as such a program only while no slot
-        is being read (`_steps_for`), and then the window has a row on every slot up to `MAX_WINDOW` (dummy rows
-        on the idle ones, `_plan_serial`); a chained step keeps its predecessor's rows."""
+        serial window's rows, ``min(n_slots, MAX_WINDOW)``: a plain step runs as such a program while no slot is
+        being read (`_steps_for`), and then the window has a row on every slot up to `MAX_WINDOW` (dummy rows on
+        the idle ones, `_plan_serial`), or while a read waits for its share (its slot has no row) when the window's
+        rows are one of these counts; a chained step keeps its predecessor's rows."""
         if self.decode_steps <= 1:
             return []
         return sorted({min(self.engine.n_slots, MAX_WINDOW)} | ({1} if self.solo_return else set()))
@@ -513,7 +515,7 @@ class BatchScheduler:
         while self.admitting:
             if self.active and self.prefill_chunks and counted >= self.prefill_chunks:
                 break
-            if self.active and self.prefill_chunks and self.read_share < 1.0 and self._read_credit < 0.0:
+            if self._read_waits():
                 break
             adm = next(iter(self.admitting.values()))
             counted += bool(self.active)
@@ -744,17 +746,24 @@ class BatchScheduler:
 
     def _steps_for(self, segs: list, ahead: int = 0) -> int:
         """Steps per device program for a plain step of ``segs`` (`decode_steps`, else 1): only while no arrived
-        request waits for a slot or is being read (an admission would wait for the whole program), no cancellation
-        is due, no live segment has a proposer, and every live segment's budget, ``ahead`` tokens from now, holds
-        them."""
+        request waits for a slot, no prompt is being read (its next chunk would wait for the whole program) unless
+        the read waits anyway for the windows to earn its next chunk (``read_share``) and the window's rows are a
+        count `step_program_rows` has, no cancellation is due, no live segment has a proposer, and every live
+        segment's budget, ``ahead`` tokens from now, holds them."""
         n = self.decode_steps
         # (decode_steps is 1 where `steps_unavailable`: pipelined groups); requests not arrived yet do not wait
-        if n <= 1 or self._ready() or self.admitting or self._cancel_due():
+        if n <= 1 or self._ready() or self._cancel_due():
+            return 1
+        if self.admitting and not (self._read_waits() and len(segs) in self.step_program_rows):
             return 1
         live = [a for a in segs if a is not None]
         if any(a.seq.proposer is not None or a.seq.budget - ahead < n for a in live):
             return 1
         return n
+
+    def _read_waits(self) -> bool:
+        """A prompt read beside decoding slots waits for their windows to earn its next chunk (``read_share``)."""
+        return bool(self.active and self.prefill_chunks and self.read_share < 1.0 and self._read_credit < 0.0)
 
     def _cancel_due(self) -> bool:
         """A cancellation of an active request is waiting (a pipelined mode drains before applying it)."""
