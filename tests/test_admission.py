@@ -238,25 +238,11 @@ def test_prefill_chunks_flag_names_the_chunk(engine_for):
         BatchScheduler(eng, resolve_groups(3, 1), prefill_chunks=-1)
 
 
-@pytest.mark.parametrize("share,gap", [(0.5, 5), (0.2, 17), (1.0, 1)])
-def test_read_share_gives_the_decoding_slot_its_time(engine_for, monkeypatch, share, gap):
-    """``read_share``: with a clock that advances 1/8 s per prompt chunk and 1/32 s per decode launch, the windows
-    between two chunks of the long read earn the chunk's time x (1 - share) / share: 4 launches at 0.5 and 16 at
-    0.2 after the one of the chunk's own step, none at 1 (a chunk before every window); the decoding slot's tokens
-    are its solo tokens and the stats' rate beside the read is about 1 - share of its rate alone (32 tok/s on this
-    clock). A share outside (0, 1] is refused."""
-    from strata_jax.errors import StrataError
-
-    eng = _engine(engine_for, n_slots=2)
-    monkeypatch.setattr(eng, "prefill_chunk", CHUNK)
-    res = resolve_groups(2, 1)
-    V = eng.cfg.vocab_size
-    long = [(t * 7 + 3 * i) % V for i, t in enumerate(BASE * 4)][:64]
-    reqs = [Request([t % V for t in BASE[:12]], 4 + 4 * gap, bx.GREEDY, rid="d0"),
-            Request(long, 2, bx.GREEDY, arrival_round=2, rid="long")]
-    now = [0.0]
-    events = []
-    run, run_stage = eng.run, eng.run_stage
+def _scripted_clock(eng, now, events, admitting=lambda: False):
+    """Wrap ``eng``'s run / run_stage / run_steps (restore with ``del eng.run, eng.run_stage, eng.run_steps``): the
+    clock ``now[0]`` advances 1/8 s per prompt chunk and 1/32 s per decode step; ``events`` gets "chunk", "launch"
+    (a one-step window) or ("steps", ``admitting()``) per program."""
+    run, run_stage, run_steps = eng.run, eng.run_stage, eng.run_steps
 
     def timed_run(kind, tokens, rows, sampling, logits="all"):
         if kind == "prefill":
@@ -270,17 +256,47 @@ def test_read_share_gives_the_decoding_slot_its_time(engine_for, monkeypatch, sh
             events.append("launch")
         return run_stage(index, kind, *args, **kw)
 
+    def timed_run_steps(token, rows, sampling, n_steps):
+        now[0] += 0.03125 * n_steps
+        events.append(("steps", admitting()))
+        return run_steps(token, rows, sampling, n_steps)
+
+    eng.run, eng.run_stage, eng.run_steps = timed_run, timed_run_stage, timed_run_steps
+
+
+def _share_requests(eng, n_new):
+    """A request decoding ``n_new`` tokens from the start, and a 64-token prompt (4 chunks) arriving at round 2."""
+    V = eng.cfg.vocab_size
+    long = [(t * 7 + 3 * i) % V for i, t in enumerate(BASE * 4)][:64]
+    return [Request([t % V for t in BASE[:12]], n_new, bx.GREEDY, rid="d0"),
+            Request(long, 2, bx.GREEDY, arrival_round=2, rid="long")]
+
+
+@pytest.mark.parametrize("share,gap", [(0.5, 5), (0.2, 17), (1.0, 1)])
+def test_read_share_gives_the_decoding_slot_its_time(engine_for, monkeypatch, share, gap):
+    """``read_share``: with a clock that advances 1/8 s per prompt chunk and 1/32 s per decode launch, the windows
+    between two chunks of the long read earn the chunk's time x (1 - share) / share: 4 launches at 0.5 and 16 at
+    0.2 after the one of the chunk's own step, none at 1 (a chunk before every window); the decoding slot's tokens
+    are its solo tokens and the stats' rate beside the read is about 1 - share of its rate alone (32 tok/s on this
+    clock). A share outside (0, 1] is refused."""
+    from strata_jax.errors import StrataError
+
+    eng = _engine(engine_for, n_slots=2)
+    monkeypatch.setattr(eng, "prefill_chunk", CHUNK)
+    res = resolve_groups(2, 1)
+    reqs = _share_requests(eng, 4 + 4 * gap)
     key = (id(eng), CHUNK, "share", gap)
     if key not in _SOLO:
         _SOLO[key] = [bx.solo_tokens(eng, r) for r in reqs]
-    eng.run, eng.run_stage = timed_run, timed_run_stage
+    now, events = [0.0], []
+    _scripted_clock(eng, now, events)
     try:
         for warm in (True, False):   # the first run compiles the 2-slot windows (a compiling step earns nothing)
             events.clear()
             sch = BatchScheduler(eng, res, read_share=share, clock=lambda: now[0])
             got = {r.rid: r for r in sch.run([copy.copy(r) for r in reqs])}
     finally:
-        del eng.run, eng.run_stage
+        del eng.run, eng.run_stage, eng.run_steps
     assert [got[r.rid].tokens for r in reqs] == _SOLO[key]
     chunks = [i for i, e in enumerate(events) if e == "chunk"]
     assert len(chunks) == 1 + 64 // CHUNK, events   # d0's prompt, then the long one's 4 chunks
@@ -303,42 +319,18 @@ def test_read_share_lets_steps_programs_run_while_the_read_waits(engine_for, mon
     eng = _engine(engine_for, n_slots=2)
     monkeypatch.setattr(eng, "prefill_chunk", CHUNK)
     res = resolve_groups(2, 1)
-    V = eng.cfg.vocab_size
-    long = [(t * 7 + 3 * i) % V for i, t in enumerate(BASE * 4)][:64]
-    reqs = [Request([t % V for t in BASE[:12]], 40, bx.GREEDY, rid="d0"),
-            Request(long, 2, bx.GREEDY, arrival_round=2, rid="long")]
-    now = [0.0]
-    events = []
-    run, run_stage, run_steps = eng.run, eng.run_stage, eng.run_steps
-
-    def timed_run(kind, tokens, rows, sampling, logits="all"):
-        if kind == "prefill":
-            now[0] += 0.125
-            events.append("chunk")
-        return run(kind, tokens, rows, sampling, logits)
-
-    def timed_run_stage(index, kind, *args, **kw):
-        if kind != "prefill":
-            now[0] += 0.03125
-            events.append("launch")
-        return run_stage(index, kind, *args, **kw)
-
-    def timed_run_steps(token, rows, sampling, n_steps):
-        now[0] += 0.03125 * n_steps
-        events.append(("steps", sch.admitting != {}))
-        return run_steps(token, rows, sampling, n_steps)
-
+    reqs = _share_requests(eng, 40)
     key = (id(eng), CHUNK, "share_steps")
     if key not in _SOLO:
         _SOLO[key] = [bx.solo_tokens(eng, r) for r in reqs]
-    eng.run, eng.run_stage, eng.run_steps = timed_run, timed_run_stage, timed_run_steps
+    now, events, box = [0.0], [], []
+    _scripted_clock(eng, now, events, admitting=lambda: bool(box[0].admitting))
     try:
-        sch = BatchScheduler(eng, res, read_share=0.5, decode_steps=3, clock=lambda: now[0])
-        got = {r.rid: r for r in sch.run([copy.copy(r) for r in reqs])}
+        box.append(BatchScheduler(eng, res, read_share=0.5, decode_steps=3, clock=lambda: now[0]))
+        got = {r.rid: r for r in box[0].run([copy.copy(r) for r in reqs])}
     finally:
         del eng.run, eng.run_stage, eng.run_steps
     assert [got[r.rid].tokens for r in reqs] == _SOLO[key]
     chunks = [i for i, e in enumerate(events) if e == "chunk"][1:]   # after d0's own prompt: the long one's 4
     assert len(chunks) == 4, events
-    during = events[chunks[0]:chunks[-1]]
-    assert ("steps", True) in during, events   # programs of 3 steps while the read waited
+    assert ("steps", True) in events[chunks[0]:chunks[-1]], events   # programs of 3 steps while the read waited
