@@ -500,7 +500,9 @@ def run_batch(setup: Setup, arm: Arm, reqs: list, factory, refs: dict | None) ->
         raise SystemExit(f"arm {arm.name}: resolves to {res.mode} ({res.message})")
     c0 = _compiles(setup)
     kw = {"proposer_factory": factory} if factory is not None else {}
-    sch = BatchScheduler(eng, res, **kw)
+    # reads at a chunk before every window, as before --batch_read_share existed: the decode phase (after the last
+    # first token) is what this compares, and the earlier records were taken so
+    sch = BatchScheduler(eng, res, read_share=1.0, **kw)
     t0 = time.perf_counter()
     results = sch.run(reqs)
     jax.block_until_ready(eng.states)

@@ -272,11 +272,13 @@ def _share_requests(eng, n_new):
             Request(long, 2, bx.GREEDY, arrival_round=2, rid="long")]
 
 
-@pytest.mark.parametrize("share,gap", [(0.5, 5), (0.2, 17), (1.0, 1)])
-def test_read_share_gives_the_decoding_slot_its_time(engine_for, monkeypatch, share, gap):
+@pytest.mark.parametrize("share,n_chunks,gaps", [(0.5, 1, [4] * 3), (0.2, 1, [16] * 3), (1.0, 1, [1] * 3),
+                                                 (0.5, 2, [0, 8, 0])])
+def test_read_share_gives_the_decoding_slot_its_time(engine_for, monkeypatch, share, n_chunks, gaps):
     """``read_share``: with a clock that advances 1/8 s per prompt chunk and 1/32 s per decode launch, the windows
-    between two chunks of the long read earn the chunk's time x (1 - share) / share: 4 launches at 0.5 and 16 at
-    0.2 after the one of the chunk's own step, none at 1 (a chunk before every window); the decoding slot's tokens
+    between two chunks of the long read earn the chunk's time x (1 - share) / share: the chunk's own step's window
+    and 3 more at 0.5, 15 more at 0.2, none more at 1 (a chunk before every window); with 2 chunks per step
+    (``prefill_chunks``) they go together and the windows earn both; the decoding slot's tokens
     are its solo tokens and the stats' rate beside the read is about 1 - share of its rate alone (32 tok/s on this
     clock). A share outside (0, 1] is refused."""
     from strata_jax.errors import StrataError
@@ -284,8 +286,8 @@ def test_read_share_gives_the_decoding_slot_its_time(engine_for, monkeypatch, sh
     eng = _engine(engine_for, n_slots=2)
     monkeypatch.setattr(eng, "prefill_chunk", CHUNK)
     res = resolve_groups(2, 1)
-    reqs = _share_requests(eng, 4 + 4 * gap)
-    key = (id(eng), CHUNK, "share", gap)
+    reqs = _share_requests(eng, 4 + 2 * sum(gaps))
+    key = (id(eng), CHUNK, "share", sum(gaps))
     if key not in _SOLO:
         _SOLO[key] = [bx.solo_tokens(eng, r) for r in reqs]
     now, events = [0.0], []
@@ -293,7 +295,7 @@ def test_read_share_gives_the_decoding_slot_its_time(engine_for, monkeypatch, sh
     try:
         for warm in (True, False):   # the first run compiles the 2-slot windows (a compiling step earns nothing)
             events.clear()
-            sch = BatchScheduler(eng, res, read_share=share, clock=lambda: now[0])
+            sch = BatchScheduler(eng, res, read_share=share, prefill_chunks=n_chunks, clock=lambda: now[0])
             got = {r.rid: r for r in sch.run([copy.copy(r) for r in reqs])}
     finally:
         del eng.run, eng.run_stage, eng.run_steps
@@ -301,11 +303,16 @@ def test_read_share_gives_the_decoding_slot_its_time(engine_for, monkeypatch, sh
     chunks = [i for i, e in enumerate(events) if e == "chunk"]
     assert len(chunks) == 1 + 64 // CHUNK, events   # d0's prompt, then the long one's 4 chunks
     chunks = chunks[1:]
-    gaps = [b - a - 1 for a, b in zip(chunks, chunks[1:])]
-    assert all(g == gap for g in gaps), (share, gaps, events)
+    got_gaps = [b - a - 1 for a, b in zip(chunks, chunks[1:])]
+    assert got_gaps == gaps, (share, n_chunks, got_gaps, events)
     st = sch.stats
-    assert st["beside_prefill_steps"] >= len(gaps) * gap
-    if gaps and share < 1:   # the decoding slot's rate beside the read: ~1 - share of its 32 tok/s
+    assert st["beside_prefill_steps"] >= sum(gaps)
+    # the rate beside the read: its launches (a token each) over their time and the chunks', from the first chunk's
+    # step to the last one's window; ~1 - share of the 32 tok/s alone when the windows between chunks dominate
+    span = events[chunks[0]:chunks[-1] + 2]
+    n_tok = span.count("launch")
+    assert sch.decode_beside_prefill() == pytest.approx(n_tok / (0.125 * span.count("chunk") + 0.03125 * n_tok))
+    if share < 1 and n_chunks == 1:
         assert sch.decode_beside_prefill() >= 32 * (1 - share) * 0.8, (st, sch.decode_beside_prefill())
     with pytest.raises(StrataError, match="read_share"):
         BatchScheduler(eng, res, read_share=0.0)

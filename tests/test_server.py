@@ -960,3 +960,33 @@ def test_invalid_unicode_and_huge_numbers_over_http_are_400():
             err = r.json()["error"]
             assert err["type"] == "invalid_request_error" and err["param"] == param, err
             assert needle in err["message"] and len(err["message"]) < 300, err
+
+
+def test_warmup_reads_prompts_at_share_one():
+    """The warm-up's rounds run with a chunk before every window (``read_share`` 1, whatever --batch_read_share
+    says: with less, the first requests of a round of every slot would end before the last prompts were read, and
+    the windows of every slot at once would compile at a client's first burst instead); the share is restored."""
+    from types import SimpleNamespace
+
+    from strata_jax.cli.serve import _warmup
+
+    seen = []
+
+    class Sch:
+        engine = SimpleNamespace(n_slots=4, max_context=64)
+        decode_steps = 1
+        read_share = 0.3
+
+        def compile_steps_ahead(self, sampling):
+            return []
+
+    class Loop:
+        sch = Sch()
+
+        def submit_all(self, reqs):
+            seen.append((len(reqs), self.sch.read_share))
+            return [SimpleNamespace(wait=lambda: None) for _ in reqs]
+
+    loop = Loop()
+    _warmup(loop, loop.sch.engine, SimpleNamespace(encode=lambda text: [1, 2, 3]), sampled=True)
+    assert seen == [(1, 1.0), (4, 1.0)] * 2 and loop.sch.read_share == 0.3

@@ -120,12 +120,13 @@ flags.DEFINE_integer("batch_prefill_chunks", 1, "Batch slots: prompt chunks (--p
                      "(oldest request first), so they keep streaming during a long read; 0 = each prompt whole "
                      "before the next window (they wait). Every request's tokens are the same either way.",
                      lower_bound=0)
-flags.DEFINE_float("batch_read_share", 0.5, "Batch slots: while slots decode, the largest fraction of the device "
-                   "time a new request's prompt read takes: after each chunk the decoding slots' windows run until "
-                   "they have had the chunk's time x (1 - share) / share, so they keep about 1 - share of their rate "
-                   "or more during a long read, which takes about 1 / share as long. 1 = a chunk before every window "
-                   "(the read ends soonest, the streams slow most). Every request's tokens are the same either way.",
-                   lower_bound=0.01, upper_bound=1.0)
+flags.DEFINE_float("batch_read_share", 0.5, "Batch slots, in (0, 1]: while other requests decode, the largest "
+                   "fraction of the device time a new request's prompt read takes. After each step's chunks (up to "
+                   "--batch_prefill_chunks) the decoding requests' windows run until they have had those chunks' "
+                   "time times (1 - share) / share, so they keep about 1 - share of their rate or more, and the "
+                   "read takes up to 1 / share times as long as with 1 (once nobody else decodes, it reads at full "
+                   "speed). 1 = chunks before every window, the behaviour before 2026-12-07 (the read ends soonest, "
+                   "the streams slow most). Every request's tokens are the same either way.")
 flags.DEFINE_float("memory_limit_gib", None, "Device memory per stage for the batch-fit check (default: the "
                    "device's own limit where known).")
 
@@ -202,9 +203,19 @@ def check_shared_flags(*, batch: bool) -> None:
         if not FLAGS.draft_model:
             fail("--draft model needs --draft_model NAME_OR_PATH (a smaller GGUF with the same tokenizer)")
         check_model_arg("draft_model", FLAGS.draft_model)
+    share = FLAGS.batch_read_share
+    if not (math.isfinite(share) and 0.0 < share <= 1.0):
+        fail(f"--batch_read_share {share:g}: must lie in (0, 1] (1 = a chunk before every window)")
     if batch:
         resolve_groups(FLAGS.batch, n_stages(), FLAGS.batch_groups, FLAGS["batch_groups"].present > 0,
                        FLAGS.batch_mtp, FLAGS.piped_mtp)  # impossible group flags: before the model is loaded
+        for name in ("batch_prefill_chunks", "batch_read_share"):   # prompts read beside decoding slots
+            if FLAGS[name].present and FLAGS.batch == 1:
+                fail(f"--{name} does nothing with --batch 1 (one slot: no request decodes while another's prompt "
+                     f"is read)")
+        if FLAGS["batch_read_share"].present and FLAGS.batch_prefill_chunks == 0:
+            fail("--batch_read_share does nothing with --batch_prefill_chunks 0 (each prompt is read whole before "
+                 "the next window)")
 
 
 def check_spec_flag() -> None:

@@ -153,10 +153,17 @@ def _warmup(loop, engine, tokenizer, sampled: bool = True) -> list:
     most = max(k for _, k in rounds)
     ids = list(tokenizer.encode("Hello"))[: max(1, engine.max_context - 1 - most)] or [0]
     kinds = [("", greedy)] + ([("sampled-", SamplingParams(**WARMUP_SAMPLED))] if sampled else [])
-    for name, params in kinds:
-        for r, (n, k) in enumerate(rounds):
-            for s in loop.submit_all([Request(ids, k, params, rid=f"warmup-{name}{r}-{i}") for i in range(n)]):
-                s.wait()
+    # the rounds' reads at a chunk before every window (the loop is idle between rounds): with a smaller
+    # --batch_read_share the first requests would end before the last prompts are read, and the windows of every
+    # slot at once would compile at a client's first burst instead
+    share, loop.sch.read_share = loop.sch.read_share, 1.0
+    try:
+        for name, params in kinds:
+            for r, (n, k) in enumerate(rounds):
+                for s in loop.submit_all([Request(ids, k, params, rid=f"warmup-{name}{r}-{i}") for i in range(n)]):
+                    s.wait()
+    finally:
+        loop.sch.read_share = share
     return ahead
 
 

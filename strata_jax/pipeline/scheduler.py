@@ -264,9 +264,10 @@ class BatchScheduler:
         slots while a prompt is read beside them, oldest admission first (>= 0; 0 = every waiting prompt whole before
         the next window: the decoding slots wait).
       read_share: while slots decode, the largest fraction of the device time prompt reads take (0 < share <= 1):
-        after a chunk of c seconds the windows run until they have taken ``c * (1 - share) / share`` seconds (the
-        time of steps that compiled counts for neither), so the decoding slots keep about ``1 - share`` of their rate
-        or more; 1 = the chunks as ``prefill_chunks`` allows, before every window (the read ends soonest).
+        after a step's chunks (up to ``prefill_chunks``) of c seconds the windows run until they have taken
+        ``c * (1 - share) / share`` seconds (the time of steps that compiled counts for neither), so the decoding
+        slots keep about ``1 - share`` of their rate or more; 1 = the chunks as ``prefill_chunks`` allows, before
+        every window (the read ends soonest).
       clock: seconds (default ``time.perf_counter``).
       decode_steps: plain steps of serial / solo windows run as this many steps per device program
         (`Engine.run_steps`; 1 where `steps_unavailable`) while no request waits for a slot or is being read (or
@@ -312,6 +313,7 @@ class BatchScheduler:
             raise StrataError(f"--batch_read_share {read_share}: must lie in (0, 1] (1 = a chunk before every window)")
         self.read_share = float(read_share)
         self._read_credit = 0.0   # seconds of chunks the windows beside a read have earned (< 0: windows first)
+        self._chunk_seconds = 0.0  # the current step's chunk time (debited), not the window's
         self.groups = [list(range(g * (N // G), (g + 1) * (N // G))) for g in range(G)]
         self.props_per_window = {"batch_mtp": 1, "piped_mtp": resolution.piped_mtp}.get(self.mode, 0)
         self.solo_props = solo_spec - 1 if solo_spec else self.props_per_window
@@ -428,9 +430,10 @@ class BatchScheduler:
         return bool(self._flights) or self._pending is not None
 
     def decode_beside_prefill(self) -> float | None:
-        """Tokens per second of the decoding slots over the steps that also read a prompt chunk (chunks and
-        window timed together; steps that compiled left out), None when there was no such step: what a long prompt
-        read costs the streams beside it."""
+        """Tokens per second of the decoding slots over the steps while a prompt was being read (with or without a
+        chunk of it: chunks and windows timed together; steps that compiled left out), None when there was no such
+        step: what a long prompt read costs the streams beside it (before 2026-12-07's ``read_share`` only the
+        steps that read a chunk counted, each step read one)."""
         st = self.stats
         if not st["beside_prefill_steps"] or st["beside_prefill_seconds"] <= 0:
             return None
@@ -508,14 +511,14 @@ class BatchScheduler:
 
     def _read_prompts(self) -> int:
         """Read the admitting slots' prompts, oldest admission first: while any slot decodes (its window comes
-        next), at most ``prefill_chunks`` chunks and none before the windows have earned the last chunk's time
+        next), at most ``prefill_chunks`` chunks and none before the windows have earned the last ones' time
         (``read_share``); every chunk while none decodes (nobody waits). A finished read makes its slot active with
         its first token (`_activate`). Returns the chunks read."""
         n = counted = 0
         while self.admitting:
             if self.active and self.prefill_chunks and counted >= self.prefill_chunks:
                 break
-            if self._read_waits():
+            if not counted and self._read_waits():   # the step's chunks wait for the windows, then go together
                 break
             adm = next(iter(self.admitting.values()))
             counted += bool(self.active)
@@ -527,7 +530,9 @@ class BatchScheduler:
                 self._prefill_failed(adm.req, adm.res, e)
                 continue
             if self.active and self._compiles() == c0:   # a chunk that compiled costs the windows nothing
-                self._read_credit -= self.clock() - t
+                dt = self.clock() - t
+                self._read_credit -= dt
+                self._chunk_seconds += dt
             n += 1
             adm.res.prefill_chunks += 1
             if done:
@@ -621,10 +626,13 @@ class BatchScheduler:
             return
         n_active, n_admitted = len(self.active), self.stats["admissions"]
         self._apply_cancels()
+        if not self.admitting:   # a cancelled read's debt is not the next read's
+            self._read_credit = 0.0
         self._admit()
         t, c0 = self.clock(), self._compiles()
         decoding = [(a, len(a.res.tokens)) for a in self.active.values()]
         reading = bool(self.admitting)
+        self._chunk_seconds = 0.0
         n_read = self._read_prompts()
         # a slot joined (its read done) or left: the next step cannot be chained from the picks in flight
         changed = len(self.active) != n_active or self.stats["admissions"] != n_admitted
@@ -639,8 +647,8 @@ class BatchScheduler:
                 self.stats["beside_prefill_steps"] += 1
                 self.stats["beside_prefill_tokens"] += sum(len(a.res.tokens) - k for a, k in decoding)
                 self.stats["beside_prefill_seconds"] += dt
-                if not n_read and self.admitting and self.read_share < 1.0:
-                    self._read_credit += dt * self.read_share / (1.0 - self.read_share)
+                if self.admitting and self.read_share < 1.0:   # the window's time (the step's less its chunks')
+                    self._read_credit += (dt - self._chunk_seconds) * self.read_share / (1.0 - self.read_share)
 
     def _decode(self, changed: bool) -> None:
         """The window part of a step: one serial window, one pipeline tick or one solo window of the active slots
