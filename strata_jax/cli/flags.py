@@ -124,7 +124,7 @@ flags.DEFINE_float("batch_read_share", 0.5, "Batch slots, in (0, 1]: while other
                    "fraction of the device time a new request's prompt read takes. After each step's chunks (up to "
                    "--batch_prefill_chunks) the decoding requests' windows run until they have had those chunks' "
                    "time times (1 - share) / share, so they keep about 1 - share of their rate or more, and the "
-                   "read takes up to 1 / share times as long as with 1 (once nobody else decodes, it reads at full "
+                   "read takes about 1 / share times as long as with 1 (once nobody else decodes, it reads at full "
                    "speed). 1 = chunks before every window, the behaviour before 2026-12-07 (the read ends soonest, "
                    "the streams slow most). Every request's tokens are the same either way.")
 flags.DEFINE_float("memory_limit_gib", None, "Device memory per stage for the batch-fit check (default: the "
@@ -205,14 +205,15 @@ def check_shared_flags(*, batch: bool) -> None:
         check_model_arg("draft_model", FLAGS.draft_model)
     share = FLAGS.batch_read_share
     if not (math.isfinite(share) and 0.0 < share <= 1.0):
-        fail(f"--batch_read_share {share:g}: must lie in (0, 1] (1 = a chunk before every window)")
+        fail(f"--batch_read_share {share:g}: must lie in (0, 1] (1 = chunks before every window)")
     if batch:
         resolve_groups(FLAGS.batch, n_stages(), FLAGS.batch_groups, FLAGS["batch_groups"].present > 0,
                        FLAGS.batch_mtp, FLAGS.piped_mtp)  # impossible group flags: before the model is loaded
         for name in ("batch_prefill_chunks", "batch_read_share"):   # prompts read beside decoding slots
             if FLAGS[name].present and FLAGS.batch == 1:
-                fail(f"--{name} does nothing with --batch 1 (one slot: no request decodes while another's prompt "
-                     f"is read)")
+                given = "" if FLAGS["batch"].present else " (the default; give --batch N > 1)"
+                fail(f"--{name} does nothing with --batch 1{given}: one slot, so no request decodes while another's "
+                     f"prompt is read")
         if FLAGS["batch_read_share"].present and FLAGS.batch_prefill_chunks == 0:
             fail("--batch_read_share does nothing with --batch_prefill_chunks 0 (each prompt is read whole before "
                  "the next window)")

@@ -39,8 +39,8 @@ the other slots keep their state; pipelined modes drain first (every group finis
 dummy rows may sit on the free slot). A long prompt does not stall the decoding slots: each step reads at most
 ``prefill_chunks`` chunks, oldest admission first, then runs the decoding slots' window (or pipeline tick), so they
 keep streaming while it is read; several slots may be admitting at once, each waiting its turn. The read's share
-of the device time beside decoding slots is capped (``read_share``): after a chunk, the decoding slots' windows run
-until their time has earned the chunk's (a 512-row chunk of the 48-layer Qwen3.8-Flash-Next file takes ~145 ms on
+of the device time beside decoding slots is capped (``read_share``): after a step's chunks, the decoding slots'
+windows run (as programs of several steps where their row count has one) until their time has earned the chunks' (a 512-row chunk of the 48-layer Qwen3.8-Flash-Next file takes ~145 ms on
 an H100, ~20 one-row steps; with a chunk before every window the decoding slot kept 5.5 of its 136.5 tok/s,
 2026-12-07). The chunks are the
 ones `Engine.prefill` reads in one go (same shapes, same order), and no window touches an admitting slot (its rows
@@ -265,14 +265,16 @@ class BatchScheduler:
         the next window: the decoding slots wait).
       read_share: while slots decode, the largest fraction of the device time prompt reads take (0 < share <= 1):
         after a step's chunks (up to ``prefill_chunks``) of c seconds the windows run until they have taken
-        ``c * (1 - share) / share`` seconds (the time of steps that compiled counts for neither), so the decoding
-        slots keep about ``1 - share`` of their rate or more; 1 = the chunks as ``prefill_chunks`` allows, before
-        every window (the read ends soonest).
+        ``c * (1 - share) / share`` seconds (a step during which something compiled earns nothing; a chunk that
+        compiled costs nothing), so the decoding slots keep about ``1 - share`` of their rate or more; the debt is
+        the reads', paid back by any later windows, never saved up in advance; 1 = the chunks as
+        ``prefill_chunks`` allows, before every window (the read ends soonest).
       clock: seconds (default ``time.perf_counter``).
       decode_steps: plain steps of serial / solo windows run as this many steps per device program
         (`Engine.run_steps`; 1 where `steps_unavailable`) while no request waits for a slot or is being read (or
-        the read waits for its ``read_share``), no slot has proposals and every slot's budget holds them; the tokens
-        are those of one step per window.
+        the read waits for its ``read_share`` longer than the program takes, at a row count `step_program_rows`
+        has), no slot has proposals and every slot's budget holds them; the tokens are those of one step per
+        window.
 
     Attributes (besides the arguments): queue, active (slot -> busy slot), admitting (slot -> `_Admission`: its
     prompt being read), results, order; stats: counts of ``windows``, ``solo_windows``, ``admissions``, ``drains``,
@@ -310,10 +312,11 @@ class BatchScheduler:
             raise StrataError(f"--batch_prefill_chunks {prefill_chunks}: must be >= 0 (0 = each prompt whole)")
         self.prefill_chunks = int(prefill_chunks)
         if not 0.0 < float(read_share) <= 1.0:
-            raise StrataError(f"--batch_read_share {read_share}: must lie in (0, 1] (1 = a chunk before every window)")
+            raise StrataError(f"--batch_read_share {read_share}: must lie in (0, 1] (1 = chunks before every window)")
         self.read_share = float(read_share)
         self._read_credit = 0.0   # seconds of chunks the windows beside a read have earned (< 0: windows first)
         self._chunk_seconds = 0.0  # the current step's chunk time (debited), not the window's
+        self._step_seconds = 0.0   # the latest uncompiled plain step's time per step (0: none yet)
         self.groups = [list(range(g * (N // G), (g + 1) * (N // G))) for g in range(G)]
         self.props_per_window = {"batch_mtp": 1, "piped_mtp": resolution.piped_mtp}.get(self.mode, 0)
         self.solo_props = solo_spec - 1 if solo_spec else self.props_per_window
@@ -521,6 +524,9 @@ class BatchScheduler:
             if not counted and self._read_waits():   # the step's chunks wait for the windows, then go together
                 break
             adm = next(iter(self.admitting.values()))
+            if self.active and not counted and self._pending is not None and self._pending.out is not None:
+                # the window in flight finishes first: its time is the windows', not the chunk's
+                jax.block_until_ready(self._pending.out)
             counted += bool(self.active)
             t, c0 = self.clock(), self._compiles()
             try:
@@ -626,8 +632,6 @@ class BatchScheduler:
             return
         n_active, n_admitted = len(self.active), self.stats["admissions"]
         self._apply_cancels()
-        if not self.admitting:   # a cancelled read's debt is not the next read's
-            self._read_credit = 0.0
         self._admit()
         t, c0 = self.clock(), self._compiles()
         decoding = [(a, len(a.res.tokens)) for a in self.active.values()]
@@ -637,18 +641,21 @@ class BatchScheduler:
         # a slot joined (its read done) or left: the next step cannot be chained from the picks in flight
         changed = len(self.active) != n_active or self.stats["admissions"] != n_admitted
         self._decode(changed)
-        if not self.admitting:
-            self._read_credit = 0.0
-        if reading and decoding:
-            if self._compiles() != c0:
-                self.stats["beside_prefill_compiled_steps"] += 1
-            else:
-                dt = self.clock() - t
-                self.stats["beside_prefill_steps"] += 1
-                self.stats["beside_prefill_tokens"] += sum(len(a.res.tokens) - k for a, k in decoding)
-                self.stats["beside_prefill_seconds"] += dt
-                if self.admitting and self.read_share < 1.0:   # the window's time (the step's less its chunks')
-                    self._read_credit += (dt - self._chunk_seconds) * self.read_share / (1.0 - self.read_share)
+        if not decoding:
+            return
+        if self._compiles() != c0:
+            self.stats["beside_prefill_compiled_steps"] += reading
+            return
+        dt = self.clock() - t
+        if reading:
+            self.stats["beside_prefill_steps"] += 1
+            self.stats["beside_prefill_tokens"] += sum(len(a.res.tokens) - k for a, k in decoding)
+            self.stats["beside_prefill_seconds"] += dt
+        if self.read_share < 1.0:
+            # the windows' time (the step's less its chunks') pays back the reads' debt, whichever read made it
+            # (back-to-back short prompts are not each free), and no credit is saved up beyond 0
+            earned = (dt - self._chunk_seconds) * self.read_share / (1.0 - self.read_share)
+            self._read_credit = min(0.0, self._read_credit + earned)
 
     def _decode(self, changed: bool) -> None:
         """The window part of a step: one serial window, one pipeline tick or one solo window of the active slots
@@ -762,8 +769,14 @@ class BatchScheduler:
         # (decode_steps is 1 where `steps_unavailable`: pipelined groups); requests not arrived yet do not wait
         if n <= 1 or self._ready() or self._cancel_due():
             return 1
-        if self.admitting and not (self._read_waits() and len(segs) in self.step_program_rows):
-            return 1
+        if self.admitting:
+            if not (self._read_waits() and len(segs) in self.step_program_rows):
+                return 1
+            # only a program the read would wait for anyway: the windows still owe the reads more than the
+            # program and the one in flight take
+            owed = -self._read_credit * (1.0 - self.read_share) / self.read_share
+            if not 0.0 < self._step_seconds * (n + 1) <= owed:
+                return 1
         live = [a for a in segs if a is not None]
         if any(a.seq.proposer is not None or a.seq.budget - ahead < n for a in live):
             return 1
@@ -895,6 +908,8 @@ class BatchScheduler:
         plan.seconds = now - max(plan.t_launch, self._last_read)  # its share of the wall time
         self._last_read = now
         plan.compiled = self._compiles() != plan.compiles0
+        if plan.kind == "step" and not plan.compiled:
+            self._step_seconds = plan.seconds / plan.n_steps   # what a gated read's windows cost (`_steps_for`)
         out = []
         for b, a in enumerate(plan.active):
             if a is None or self.active.get(a.slot) is not a:
