@@ -204,7 +204,9 @@ def test_long_prompt_admitted_beside_chained_serial_steps(engine_for, monkeypatc
 
     cancel = [copy.copy(r) for r in reqs]
     cancel[2].cancel_round = 5
-    sch = BatchScheduler(eng, res, decode_steps=decode_steps)
+    # read_share 1: a chunk before every window, so some are read by round 5 (at 0.5 the first chunk may wait for
+    # the windows to pay back the decoding requests' own prompt reads, and none be read before the cancel)
+    sch = BatchScheduler(eng, res, decode_steps=decode_steps, read_share=1.0)
     eng.run_steps = recording_run_steps
     try:
         got = {r.rid: r for r in sch.run(cancel)}
