@@ -40,9 +40,9 @@ dummy rows may sit on the free slot). A long prompt does not stall the decoding 
 ``prefill_chunks`` chunks, oldest admission first, then runs the decoding slots' window (or pipeline tick), so they
 keep streaming while it is read; several slots may be admitting at once, each waiting its turn. The read's share
 of the device time beside decoding slots is capped (``read_share``): after a step's chunks, the decoding slots'
-windows run (as programs of several steps where their row count has one) until their time has earned the chunks' (a 512-row chunk of the 48-layer Qwen3.8-Flash-Next file takes ~145 ms on
-an H100, ~20 one-row steps; with a chunk before every window the decoding slot kept 5.5 of its 136.5 tok/s,
-2026-12-07). The chunks are the
+windows run (as programs of several steps where their row count has one) until their time has earned the chunks'
+(a 512-row chunk of the 48-layer Qwen3.8-Flash-Next file takes ~145 ms on an H100, ~20 one-row steps; with a chunk
+before every window the decoding slot kept 5.5 of its 136.5 tok/s, 2026-12-07). The chunks are the
 ones `Engine.prefill` reads in one go (same shapes, same order), and no window touches an admitting slot (its rows
 are left out, so a window beside an admission may be narrower than ``--batch``), so the slot ends its read in the
 one-go state and every token is still the solo token. While nobody decodes, chunks are read without pause. A slot
@@ -315,7 +315,6 @@ class BatchScheduler:
             raise StrataError(f"--batch_read_share {read_share}: must lie in (0, 1] (1 = chunks before every window)")
         self.read_share = float(read_share)
         self._read_credit = 0.0   # seconds of chunks the windows beside a read have earned (< 0: windows first)
-        self._chunk_seconds = 0.0  # the current step's chunk time (debited), not the window's
         self._step_seconds = 0.0   # the latest uncompiled plain step's time per step (0: none yet)
         self.groups = [list(range(g * (N // G), (g + 1) * (N // G))) for g in range(G)]
         self.props_per_window = {"batch_mtp": 1, "piped_mtp": resolution.piped_mtp}.get(self.mode, 0)
@@ -516,8 +515,10 @@ class BatchScheduler:
         """Read the admitting slots' prompts, oldest admission first: while any slot decodes (its window comes
         next), at most ``prefill_chunks`` chunks and none before the windows have earned the last ones' time
         (``read_share``); every chunk while none decodes (nobody waits). A finished read makes its slot active with
-        its first token (`_activate`). Returns the chunks read."""
+        its first token (`_activate`). Returns the seconds of the chunks charged to the read's share (those read
+        while slots decode, nothing compiling)."""
         n = counted = 0
+        charged = 0.0
         while self.admitting:
             if self.active and self.prefill_chunks and counted >= self.prefill_chunks:
                 break
@@ -538,14 +539,14 @@ class BatchScheduler:
             if self.active and self._compiles() == c0:   # a chunk that compiled costs the windows nothing
                 dt = self.clock() - t
                 self._read_credit -= dt
-                self._chunk_seconds += dt
+                charged += dt
             n += 1
             adm.res.prefill_chunks += 1
             if done:
                 self.admitting.pop(adm.slot, None)
                 self._activate(adm.req, adm.res, adm.slot, adm.read.pick)
         self.stats["prefill_chunks"] += n
-        return n
+        return charged
 
     def _activate(self, req: Request, res: RequestResult, slot: int, first: int) -> None:
         """The prompt is read: the slot becomes active and emits its first token (``first``)."""
@@ -636,8 +637,7 @@ class BatchScheduler:
         t, c0 = self.clock(), self._compiles()
         decoding = [(a, len(a.res.tokens)) for a in self.active.values()]
         reading = bool(self.admitting)
-        self._chunk_seconds = 0.0
-        n_read = self._read_prompts()
+        chunk_seconds = self._read_prompts()
         # a slot joined (its read done) or left: the next step cannot be chained from the picks in flight
         changed = len(self.active) != n_active or self.stats["admissions"] != n_admitted
         self._decode(changed)
@@ -654,7 +654,7 @@ class BatchScheduler:
         if self.read_share < 1.0:
             # the windows' time (the step's less its chunks') pays back the reads' debt, whichever read made it
             # (back-to-back short prompts are not each free), and no credit is saved up beyond 0
-            earned = (dt - self._chunk_seconds) * self.read_share / (1.0 - self.read_share)
+            earned = (dt - chunk_seconds) * self.read_share / (1.0 - self.read_share)
             self._read_credit = min(0.0, self._read_credit + earned)
 
     def _decode(self, changed: bool) -> None:
