@@ -278,6 +278,22 @@ def plane_bits(qtype) -> tuple:
     return tuple(sorted({b for _, b, _ in PLANES[qtype]}, reverse=True))
 
 
+def plane_x_mode() -> str:
+    """Where the plane path scales and lays out its activations: ``prepared`` (`plane_inputs`, XLA ops before
+    the launch) or ``raw`` (``STRATA_QMATMUL_PLANE_X=raw``: the kernel reads x as it is and scales each load; no
+    launch before the GEMV). Both give the same bits: the scaling is by powers of two and the sums of 16 take
+    `exact.pairwise_sum`'s order.
+
+    Raises:
+      UnsupportedError: another value of ``STRATA_QMATMUL_PLANE_X``."""
+    return dispatch.env_choice("STRATA_QMATMUL_PLANE_X", "prepared", ("prepared", "raw"))
+
+
+def _plane_scale(bits: int, nn: int) -> float:
+    """The power of two `plane_inputs` scales value ``nn`` of a word of ``bits``-bit codes by."""
+    return 2.0 ** (23 - bits * (nn % (16 // bits)))
+
+
 def plane_inputs(x, qtype):
     """The plane path's activations: x float32 [..., K] -> (per plane width b of `plane_bits`: float32
     [..., 32 / b, K / 32, b], value ``32 g + a * 32 / b + n`` of the group at [n, g, a], scaled by ``2 ** (23 -
@@ -287,9 +303,9 @@ def plane_inputs(x, qtype):
     lead, K = x.shape[:-1], x.shape[-1]
     outs = []
     for b in plane_bits(qtype):
-        per_word, per_half = 32 // b, 16 // b
+        per_word = 32 // b
         xb = jnp.moveaxis(x.reshape(*lead, K // 32, b, per_word), -1, -3)          # [..., 32/b, K/32, b]
-        scale = np.asarray([2.0 ** (23 - b * (n % per_half)) for n in range(per_word)], np.float32)
+        scale = np.asarray([_plane_scale(b, n) for n in range(per_word)], np.float32)
         outs.append(xb * scale.reshape(per_word, 1, 1))
     # elementwise adds (a fixed pairwise tree), not a reduce: XLA fuses them with the planes into one launch
     outs.append(exact.pairwise_sum(x.reshape(*lead, K // 16, 16), -1)[..., 0])
@@ -319,16 +335,50 @@ def _unit_scales(qtype, w_ref, rows, lay, grp, v0, tables):
     return c.dl, mn
 
 
+class _PreparedX:
+    """Row m's `plane_inputs`, side by side in one flat array from word ``base``, input i at ``offs[i]``."""
+
+    def __init__(self, x_ref, base, offs, widths, k_in):
+        self.x_ref, self.base, self.offs, self.widths, self.k_in = x_ref, base, offs, widths, k_in
+
+    def plane(self, bits, nn, gi, ai):
+        """int32 gi [G, 1], ai [1, bits] -> float32 [G, bits]: value ``32 gi + ai * 32 / bits + nn``, scaled."""
+        off = self.offs[self.widths.index(bits)]
+        return self.x_ref[self.base + off + (nn * (self.k_in // 32) + gi) * bits + ai]
+
+    def sums16(self, gi):
+        """int32 gi [G, 1] -> float32 [G, 2]: the sums of values 0..15 and 16..31 of each group."""
+        return self.x_ref[self.base + self.offs[-1] + gi * 2 + lax.broadcasted_iota(jnp.int32, (1, 2), 1)]
+
+
+class _RawX:
+    """Row m's activations as they are (flat, from word ``base``): `_PreparedX`'s values, scaled per load."""
+
+    def __init__(self, x_ref, base):
+        self.x_ref, self.base = x_ref, base
+
+    def plane(self, bits, nn, gi, ai):
+        v = self.x_ref[self.base + gi * 32 + ai * (32 // bits) + nn].astype(jnp.float32)
+        return v * jnp.float32(_plane_scale(bits, nn))
+
+    def sums16(self, gi):
+        h = self.base + gi * 32 + lax.broadcasted_iota(jnp.int32, (1, 2), 1) * 16
+        xs = [self.x_ref[h + t].astype(jnp.float32) for t in range(16)]
+        while len(xs) > 1:   # exact.pairwise_sum's order: halves added elementwise
+            n = len(xs) // 2
+            xs = [xs[t] + xs[t + n] for t in range(n)]
+        return xs[0]
+
+
 def plane_step(qtype, w_ref, rows, k_in, c, G, xq, tables):
     """One loop step of the plane path: per activation row m, float32 [BN, G] = the sum over each of the
-    step's G groups of ``w * x_m``. ``rows``: int32 [BN, 1, 1] (`tile_rows`); ``xq[m]``: a function
-    (input i of `plane_inputs`, int32 flat indices within row m's array i) -> float32 values."""
+    step's G groups of ``w * x_m``. ``rows``: int32 [BN, 1, 1] (`tile_rows`); ``xq[m]``: row m's activations
+    (`_PreparedX` or `_RawX`)."""
     lay = P.layout(qtype, k_in)
     BN = rows.shape[0]
     g0 = c * G
     grp3 = g0 + lax.broadcasted_iota(jnp.int32, (1, G, 1), 1)
     gi = g0 + lax.broadcasted_iota(jnp.int32, (G, 1), 0)
-    widths = plane_bits(qtype)
     outs = [None] * len(xq)
 
     def add(m, u):
@@ -336,7 +386,6 @@ def plane_step(qtype, w_ref, rows, k_in, c, G, xq, tables):
 
     for region, bits, weight in PLANES[qtype]:
         per_word, per_half = 32 // bits, 16 // bits
-        xi = widths.index(bits)
         a = lax.broadcasted_iota(jnp.int32, (1, 1, bits), 2)    # word of the group (a group = ``bits`` words)
         ai = lax.broadcasted_iota(jnp.int32, (1, bits), 1)
         wd = w_ref[rows * lay.row_words + lay.offsets[region] + grp3 * bits + a]     # uint32 [BN, G, bits]
@@ -352,7 +401,7 @@ def plane_step(qtype, w_ref, rows, k_in, c, G, xq, tables):
                 t = None
                 for n in range(per_half):
                     nn = h * per_half + n
-                    xv = xm(xi, (nn * (k_in // 32) + gi) * bits + ai)                 # [G, bits]
+                    xv = xm.plane(bits, nn, gi, ai)                                   # [G, bits]
                     p = fs[n] * xv[None]
                     t = p if t is None else t + p
                 add(m, jnp.sum(dl * t, axis=2))
@@ -360,7 +409,7 @@ def plane_step(qtype, w_ref, rows, k_in, c, G, xq, tables):
     _, mn = _unit_scales(qtype, w_ref, rows, lay, grp3, u16 * 16, tables)
     if mn is not None:
         for m, xm in enumerate(xq):
-            xs = xm(len(widths), gi * 2 + lax.broadcasted_iota(jnp.int32, (1, 2), 1))   # [G, 2]
+            xs = xm.sums16(gi)                                                        # [G, 2]
             add(m, jnp.sum(mn * xs[None], axis=2))
     return [jnp.broadcast_to(o, (BN, G)) for o in outs]
 
@@ -387,9 +436,11 @@ def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, ma
         def body(j, accs):
             c, live = split_step(s, j, cps, n_chunks, masked)
             grp = c * G + lax.broadcasted_iota(jnp.int32, (G,), 0)
-            if planes:   # `plane_inputs` side by side in one flat [U, M, n] array, input i at x_offs[i]
-                xs = [functools.partial(lambda m, i, idx: x_ref[(xu * M + m) * x_sizes[0] + x_offs[i] + idx], m)
+            if planes and x_offs:   # `plane_inputs` side by side in one flat [U, M, n] array
+                xs = [_PreparedX(x_ref, (xu * M + m) * x_sizes[0], x_offs, plane_bits(qtype), k_in)
                       for m in range(M)]
+            elif planes:
+                xs = [_RawX(x_ref, (xu * M + m) * k_in) for m in range(M)]
             else:
                 xs = [x_ref[xu, m, pl.ds(c * G, G)].astype(jnp.float32) for m in range(M)]  # [G, *vshape] each
             out = []
@@ -459,7 +510,10 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
     U_x = x.shape[0] if x_per_slot else 1
     planes = uses_planes(qtype)
     x_offs = ()
-    if planes:
+    if planes and plane_x_mode() == "raw":
+        xr = (x.reshape(-1),)
+        x_sizes = (k_in,)
+    elif planes:
         # one array (a concatenate XLA fuses with the ops that compute its pieces): one launch before the GEMV
         # instead of a transpose and a reduce (2026-12-04b, 1.5B steps HLO: 7 of a layer's ~20 launches)
         xp = [a.reshape(U_x * M, -1) for a in plane_inputs(x, qtype)]
