@@ -103,15 +103,17 @@ def test_gemv_accuracy(impl, qtype, rng, monkeypatch):
 @pytest.mark.parametrize("impl", KERNEL_IMPLS)
 def test_plane_x_raw_matches_prepared(impl, rng, monkeypatch):
     """``STRATA_QMATMUL_PLANE_X=raw`` (the kernel scales the activations it loads) gives the bits of the prepared
-    activations (`gemv.plane_inputs`): Q4_K (minima: the sums of 16) and Q6_K (two planes) at 3 rows, Q2_K's
-    grouped experts with per-slot rows; an unknown value raises."""
+    activations (`gemv.plane_inputs`): Q4_K (minima: the sums of 16), Q6_K (4 + 2-bit planes) and Q8_0 (8-bit) at 3
+    rows, Q4_K with bfloat16 rows, Q2_K's grouped experts with per-slot rows and with rows shared by the slots; an
+    unknown value raises."""
     monkeypatch.setenv("STRATA_QMATMUL", "planar")
     monkeypatch.setenv("STRATA_QMATMUL_PLANES", "all")
     monkeypatch.setenv("STRATA_QMATMUL_GEMV", "fma")
     n_out, k_in = 20, 512
-    for qtype in (Q.Q4_K, Q.Q6_K):
+    for qtype, dtype in ((Q.Q4_K, jnp.float32), (Q.Q6_K, jnp.float32), (Q.Q8_0, jnp.float32),
+                         (Q.Q4_K, jnp.bfloat16)):
         w, w64 = _weight(rng, qtype, n_out, k_in)
-        x = jnp.asarray(rng.standard_normal((3, k_in)).astype(np.float32))
+        x = jnp.asarray(rng.standard_normal((3, k_in)).astype(np.float32)).astype(dtype)
         got = {}
         for mode in ("prepared", "raw"):
             monkeypatch.setenv("STRATA_QMATMUL_PLANE_X", mode)
@@ -120,13 +122,14 @@ def test_plane_x_raw_matches_prepared(impl, rng, monkeypatch):
         assert_bits_equal(got["raw"], got["prepared"], f"{qtype.name}: raw vs prepared activations")
         f64_check(got["raw"], x, w64, 1e-5, f"{qtype.name} raw")
     ws, _ = _weight(rng, Q.Q2_K, n_out, k_in, lead=(3,))
-    xs = jnp.asarray(rng.standard_normal((2, 3, k_in)).astype(np.float32))
     slots = jnp.asarray([2, 0], jnp.int32)
-    got = {}
-    for mode in ("prepared", "raw"):
-        monkeypatch.setenv("STRATA_QMATMUL_PLANE_X", mode)
-        got[mode] = gemv.grouped_gemv(xs, ws, slots, Q.Q2_K, n_out, k_in, interpret=impl == "interpret")
-    assert_bits_equal(got["raw"], got["prepared"], "Q2_K grouped experts: raw vs prepared activations")
+    for shape in ((2, 3, k_in), (3, k_in)):
+        xs = jnp.asarray(rng.standard_normal(shape).astype(np.float32))
+        got = {}
+        for mode in ("prepared", "raw"):
+            monkeypatch.setenv("STRATA_QMATMUL_PLANE_X", mode)
+            got[mode] = gemv.grouped_gemv(xs, ws, slots, Q.Q2_K, n_out, k_in, interpret=impl == "interpret")
+        assert_bits_equal(got["raw"], got["prepared"], f"Q2_K grouped experts, x {shape}: raw vs prepared")
     monkeypatch.setenv("STRATA_QMATMUL_PLANE_X", "scaled")
     with pytest.raises(UnsupportedError, match="STRATA_QMATMUL_PLANE_X"):
         gemv.plane_x_mode()

@@ -245,9 +245,10 @@ def row_update(f, dl, mn, xm):
 # A code is moved into the mantissa of 1.0 instead of being shifted down and converted: for a ``b``-bit code at
 # bit ``p`` (p + b <= 16) of a half word, ``bitcast(ONE | (h & mask)) - 1 == u * 2**(p - 23)`` exactly; the
 # activations are prepared once per call (`plane_inputs`: each value scaled by ``2**(23 - p)`` of its code's
-# position, exact, and laid out by code position; sums of 16 values for the offsets and minima), so the product
-# is ``u * x`` rounded once, as the shifted form gives. A loop step costs per value one LOP3 and one FADD, and
-# one FFMA per row; a thread keeps whole words, so the sums inside a scale unit stay in its registers.
+# position, exact, and laid out by code position; sums of 16 values for the offsets and minima) or, under
+# ``STRATA_QMATMUL_PLANE_X=raw``, scaled as each program loads them (`_RawX`: one FMUL per loaded value), so the
+# product is ``u * x`` rounded once, as the shifted form gives. A loop step costs per value one LOP3 and one FADD,
+# and one FFMA per row; a thread keeps whole words, so the sums inside a scale unit stay in its registers.
 # ``PLANES[qtype]``: (region, bits, weight of the plane's code in ``u``) per plane; ``u = sum(weight * code)``.
 PLANES = {
     Q.Q8_0: (("q8", 8, 1),), Q.Q4_0: (("q4", 4, 1),), Q.Q4_1: (("q4", 4, 1),), Q.Q2_K: (("q2", 2, 1),),
@@ -281,7 +282,7 @@ def plane_bits(qtype) -> tuple:
 def plane_x_mode() -> str:
     """Where the plane path scales and lays out its activations: ``prepared`` (`plane_inputs`, XLA ops before
     the launch) or ``raw`` (``STRATA_QMATMUL_PLANE_X=raw``: the kernel reads x as it is and scales each load; no
-    launch before the GEMV). Both give the same bits: the scaling is by powers of two and the sums of 16 take
+    launch before the GEMV at 1, 2, 4 or 8 rows, where x needs no padding). Both give the same GEMV bits: the scaling is by powers of two and the sums of 16 take
     `exact.pairwise_sum`'s order.
 
     Raises:
