@@ -282,8 +282,8 @@ def plane_bits(qtype) -> tuple:
 def plane_x_mode() -> str:
     """Where the plane path scales and lays out its activations: ``prepared`` (`plane_inputs`, XLA ops before
     the launch) or ``raw`` (``STRATA_QMATMUL_PLANE_X=raw``: the kernel reads x as it is and scales each load; no
-    launch before the GEMV at 1, 2, 4 or 8 rows, where x needs no padding). Both give the same GEMV bits: the scaling is by powers of two and the sums of 16 take
-    `exact.pairwise_sum`'s order.
+    launch before the GEMV at 1, 2, 4 or 8 rows, where x needs no padding). Both give the same GEMV bits: the
+    scaling is by powers of two and the sums of 16 take `exact.pairwise_sum`'s order.
 
     Raises:
       UnsupportedError: another value of ``STRATA_QMATMUL_PLANE_X``."""
@@ -416,7 +416,7 @@ def plane_step(qtype, w_ref, rows, k_in, c, G, xq, tables):
 
 
 def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, masked, BN, x_per_slot,
-            table_names, x_sizes, planes, x_offs=()):
+            table_names, x_sizes, planes, x_offs=(), raw_x=False):
     w_refs = refs[:n_mats]
     n_x = len(x_sizes)
     x_refs = refs[n_mats:n_mats + n_x]
@@ -437,11 +437,11 @@ def _kernel(slot_ref, *refs, n_mats, qtype, M, n_out, k_in, G, cps, n_chunks, ma
         def body(j, accs):
             c, live = split_step(s, j, cps, n_chunks, masked)
             grp = c * G + lax.broadcasted_iota(jnp.int32, (G,), 0)
-            if planes and x_offs:   # `plane_inputs` side by side in one flat [U, M, n] array
+            if planes and raw_x:    # x as it is, flat [U, M, K]
+                xs = [_RawX(x_ref, (xu * M + m) * k_in) for m in range(M)]
+            elif planes:            # `plane_inputs` side by side in one flat [U, M, n] array
                 xs = [_PreparedX(x_ref, (xu * M + m) * x_sizes[0], x_offs, plane_bits(qtype), k_in)
                       for m in range(M)]
-            elif planes:
-                xs = [_RawX(x_ref, (xu * M + m) * k_in) for m in range(M)]
             else:
                 xs = [x_ref[xu, m, pl.ds(c * G, G)].astype(jnp.float32) for m in range(M)]  # [G, *vshape] each
             out = []
@@ -511,7 +511,8 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
     U_x = x.shape[0] if x_per_slot else 1
     planes = uses_planes(qtype)
     x_offs = ()
-    if planes and plane_x_mode() == "raw":
+    raw_x = planes and plane_x_mode() == "raw"
+    if raw_x:
         xr = (x.reshape(-1),)
         x_sizes = (k_in,)
     elif planes:
@@ -532,7 +533,7 @@ def grouped_gemv(x, w_stacked, slot_expert, qtype, n_out: int, k_in: int, *, int
         functools.partial(_kernel, n_mats=n_mats, qtype=qtype, M=M, n_out=n_out, k_in=k_in, G=t["G"],
                           cps=t["cps"], n_chunks=t["n_chunks"], masked=t["masked"], BN=cfg.BN,
                           x_per_slot=x_per_slot, table_names=names, x_sizes=x_sizes, planes=planes,
-                          x_offs=x_offs),
+                          x_offs=x_offs, raw_x=raw_x),
         out_shape=[jax.ShapeDtypeStruct((U, t["split"], n_pad, M), jnp.float32)] * n_mats,
         grid=(t["n_tiles"], t["split"], U), in_specs=[full] * (1 + n_mats + len(xr) + len(tabs)),
         out_specs=[full] * n_mats,
