@@ -365,7 +365,9 @@ class _RawX:
     def sums16(self, gi):
         h = self.base + gi * 32 + lax.broadcasted_iota(jnp.int32, (1, 2), 1) * 16
         xs = [self.x_ref[h + t].astype(jnp.float32) for t in range(16)]
-        while len(xs) > 1:   # exact.pairwise_sum's order: halves added elementwise
+        # exact.pairwise_sum's tree, over separate loads: it slices an array, which a Triton kernel cannot do to
+        # values in registers
+        while len(xs) > 1:
             n = len(xs) // 2
             xs = [xs[t] + xs[t + n] for t in range(n)]
         return xs[0]
